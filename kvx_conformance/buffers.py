@@ -1,0 +1,232 @@
+"""Guarded buffers: every region handed to a provider sits between poisoned guards.
+
+A buffer owns ``guard`` bytes before and after its data region, filled with a
+position-dependent pattern (so a stray write of any value is seen), and its data
+region starts poisoned too. After each call ``violations()`` reports every guard byte
+that changed. Host buffers are numpy; device buffers use torch (optional extra) and
+unified buffers use ``cudaMallocManaged`` through torch's CUDA runtime; the three
+share one interface, so the executor does not care where memory lives.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from .abi import Memory
+
+DEFAULT_GUARD = 256
+DEFAULT_ALIGN = 256
+
+
+def guard_pattern(n: int, salt: int = 0) -> np.ndarray:
+    i = np.arange(n, dtype=np.uint32)
+    return ((i * 37 + 0x5B + salt * 11) & 0xFF).astype(np.uint8)
+
+
+class Buffer:
+    """Interface: ``ptr`` (int), ``nbytes``, ``upload(array)``, ``download()``, ``violations()``."""
+
+    memory: Memory
+    ptr: int
+    nbytes: int
+    name: str
+
+    def upload(self, data: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def download(self) -> np.ndarray:
+        """The data region as a fresh uint8 array."""
+        raise NotImplementedError
+
+    def _all_bytes(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def violations(self) -> list[str]:
+        whole = self._all_bytes()
+        pre = whole[: self._pre]
+        post = whole[self._pre + self.nbytes : self._pre + self.nbytes + self.guard]
+        out = []
+        for label, region, expect in (("before", pre, self._pre_pattern), ("after", post, self._post_pattern)):
+            bad = np.nonzero(region != expect)[0]
+            if bad.size:
+                where = (bad[0] - len(region)) if label == "before" else bad[0]
+                out.append(
+                    f"{self.name}: {bad.size} guard byte(s) {label} the buffer changed "
+                    f"(first at byte offset {int(where):+d} from the {'start' if label == 'before' else 'end'})"
+                )
+        return out
+
+
+class HostBuffer(Buffer):
+    memory = Memory.HOST
+
+    def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
+                 align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
+        self.name, self.nbytes, self.guard = name, int(nbytes), guard
+        self._raw = np.empty(guard + align + self.nbytes + guard, dtype=np.uint8)
+        base = self._raw.ctypes.data
+        first = (-(base + guard)) % align + misalign % align
+        self._pre = guard + first
+        self._raw[:] = guard_pattern(len(self._raw), salt)
+        self._pre_pattern = self._raw[: self._pre].copy()
+        self._post_pattern = self._raw[self._pre + self.nbytes : self._pre + self.nbytes + guard].copy()
+        self.ptr = base + self._pre
+
+    def data_view(self) -> np.ndarray:
+        return self._raw[self._pre : self._pre + self.nbytes]
+
+    def upload(self, data: np.ndarray) -> None:
+        b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        assert b.size == self.nbytes, (self.name, b.size, self.nbytes)
+        self.data_view()[:] = b
+
+    def download(self) -> np.ndarray:
+        return self.data_view().copy()
+
+    def _all_bytes(self) -> np.ndarray:
+        return self._raw
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError(
+            "device memory needs torch with CUDA: pip install 'kvx-conform[torch]'"
+        ) from None
+    if not torch.cuda.is_available():
+        raise RuntimeError("device memory needs a CUDA GPU, and torch sees none")
+    return torch
+
+
+class DeviceBuffer(Buffer):
+    """cudaMalloc'd memory (through torch's allocator), guards on the device."""
+
+    memory = Memory.DEVICE
+
+    def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
+                 align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
+        torch = _torch()
+        self.name, self.nbytes, self.guard = name, int(nbytes), guard
+        total = guard + align + self.nbytes + guard
+        pattern = guard_pattern(total, salt)
+        self._t = torch.from_numpy(pattern.copy()).to("cuda")
+        base = self._t.data_ptr()
+        first = (-(base + guard)) % align + misalign % align
+        self._pre = guard + first
+        self._pre_pattern = pattern[: self._pre].copy()
+        self._post_pattern = pattern[self._pre + self.nbytes : self._pre + self.nbytes + guard].copy()
+        self.ptr = base + self._pre
+
+    def upload(self, data: np.ndarray) -> None:
+        torch = _torch()
+        b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        assert b.size == self.nbytes, (self.name, b.size, self.nbytes)
+        if b.size:
+            self._t[self._pre : self._pre + self.nbytes].copy_(torch.from_numpy(b.copy()))
+        torch.cuda.synchronize()
+
+    def download(self) -> np.ndarray:
+        _torch().cuda.synchronize()
+        return self._t[self._pre : self._pre + self.nbytes].cpu().numpy().copy()
+
+    def _all_bytes(self) -> np.ndarray:
+        _torch().cuda.synchronize()
+        return self._t.cpu().numpy()
+
+
+class _Cudart:
+    """cudaMallocManaged / cudaFree from the CUDA runtime torch loaded."""
+
+    _lib = None
+
+    @classmethod
+    def lib(cls):
+        if cls._lib is None:
+            _torch()
+            import glob
+            import os
+
+            import torch
+
+            cands = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libcudart*.so*"))
+            cands += glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cuda_runtime", "lib", "libcudart.so*"))
+            cands += ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
+            for c in cands:
+                try:
+                    cls._lib = ctypes.CDLL(c)
+                    break
+                except OSError:
+                    continue
+            if cls._lib is None:
+                raise RuntimeError("unified memory needs libcudart (not found next to torch)")
+        return cls._lib
+
+
+class UnifiedBuffer(HostBuffer):
+    """cudaMallocManaged memory: host-addressable, so guards are checked like host ones."""
+
+    memory = Memory.UNIFIED
+
+    def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
+                 align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
+        lib = _Cudart.lib()
+        self.name, self.nbytes, self.guard = name, int(nbytes), guard
+        total = guard + align + self.nbytes + guard
+        p = ctypes.c_void_p()
+        if lib.cudaMallocManaged(ctypes.byref(p), ctypes.c_size_t(total), ctypes.c_uint(1)) != 0:
+            raise RuntimeError("cudaMallocManaged failed")
+        self._managed = p.value
+        self._raw = np.ctypeslib.as_array((ctypes.c_uint8 * total).from_address(p.value))
+        base = p.value
+        first = (-(base + guard)) % align + misalign % align
+        self._pre = guard + first
+        self._raw[:] = guard_pattern(total, salt)
+        self._pre_pattern = self._raw[: self._pre].copy()
+        self._post_pattern = self._raw[self._pre + self.nbytes : self._pre + self.nbytes + guard].copy()
+        self.ptr = base + self._pre
+
+    def _sync(self):
+        _Cudart.lib().cudaDeviceSynchronize()
+
+    def download(self) -> np.ndarray:
+        self._sync()
+        return super().download()
+
+    def _all_bytes(self) -> np.ndarray:
+        self._sync()
+        return self._raw
+
+    def __del__(self):
+        m = getattr(self, "_managed", None)
+        if m:
+            try:
+                _Cudart.lib().cudaFree(ctypes.c_void_p(m))
+            except Exception:
+                pass
+
+
+_KINDS = {Memory.HOST: HostBuffer, Memory.DEVICE: DeviceBuffer, Memory.UNIFIED: UnifiedBuffer}
+
+
+def allocate(nbytes: int, memory: Memory, name: str = "buffer", **kw) -> Buffer:
+    return _KINDS[Memory(memory)](nbytes, name, **kw)
+
+
+def memory_available(memory: Memory) -> str | None:
+    """None when buffers of this memory type can be made here, else the reason."""
+    if memory == Memory.HOST:
+        return None
+    try:
+        _torch()
+        if memory == Memory.UNIFIED:
+            _Cudart.lib()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def synchronize(memory: Memory) -> None:
+    if memory != Memory.HOST:
+        _torch().cuda.synchronize()

