@@ -7,15 +7,16 @@ package (its own dependencies are not needed) and never by a hub download.
 
 RoPE convention. llama.cpp's converter permutes the rows of ``attn_q`` / ``attn_k``
 per head so that the rotary pairs become adjacent dimensions (2i, 2i+1), which its
-"normal" (non-NeoX) rotary expects. :func:`load_weights` undoes that permutation by
-default, giving back the Hugging Face row order (pairs (i, i + head_dim/2), NeoX
-"rotate-half" rotary): that is the order in which serving engines store K in their
-caches, and so the order in which block-scaled FP4 codecs see it along ``head_dim``.
-``unpermute=False`` keeps the file's order; the decoder then uses interleaved rotary.
-The two give the same attention scores (tested).
+"normal" (non-NeoX) rotary expects. :func:`load_weights` undoes that permutation,
+giving back the Hugging Face row order (pairs
+(i, i + head_dim/2), NeoX "rotate-half" rotary): the order in which serving engines
+store K in their caches, and so the order in which block-scaled FP4 codecs see it
+along ``head_dim``. :func:`file_order` restores the file's order, for which the decoder
+uses interleaved rotary; both give the same logits (tested).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 from dataclasses import dataclass
@@ -103,8 +104,15 @@ class ModelWeights:
     source: str
 
 
+def permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's Q/K row permutation: per head, row (j * half + i) moves to (2 i + j)."""
+    rows, cols = w.shape
+    half = rows // n_heads // 2
+    return np.ascontiguousarray(w.reshape(n_heads, 2, half, cols).swapaxes(1, 2).reshape(rows, cols))
+
+
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row permutation: per head, rows (i, 2) -> (2, i)."""
+    """Inverse of :func:`permute_rows`: per head, row (2 i + j) goes back to (j * half + i)."""
     rows, cols = w.shape
     half = rows // n_heads // 2
     return np.ascontiguousarray(w.reshape(n_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols))
@@ -141,9 +149,12 @@ def _reader():
     return gguf.GGUFReader(str(gguf_path()))
 
 
-@functools.lru_cache(maxsize=2)
-def load_weights(unpermute: bool = True) -> ModelWeights:
-    """Dequantized float32 weights, cached per process (about 540 MB, ~5 s on 2 cores)."""
+@functools.lru_cache(maxsize=1)
+def load_weights() -> ModelWeights:
+    """Dequantized float32 weights in Hugging Face Q/K order, cached per process.
+
+    About 540 MB; ~5 s on 2 cores. :func:`file_order` gives the llama.cpp order.
+    """
     gguf = _gguf()
     reader = _reader()
     cfg = _config(reader.fields)
@@ -157,13 +168,13 @@ def load_weights(unpermute: bool = True) -> ModelWeights:
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        wq, wk = deq(p + "attn_q.weight"), deq(p + "attn_k.weight")
-        if unpermute:
-            wq, wk = unpermute_rows(wq, cfg.n_heads), unpermute_rows(wk, cfg.n_kv_heads)
         layers.append(LayerWeights(
-            attn_norm=deq(p + "attn_norm.weight"), wq=wq, wk=wk, wv=deq(p + "attn_v.weight"),
-            wo=deq(p + "attn_output.weight"), ffn_norm=deq(p + "ffn_norm.weight"),
-            w_gate=deq(p + "ffn_gate.weight"), w_up=deq(p + "ffn_up.weight"), w_down=deq(p + "ffn_down.weight"),
+            attn_norm=deq(p + "attn_norm.weight"),
+            wq=unpermute_rows(deq(p + "attn_q.weight"), cfg.n_heads),
+            wk=unpermute_rows(deq(p + "attn_k.weight"), cfg.n_kv_heads),
+            wv=deq(p + "attn_v.weight"), wo=deq(p + "attn_output.weight"),
+            ffn_norm=deq(p + "ffn_norm.weight"), w_gate=deq(p + "ffn_gate.weight"),
+            w_up=deq(p + "ffn_up.weight"), w_down=deq(p + "ffn_down.weight"),
         ))
     embed = deq("token_embd.weight")
     lm_head = deq("output.weight") if "output.weight" in t else embed
@@ -171,7 +182,17 @@ def load_weights(unpermute: bool = True) -> ModelWeights:
         if w.shape != (cfg.vocab_size, cfg.d_model):
             raise ValueError(f"unexpected embedding shape {w.shape}")
     return ModelWeights(cfg, embed, tuple(layers), deq("output_norm.weight"), lm_head,
-                        neox_rotary=unpermute, source=str(gguf_path()))
+                        neox_rotary=True, source=str(gguf_path()))
+
+
+def file_order(w: ModelWeights) -> ModelWeights:
+    """The same model with Q/K rows as stored in the GGUF file (interleaved rotary)."""
+    cfg = w.config
+    layers = tuple(
+        dataclasses.replace(l, wq=permute_rows(l.wq, cfg.n_heads), wk=permute_rows(l.wk, cfg.n_kv_heads))
+        for l in w.layers
+    )
+    return dataclasses.replace(w, layers=layers, neox_rotary=False)
 
 
 def package_versions() -> dict[str, str]:
