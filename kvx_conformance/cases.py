@@ -132,3 +132,5 @@ class Result:
     arrays: dict[str, np.ndarray]
     #: execute only: guard regions that changed, e.g. ["k cache: 3 bytes after end changed"]
     guard_violations: list[str] = field(default_factory=list)
+    #: oracle only: id of the rule that decided a non-OK status (reference_impl.rules), "" for OK
+    rule: str = ""

@@ -17,13 +17,21 @@ from .abi import Status
 
 ENTRY_POINTS = ("kvx_get_version", "kvx_validate_cache_desc", "kvx_write_kv", "kvx_gather_kv")
 
-# Exit codes (0 certified and 1 not certified belong to the run itself).
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_NOT_A_LIBRARY = 4
-EXIT_NOT_A_PROVIDER = 5
-EXIT_INCOMPATIBLE = 6
-EXIT_VERSION_FAILED = 7
+# Exit codes of the kvx-conform CLI (docs/exit-codes.md holds the table; keep both in step).
+EXIT_CERTIFIED = 0  # every claimed profile certified
+EXIT_NOT_CERTIFIED = 1  # the run finished and some claimed profile is not certified
+EXIT_USAGE = 2  # bad command line, unusable output directory
+EXIT_NOT_FOUND = 3  # the provider file does not exist
+EXIT_NOT_A_LIBRARY = 4  # not a loadable shared library
+EXIT_NOT_A_PROVIDER = 5  # a library without the KVX entry points
+EXIT_INCOMPATIBLE = 6  # ABI major differs from the harness's
+EXIT_VERSION_FAILED = 7  # kvx_get_version did not answer OK
+EXIT_PROVIDER_CRASHED = 8  # the provider crashed or hung while being loaded or asked its version
+EXIT_BAD_INPUT_FILE = 9  # unreadable or invalid claims / expectations / results file
+EXIT_MEMORY_UNAVAILABLE = 10  # the requested memory type cannot be used on this machine
+EXIT_NO_TESTS = 11  # the selection (-k, --profile, --id) matched no test
+EXIT_HARNESS_ERROR = 12  # the harness itself failed (suite import error, pytest internal error)
+EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C)
 
 
 class ProviderLoadError(Exception):

@@ -1,0 +1,341 @@
+/*
+ * cuda_backend.cu -- the CUDA backend of the reference provider (kvx_plan.h):
+ * cuda_available(), cuda_write(), cuda_gather() for DEVICE and UNIFIED memory.
+ *
+ * Semantics are the host backend's (docs/spec-readings.md R-WRITE, R-GATHER,
+ * R-DATA, R-CONVERT, R-FP8) with one difference allowed by R-DEVICE-STATUS: a
+ * data-dependent error (bad slot, block id, length, indptr range, KV_OFFSETS
+ * null / secondary index) skips the rows it concerns and the call returns OK;
+ * nothing outside the tensors is ever touched. A call only enqueues kernels on
+ * `stream` (NULL: the default stream): it never synchronizes, copies or
+ * allocates, so it can be captured into a CUDA graph.
+ *
+ * Each call is planned here on the host: per tensor pair (K, V) the fast path
+ * (16-byte chunks) when head_dim runs are contiguous and aligned, else the
+ * general element path; K and V share one launch when they share the kernel.
+ */
+#include <cuda_runtime.h>
+
+#include <string.h>
+
+#include "convert.h"
+#include "kvx_plan.h"
+#include "move.cuh"
+
+namespace kvx_ref {
+
+bool cuda_available() {
+  static const bool ok = [] {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      cudaGetLastError(); /* clear: no driver / no device is not our caller's error */
+      return false;
+    }
+    return n > 0;
+  }();
+  return ok;
+}
+
+}  // namespace kvx_ref
+
+namespace kvx_cuda {
+namespace {
+
+using kvx_ref::CacheTensorPlan;
+using kvx_ref::IoTensorPlan;
+
+uint32_t host_default_nan() {
+  static const uint32_t bits = [] {
+    volatile float z = 0.0f;
+    const float n = z / z;
+    uint32_t u;
+    memcpy(&u, &n, 4);
+    return u;
+  }();
+  return bits;
+}
+
+bool aligned(const void* p, unsigned long long bytes) { return ((uintptr_t)p % bytes) == 0; }
+/* A stride matters only on a dimension of extent > 1. */
+bool stride_ok(long long stride, unsigned long long extent, int vec) { return extent <= 1 || stride % vec == 0; }
+
+struct JobPlan {
+  Job job;
+  kvx_dtype_t src, dst;  /* value flow: write IO -> cache, gather cache -> IO */
+  bool fast;
+  bool packed;           /* fast path with more than one head_dim group */
+  bool token_inner;      /* general path: the cache's token stride is its smallest */
+};
+
+/* Fills the job's cache side. `pool` true: KV_OFFSETS blocks (HND contiguous,
+ * base from the pools), else the plan's strides. */
+void cache_side(JobPlan& jp, const CacheTensorPlan& c, bool pool, uint32_t H, uint32_t D, uint32_t bs) {
+  Job& j = jp.job;
+  j.cache = (char*)c.data;
+  j.cache_dtype = c.dtype;
+  j.cache_esize = (int)kvx_ref::dtype_size(c.dtype);
+  if (pool) {
+    j.c_block = 0;
+    j.c_token = D;
+    j.c_head = (long long)bs * D;
+    j.c_outer = 1;
+    j.c_inner = 1;
+  } else {
+    j.c_block = c.s_block;
+    j.c_token = c.s_token;
+    j.c_head = c.s_head;
+    j.c_outer = c.s_dim_outer;
+    j.c_inner = c.s_dim_inner;
+  }
+}
+
+void io_side(JobPlan& jp, const IoTensorPlan& io) {
+  Job& j = jp.job;
+  j.io = (char*)io.data;
+  j.io_dtype = io.dtype;
+  j.io_esize = (int)kvx_ref::dtype_size(io.dtype);
+  j.io_token = io.s_token;
+  j.io_head = io.s_head;
+  j.io_dim = io.s_dim;
+}
+
+/* Decides fast or general for one job and sets grp accordingly. */
+void choose_path(JobPlan& jp, const CacheTensorPlan& c, bool pool, const void* const pools[2],
+                 unsigned long long bytes_per_block, uint64_t rows, uint32_t H, uint32_t D, uint32_t bs,
+                 uint32_t num_blocks) {
+  Job& j = jp.job;
+  const long long pack = pool ? 1 : (c.pack > 0 ? c.pack : 1);
+  const int vec = fast_vec(jp.src, jp.dst);
+  const unsigned long long cbytes = (unsigned long long)vec * j.cache_esize;
+  const unsigned long long iobytes = (unsigned long long)vec * j.io_esize;
+  bool fast = D % vec == 0;
+  /* IO side: head_dim contiguous, every chunk aligned. */
+  fast = fast && (D == 1 || j.io_dim == 1) && aligned(j.io, iobytes) && stride_ok(j.io_token, rows, vec) &&
+         stride_ok(j.io_head, H, vec);
+  bool packed = false;
+  if (pool) {
+    fast = fast && aligned(pools[0], cbytes) && (!pools[1] || aligned(pools[1], cbytes)) &&
+           bytes_per_block % cbytes == 0;
+  } else {
+    fast = fast && aligned(j.cache, cbytes) && stride_ok(j.c_block, num_blocks, vec) &&
+           stride_ok(j.c_token, bs, vec) && stride_ok(j.c_head, H, vec);
+    if (pack == 1) {
+      fast = fast && (D == 1 || j.c_outer == 1);
+    } else {
+      fast = fast && j.c_inner == 1 && pack % vec == 0 && stride_ok(j.c_outer, (unsigned long long)(D / pack), vec);
+      packed = (uint32_t)pack < D;
+    }
+  }
+  jp.fast = fast;
+  jp.packed = fast && packed;
+  if (fast) {
+    const uint32_t chunks = D / vec;
+    const uint32_t per_group = pack == 1 ? chunks : (uint32_t)(pack / vec);
+    j.grp = make_fastdiv(per_group);
+    if (pack == 1) j.c_outer = 0;
+    jp.token_inner = false;
+  } else {
+    j.grp = make_fastdiv((uint32_t)pack);
+    if (pack == 1) j.c_inner = 0;
+    const long long dim_step = pack == 1 ? j.c_outer : j.c_inner;
+    jp.token_inner = bs > 1 && j.c_token < dim_step;
+  }
+}
+
+/* Whether the jobs' tensors sit on element boundaries (else p.bytewise). */
+bool jobs_elem_aligned(const JobPlan jobs[2], bool pool) {
+  for (int i = 0; i < 2; ++i) {
+    const Job& j = jobs[i].job;
+    if (!aligned(j.io, j.io_esize)) return false;
+    if (!pool && !aligned(j.cache, j.cache_esize)) return false;
+    if (j.scale_kind != SCALE_ONE && !aligned(j.scale, 4)) return false;
+  }
+  return true;
+}
+
+bool same_kernel(const JobPlan& a, const JobPlan& b) {
+  if (a.fast != b.fast) return false;
+  if (!a.fast) return true; /* one general kernel */
+  if (a.src == a.dst && b.src == b.dst) return kvx_ref::dtype_size(a.src) == kvx_ref::dtype_size(b.src);
+  return a.src == b.src && a.dst == b.dst;
+}
+
+/* Launches jobs[0..n) (sharing one kernel) over all rows, in pieces whose item
+ * count fits 31 bits. */
+kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t rows, uint32_t H, uint32_t D,
+                         cudaStream_t stream) {
+  p.njobs = n;
+  for (uint32_t i = 0; i < n; ++i) p.job[i] = jobs[i].job;
+  if (n == 1) p.job[1] = jobs[0].job;
+  const bool fast = jobs[0].fast;
+  bool packed = false, token_inner = false;
+  for (uint32_t i = 0; i < n; ++i) {
+    packed |= jobs[i].packed;
+    token_inner |= jobs[i].token_inner;
+  }
+  const uint32_t vec = fast ? (uint32_t)fast_vec(jobs[0].src, jobs[0].dst) : 1u;
+  const uint32_t chunks = D / vec;
+  p.vec = vec;
+  p.fd_c = make_fastdiv(chunks);
+  p.fd_h = make_fastdiv(H);
+  p.lg_tg = fast ? (packed ? 2u : 0u) : (token_inner ? 3u : 0u);
+  const uint64_t tg = 1ull << p.lg_tg;
+  const uint64_t per_group = (uint64_t)H * chunks * n * tg; /* items per TG rows */
+  const uint64_t limit = 0x7FFFFFFFull;
+  if (per_group > limit) return KVX_STATUS_UNSUPPORTED; /* a token row of > 2^31 items */
+  const uint64_t rows_per_launch = (limit / per_group) * tg;
+  for (uint64_t r0 = 0; r0 < rows; r0 += rows_per_launch) {
+    const uint64_t cnt = rows - r0 < rows_per_launch ? rows - r0 : rows_per_launch;
+    p.row_begin = (uint32_t)r0;
+    p.row_count = (uint32_t)cnt;
+    p.items_per_job = (uint32_t)(((cnt + tg - 1) / tg) * tg * H * chunks);
+    const cudaError_t e = fast ? launch_fast(jobs[0].src, jobs[0].dst, p, stream) : launch_general(p, stream);
+    if (e != cudaSuccess) return e == cudaErrorInvalidValue ? KVX_STATUS_UNSUPPORTED : KVX_STATUS_INTERNAL_ERROR;
+  }
+  return KVX_STATUS_OK;
+}
+
+kvx_status_t launch_pair(const MoveParams& p, JobPlan jobs[2], uint64_t rows, uint32_t H, uint32_t D,
+                         cudaStream_t stream) {
+  if (same_kernel(jobs[0], jobs[1])) return launch_jobs(p, jobs, 2, rows, H, D, stream);
+  kvx_status_t st = launch_jobs(p, &jobs[0], 1, rows, H, D, stream);
+  if (st != KVX_STATUS_OK) return st;
+  return launch_jobs(p, &jobs[1], 1, rows, H, D, stream);
+}
+
+/* R-CONVERT: same dtype (raw bytes), or a non-FP8 source into any cache/IO
+ * float dtype, FP8 destinations only on write (quantize). */
+bool conversion_supported(kvx_dtype_t src, kvx_dtype_t dst, bool write) {
+  if (!kvx_ref::is_cache_dtype(src) || !kvx_ref::is_cache_dtype(dst)) return false;
+  if (src == dst) return true;
+  if (kvx_ref::is_fp8(src)) return false;
+  return write || !kvx_ref::is_fp8(dst);
+}
+
+int scale_kind(const kvx_ref::ScalePlan& s) {
+  if (s.kind == kvx_ref::SCALE_PER_TENSOR && s.ptr) return SCALE_TENSOR;
+  if (s.kind == kvx_ref::SCALE_PER_HEAD && s.ptr) return SCALE_HEAD;
+  return SCALE_ONE;
+}
+
+MoveParams base_params(uint32_t block_size) {
+  MoveParams p;
+  memset(&p, 0, sizeof p);
+  p.block_size = block_size;
+  p.fd_bs = make_fastdiv(block_size);
+  p.default_nan = host_default_nan();
+  p.fd_msl = make_fastdiv(1);
+  p.fd_bw = make_fastdiv(1);
+  return p;
+}
+
+}  // namespace
+}  // namespace kvx_cuda
+
+namespace kvx_ref {
+
+kvx_status_t cuda_write(const WritePlan& plan, void* stream) {
+  using namespace kvx_cuda;
+  if (plan.num_tokens == 0) return KVX_STATUS_OK;
+  if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;
+  if (plan.num_kv_heads == 0 || plan.head_dim == 0 || plan.block_size == 0) return KVX_STATUS_INTERNAL_ERROR;
+  if (!conversion_supported(plan.key.dtype, plan.k_cache.dtype, true) ||
+      !conversion_supported(plan.value.dtype, plan.v_cache.dtype, true))
+    return KVX_STATUS_UNSUPPORTED;
+  if (plan.slot_dtype != KVX_DTYPE_S32 && plan.slot_dtype != KVX_DTYPE_S64) return KVX_STATUS_INTERNAL_ERROR;
+
+  const uint32_t H = plan.num_kv_heads, D = plan.head_dim, bs = plan.block_size;
+  MoveParams p = base_params(bs);
+  p.kind = KIND_WRITE;
+  p.slots = plan.slots;
+  p.slot64 = plan.slot_dtype == KVX_DTYPE_S64;
+  p.invalid_slot = plan.invalid_slot;
+  p.num_slots = (unsigned long long)plan.num_blocks * bs;
+
+  JobPlan jobs[2];
+  const CacheTensorPlan* caches[2] = {&plan.k_cache, &plan.v_cache};
+  const IoTensorPlan* ios[2] = {&plan.key, &plan.value};
+  const ScalePlan* scales[2] = {&plan.k_scale, &plan.v_scale};
+  const void* no_pools[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    JobPlan& jp = jobs[i];
+    memset(&jp, 0, sizeof jp);
+    cache_side(jp, *caches[i], false, H, D, bs);
+    io_side(jp, *ios[i]);
+    jp.src = ios[i]->dtype;
+    jp.dst = caches[i]->dtype;
+    const bool quantize = kvx_ref::is_fp8(jp.dst) && jp.src != jp.dst;
+    jp.job.scale_kind = quantize ? scale_kind(*scales[i]) : SCALE_ONE;
+    jp.job.scale = scales[i]->ptr;
+    jp.job.kv = i;
+    choose_path(jp, *caches[i], false, no_pools, 0, plan.num_tokens, H, D, bs, plan.num_blocks);
+  }
+  p.bytewise = !jobs_elem_aligned(jobs, false) || !aligned(plan.slots, p.slot64 ? 8 : 4);
+  return launch_pair(p, jobs, plan.num_tokens, H, D, (cudaStream_t)stream);
+}
+
+kvx_status_t cuda_gather(const GatherPlan& plan, void* stream) {
+  using namespace kvx_cuda;
+  const uint64_t beams = plan.beam_width; /* 1 unless KV_OFFSETS (front end) */
+  const uint64_t rows = (uint64_t)plan.seq_count * beams * plan.max_seq_len;
+  if (rows == 0 || beams == 0) return KVX_STATUS_OK;
+  if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;
+  if (plan.num_kv_heads == 0 || plan.head_dim == 0 || plan.block_size == 0) return KVX_STATUS_INTERNAL_ERROR;
+  if (rows > 0xFFFFFFFFull) return KVX_STATUS_UNSUPPORTED; /* io.num_tokens is 32-bit: never reached */
+  if (!conversion_supported(plan.k_cache.dtype, plan.key.dtype, false) ||
+      !conversion_supported(plan.v_cache.dtype, plan.value.dtype, false))
+    return KVX_STATUS_UNSUPPORTED;
+  const bool kvoff = plan.format == KVX_BLOCK_TABLE_KV_OFFSETS;
+  if (!kvoff && plan.format != KVX_BLOCK_TABLE_PACKED && plan.format != KVX_BLOCK_TABLE_RAGGED)
+    return KVX_STATUS_INTERNAL_ERROR;
+
+  const uint32_t H = plan.num_kv_heads, D = plan.head_dim, bs = plan.block_size;
+  MoveParams p = base_params(bs);
+  p.kind = kvoff ? KIND_KV_OFFSETS : plan.format == KVX_BLOCK_TABLE_RAGGED ? KIND_RAGGED : KIND_PACKED;
+  p.max_seq_len = plan.max_seq_len;
+  p.fd_msl = make_fastdiv(plan.max_seq_len);
+  p.fd_bw = make_fastdiv((uint32_t)beams);
+  p.max_blocks = plan.max_blocks_per_seq;
+  p.num_blocks = plan.num_blocks;
+  p.indices = plan.indices;
+  p.idx64 = plan.index_dtype == KVX_DTYPE_S64;
+  p.indices_count = plan.indices_count;
+  p.indptr = plan.indptr;
+  p.indptr64 = plan.indptr_dtype == KVX_DTYPE_S64;
+  p.seq_lens = plan.seq_lens;
+  p.len64 = plan.seq_lens_dtype == KVX_DTYPE_S64;
+  p.pool[0] = (const char*)plan.pool_primary;
+  p.pool[1] = (const char*)plan.pool_secondary;
+  p.bytes_per_block = plan.bytes_per_block;
+  if (kvoff && !plan.pool_primary) return KVX_STATUS_INTERNAL_ERROR;
+  if (plan.format == KVX_BLOCK_TABLE_RAGGED && !plan.indptr) return KVX_STATUS_INTERNAL_ERROR;
+
+  JobPlan jobs[2];
+  const CacheTensorPlan* caches[2] = {&plan.k_cache, &plan.v_cache};
+  const IoTensorPlan* ios[2] = {&plan.key, &plan.value};
+  const void* pools[2] = {plan.pool_primary, plan.pool_secondary};
+  for (int i = 0; i < 2; ++i) {
+    JobPlan& jp = jobs[i];
+    memset(&jp, 0, sizeof jp);
+    const CacheTensorPlan& c = *caches[i]; /* KV_OFFSETS: the pools hold this dtype */
+    cache_side(jp, c, kvoff, H, D, bs);
+    io_side(jp, *ios[i]);
+    jp.src = c.dtype;
+    jp.dst = ios[i]->dtype;
+    jp.job.scale_kind = SCALE_ONE;
+    jp.job.kv = i;
+    choose_path(jp, c, kvoff, pools, plan.bytes_per_block, rows, H, D, bs, plan.num_blocks);
+  }
+  bool meta_aligned = aligned(plan.indices, p.idx64 ? 8 : 4) && aligned(plan.seq_lens, p.len64 ? 8 : 4) &&
+                      (!plan.indptr || aligned(plan.indptr, p.indptr64 ? 8 : 4));
+  if (kvoff) {
+    const unsigned long long es = kvx_ref::dtype_size(plan.k_cache.dtype);
+    meta_aligned = meta_aligned && aligned(plan.pool_primary, es) && aligned(plan.pool_secondary, es) &&
+                   plan.bytes_per_block % es == 0;
+  }
+  p.bytewise = !jobs_elem_aligned(jobs, kvoff) || !meta_aligned;
+  return launch_pair(p, jobs, rows, H, D, (cudaStream_t)stream);
+}
+
+}  // namespace kvx_ref

@@ -1,0 +1,293 @@
+/*
+ * move.cuh -- the CUDA backend's kernels: one "move" kernel shape serves write
+ * (IO row -> cache row by slot) and gather (cache row by block table -> padded
+ * IO row). docs/cuda-reference.md describes the design; kvx_plan.h is the
+ * contract with the front end.
+ *
+ * Work decomposition (both directions, both kernels):
+ *   an IO row is a token (write: token i; gather: r = (s*beam_width+beam)*max_seq_len + t);
+ *   an item is (job, row, head, chunk): job 0 moves K, job 1 moves V;
+ *   a chunk is VEC consecutive head_dim elements (fast path: 16 bytes on the wider
+ *   side) or one element (general path).
+ * Item index u -> (job, row-group, head, chunk, token-in-group) with the
+ * token-in-group fastest (TG tokens, a power of two): with TG > 1 neighbouring
+ * lanes move the same chunk of consecutive tokens, which is contiguous in
+ * HND_PACKED (and in any layout whose token stride is smallest), so stores and
+ * loads stay whole sectors there too.
+ *
+ * Rows whose cache location is invalid (slot < 0, == invalid_slot, >= capacity;
+ * a bad block id, length or indptr range) are skipped on the device: no
+ * out-of-bounds access, no host synchronization (readings R-DEVICE-STATUS).
+ */
+#ifndef KVX_CUDA_MOVE_CUH
+#define KVX_CUDA_MOVE_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "convert.h"
+#include "kvx/kvx_abi.h"
+
+namespace kvx_cuda {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+/* Division by a run-time constant (Granlund-Montgomery): q = (hi(n*mul) + n) >> shr,
+ * exact for every 32-bit n (the sum is formed in 64 bits). */
+struct FastDiv {
+  uint32_t div, mul, shr;
+};
+
+inline FastDiv make_fastdiv(uint32_t d) {
+  FastDiv f;
+  f.div = d ? d : 1;
+  uint32_t shr = 0;
+  while ((1ull << shr) < f.div) ++shr;
+  f.shr = shr;
+  f.mul = (uint32_t)(((1ull << 32) * ((1ull << shr) - f.div)) / f.div + 1);
+  return f;
+}
+
+__device__ __forceinline__ uint32_t fdiv(uint32_t n, const FastDiv& f) {
+  const uint32_t t = __umulhi(n, f.mul);
+  return (uint32_t)(((uint64_t)t + n) >> f.shr);
+}
+
+/* What a launch does. */
+enum Kind : int { KIND_WRITE = 0, KIND_PACKED = 1, KIND_RAGGED = 2, KIND_KV_OFFSETS = 3 };
+enum ScaleKindDev : int { SCALE_ONE = 0, SCALE_TENSOR = 1, SCALE_HEAD = 2 };
+
+/* One tensor pair (K or V). Strides in elements of the tensor's own dtype. */
+struct Job {
+  char* cache;   /* cache base (unused for KV_OFFSETS: the pools) */
+  char* io;      /* IO base */
+  long long c_block, c_token, c_head, c_outer, c_inner;
+  long long io_token, io_head, io_dim;
+  FastDiv grp;   /* fast: chunks per contiguous group of head_dim; general: pack */
+  int cache_dtype, io_dtype;
+  int cache_esize, io_esize;
+  int scale_kind;
+  const float* scale;
+  int kv;        /* KV_OFFSETS: 0 = K half of the table, 1 = V half */
+};
+
+struct MoveParams {
+  Job job[2];
+  uint32_t njobs;
+  uint32_t items_per_job; /* ceil(row_count / TG) * TG * H * C */
+  uint32_t row_begin, row_count;
+  uint32_t lg_tg;
+  FastDiv fd_c, fd_h;     /* chunks per row (C), heads (H) */
+  uint32_t vec;           /* elements per chunk */
+  int kind;
+  uint32_t block_size;
+  FastDiv fd_bs;
+  uint32_t default_nan;   /* the host's FP32 default NaN (what 0.0f/0.0f gives there) */
+  int bytewise;           /* some pointer is not aligned to its element: byte loads/stores (general path) */
+  /* write */
+  const void* slots;
+  int slot64;
+  long long invalid_slot;
+  unsigned long long num_slots; /* num_blocks * block_size */
+  /* gather */
+  uint32_t max_seq_len;
+  FastDiv fd_msl, fd_bw;
+  uint32_t max_blocks;
+  uint32_t num_blocks;
+  const void* indices;
+  int idx64;
+  uint32_t indices_count;
+  const void* indptr;
+  int indptr64;
+  const void* seq_lens;
+  int len64;
+  const char* pool[2];    /* KV_OFFSETS primary, secondary (may be NULL) */
+  unsigned long long bytes_per_block;
+};
+
+/* Little-endian assembly of an n-byte value at any address. */
+__device__ __forceinline__ unsigned long long ld_bytes(const void* p, int n) {
+  const unsigned char* b = (const unsigned char*)p;
+  unsigned long long v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | b[i];
+  return v;
+}
+
+/* S32 (sign-extended) or S64 element i of a metadata array. */
+__device__ __forceinline__ long long ld_index(const MoveParams& p, const void* base, int is64, unsigned long long i) {
+  if (p.bytewise) {
+    if (is64) return (long long)ld_bytes((const char*)base + 8 * i, 8);
+    return (long long)(int)(unsigned)ld_bytes((const char*)base + 4 * i, 4);
+  }
+  if (is64) return __ldg((const long long*)base + i);
+  return (long long)__ldg((const int*)base + i);
+}
+
+/* One item, decomposed. */
+struct Item {
+  const Job* job;
+  uint32_t row; /* absolute IO row */
+  uint32_t h, c;
+  bool live;
+};
+
+__device__ __forceinline__ Item decompose(const MoveParams& p, uint32_t u) {
+  Item it;
+  uint32_t j = 0;
+  if (u >= p.items_per_job) {
+    u -= p.items_per_job;
+    j = 1;
+  }
+  it.job = &p.job[j];
+  const uint32_t ti = u & ((1u << p.lg_tg) - 1u);
+  const uint32_t v = u >> p.lg_tg;
+  const uint32_t q = fdiv(v, p.fd_c);
+  it.c = v - q * p.fd_c.div;
+  const uint32_t rg = fdiv(q, p.fd_h);
+  it.h = q - rg * p.fd_h.div;
+  const uint32_t r = (rg << p.lg_tg) + ti;
+  it.live = r < p.row_count;
+  it.row = p.row_begin + r;
+  return it;
+}
+
+/* Gather metadata of one row, loaded in a first stage (all independent loads). */
+struct GatherMeta {
+  long long len;   /* seq_lens[s] */
+  long long a, b;  /* RAGGED indptr[s], indptr[s+1]; PACKED/KV_OFFSETS: table entry in a */
+  uint32_t t, j, off;
+  bool ok;
+};
+
+__device__ __forceinline__ GatherMeta gather_meta_load(const MoveParams& p, const Item& it) {
+  GatherMeta m;
+  m.ok = it.live;
+  m.len = 0;
+  m.a = m.b = 0;
+  m.t = m.j = m.off = 0;
+  if (!m.ok) return m;
+  const uint32_t sb = fdiv(it.row, p.fd_msl);
+  m.t = it.row - sb * p.max_seq_len;
+  const uint32_t s = fdiv(sb, p.fd_bw);
+  m.j = fdiv(m.t, p.fd_bs);
+  m.off = m.t - m.j * p.block_size;
+  m.len = ld_index(p, p.seq_lens, p.len64, s);
+  if (p.kind == KIND_RAGGED) {
+    m.a = ld_index(p, p.indptr, p.indptr64, s);
+    m.b = ld_index(p, p.indptr, p.indptr64, (unsigned long long)s + 1);
+  } else if (m.j < p.max_blocks) {
+    const unsigned long long row_of_table =
+        p.kind == KIND_KV_OFFSETS ? (unsigned long long)sb * 2 + it.job->kv : s;
+    m.a = ld_index(p, p.indices, p.idx64, row_of_table * p.max_blocks + m.j);
+  } else {
+    m.ok = false;
+  }
+  return m;
+}
+
+/* Second stage: validate, (RAGGED: load the token's block id), and return the
+ * address of (block, token) row start in the cache (head 0, dim 0) or NULL. */
+__device__ __forceinline__ char* gather_cache_row(const MoveParams& p, const Job& jb, GatherMeta m) {
+  if (!m.ok || m.len < 0) return nullptr;
+  const long long n = m.len < (long long)p.max_seq_len ? m.len : (long long)p.max_seq_len;
+  if ((long long)m.t >= n) return nullptr;
+  if (n > (long long)p.max_blocks * (long long)p.block_size) return nullptr;
+  long long id;
+  if (p.kind == KIND_RAGGED) {
+    if (m.a < 0 || m.b < m.a || m.b > (long long)p.indices_count || n > m.b - m.a) return nullptr;
+    id = ld_index(p, p.indices, p.idx64, (unsigned long long)(m.a + m.t));
+  } else {
+    id = m.a;
+  }
+  if (p.kind == KIND_KV_OFFSETS) {
+    const uint32_t e = (uint32_t)id;
+    if (e == 0xFFFFFFFFu) return nullptr;
+    const char* base = p.pool[e >> 31];
+    if (!base) return nullptr;
+    return (char*)base + (unsigned long long)(e & 0x7FFFFFFFu) * p.bytes_per_block +
+           (long long)jb.cache_esize * ((long long)m.off * jb.c_token);
+  }
+  if (id < 0 || id >= (long long)p.num_blocks) return nullptr;
+  return jb.cache + (long long)jb.cache_esize * (id * jb.c_block + (long long)m.off * jb.c_token);
+}
+
+__device__ __forceinline__ long long write_slot_load(const MoveParams& p, const Item& it) {
+  return it.live ? ld_index(p, p.slots, p.slot64, it.row) : -1;
+}
+
+__device__ __forceinline__ char* write_cache_row(const MoveParams& p, const Job& jb, long long slot) {
+  if (slot < 0 || slot == p.invalid_slot || (unsigned long long)slot >= p.num_slots) return nullptr;
+  long long b, off;
+  if (p.num_slots <= 0xFFFFFFFFull) {
+    const uint32_t s32 = (uint32_t)slot;
+    const uint32_t q = fdiv(s32, p.fd_bs);
+    b = q;
+    off = s32 - q * p.block_size;
+  } else {
+    b = slot / p.block_size;
+    off = slot - b * p.block_size;
+  }
+  return jb.cache + (long long)jb.cache_esize * (b * jb.c_block + off * jb.c_token);
+}
+
+__device__ __forceinline__ float load_scale(const MoveParams& p, const Job& jb, uint32_t h) {
+  if (jb.scale_kind == SCALE_ONE) return 1.0f;
+  const float* q = jb.scale_kind == SCALE_HEAD ? jb.scale + h : jb.scale;
+  if (p.bytewise) return __uint_as_float((uint32_t)ld_bytes(q, 4));
+  return __ldg(q);
+}
+
+/* x / scale with the host's FP32 division result bit for bit: the device's
+ * division is IEEE (correctly rounded); only NaN results differ between
+ * machines (propagated operand or the default NaN), so they are rebuilt the
+ * way x86 SSE / AArch64 build them (first NaN operand quieted, else the
+ * host's default NaN). Only the sign of a NaN survives an FP8 cast. */
+__device__ __forceinline__ float host_div(float x, float s, uint32_t default_nan) {
+  float q = __fdiv_rn(x, s);
+  if (q != q) {
+    if (x != x)
+      q = __uint_as_float(__float_as_uint(x) | 0x400000u);
+    else if (s != s)
+      q = __uint_as_float(__float_as_uint(s) | 0x400000u);
+    else
+      q = __uint_as_float(default_nan);
+  }
+  return q;
+}
+
+/* Exact software encode of one element to the cache/IO dtype (convert.h), with
+ * the FP8 quantization done as the host does it. */
+__device__ __forceinline__ void sw_encode(void* out, int dst, float x, float scale, uint32_t default_nan) {
+  const kvx_dtype_t dt = (kvx_dtype_t)dst;
+  if (kvx_ref::is_fp8(dt)) {
+    const float q = host_div(x, scale, default_nan);
+    const uint8_t b = dt == KVX_DTYPE_F8_E4M3 ? kvx_ref::f32_to_e4m3(kvx_ref::fp8_clamp(q, kvx_ref::kE4M3Max))
+                                              : kvx_ref::f32_to_e5m2(kvx_ref::fp8_clamp(q, kvx_ref::kE5M2Max));
+    *(uint8_t*)out = b;
+  } else {
+    kvx_ref::encode_from_f32(out, dt, x);
+  }
+}
+
+/* Launchers (move_copy.cu, move_convert.cu, move_fp8.cu): one launch over
+ * p.njobs * p.items_per_job items on `stream`; they return the launch error.
+ * launch_fast picks the Op for (src, dst) dtypes: the same dtype copies bytes. */
+cudaError_t launch_fast(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);
+cudaError_t launch_general(const MoveParams& p, cudaStream_t stream);
+cudaError_t launch_copy(int esize, const MoveParams& p, cudaStream_t stream);
+cudaError_t launch_convert_float(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);
+cudaError_t launch_convert_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);
+
+/* Elements per fast-path chunk: 16 bytes on the wider side. */
+inline int fast_vec(kvx_dtype_t src, kvx_dtype_t dst) {
+  const int a = (int)kvx_ref::dtype_size(src), b = (int)kvx_ref::dtype_size(dst);
+  return 16 / (a > b ? a : b);
+}
+
+/* Occupancy-sized grid for `kernel` over `total_items` items (cached per kernel and device). */
+int grid_for(const void* kernel, unsigned long long total_items);
+
+}  // namespace kvx_cuda
+
+#endif /* KVX_CUDA_MOVE_CUH */

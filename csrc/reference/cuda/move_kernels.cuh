@@ -1,0 +1,290 @@
+/*
+ * move_kernels.cuh -- the two kernel templates over move.cuh:
+ *   move_fast<Op>:  16-byte chunks, one Op per (source dtype, destination dtype),
+ *                   for tensors whose head_dim runs are contiguous and aligned;
+ *   move_general:   one element per item, any strides, dtypes read at run time.
+ * Both are grid-stride loops over items with kUnroll items per thread in
+ * flight: stage 1 issues every metadata (and, for write, IO) load, stage 2
+ * resolves rows and issues the remaining data loads, stage 3 converts and stores.
+ * Included by the launch translation units only.
+ */
+#ifndef KVX_CUDA_MOVE_KERNELS_CUH
+#define KVX_CUDA_MOVE_KERNELS_CUH
+
+#include "move.cuh"
+
+namespace kvx_cuda {
+
+/* ------------------------------------------------------------------------ */
+/* Vector storage of N bytes. */
+template <int N> struct VecOf;
+template <> struct VecOf<2> { using T = uint16_t; };
+template <> struct VecOf<4> { using T = uint32_t; };
+template <> struct VecOf<8> { using T = uint2; };
+template <> struct VecOf<16> { using T = uint4; };
+
+/* Dtype traits: storage, exact hardware widening where one exists, and which
+ * inputs must take the software path (whose NaN bits the hardware would not keep). */
+struct TF16 {
+  using S = uint16_t;
+  static constexpr kvx_dtype_t dt = KVX_DTYPE_F16;
+  static __device__ __forceinline__ float hw_f32(S v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+  }
+  static __device__ __forceinline__ bool special(S v) { return (v & 0x7FFFu) > 0x7C00u; }
+  static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::f16_to_f32(v); }
+};
+struct TBF16 {
+  using S = uint16_t;
+  static constexpr kvx_dtype_t dt = KVX_DTYPE_BF16;
+  static __device__ __forceinline__ float hw_f32(S v) { return __uint_as_float((uint32_t)v << 16); }
+  static __device__ __forceinline__ bool special(S v) { return (v & 0x7FFFu) > 0x7F80u; }
+  static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::bf16_to_f32(v); }
+};
+struct TF32 {
+  using S = uint32_t;
+  static constexpr kvx_dtype_t dt = KVX_DTYPE_F32;
+  static __device__ __forceinline__ float hw_f32(S v) { return __uint_as_float(v); }
+  /* NaN, or an FP32 subnormal (kept off the hardware narrowing on principle). */
+  static __device__ __forceinline__ bool special(S v) {
+    const uint32_t a = v & 0x7FFFFFFFu;
+    return a > 0x7F800000u || (a != 0 && a < 0x00800000u);
+  }
+  static __device__ __forceinline__ float sw_f32(S v) { return __uint_as_float(v); }
+};
+struct TE4M3 {
+  using S = uint8_t;
+  static constexpr kvx_dtype_t dt = KVX_DTYPE_F8_E4M3;
+};
+struct TE5M2 {
+  using S = uint8_t;
+  static constexpr kvx_dtype_t dt = KVX_DTYPE_F8_E5M2;
+};
+
+/* Hardware narrowing of two FP32 values (RNE, IEEE overflow to inf; the same
+ * bits as convert.h for every non-NaN input). Returns lo in the low half. */
+__device__ __forceinline__ uint32_t hw_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ uint32_t hw_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+/* Same-dtype move: raw bytes (R-CONVERT: same-dtype moves copy the bits). */
+template <int ESIZE>
+struct CopyOp {
+  static constexpr int V = 16 / ESIZE;
+  static constexpr int kIn = ESIZE, kOut = ESIZE;
+  using InVec = uint4;
+  using OutVec = uint4;
+  static constexpr bool kScaled = false;
+  static __device__ __forceinline__ OutVec run(InVec v, float, uint32_t) { return v; }
+};
+
+/* In -> FP32 -> Out (F16/BF16/F32 destinations round RNE; FP8 destinations
+ * quantize x/scale with saturation). NaN-carrying vectors (and FP8 on GPUs
+ * without the FP8 convert instruction) take convert.h's exact software path. */
+template <class In, class Out>
+struct ConvOp {
+  static constexpr int kIn = sizeof(typename In::S), kOut = sizeof(typename Out::S);
+  static constexpr int V = 16 / (kIn > kOut ? kIn : kOut);
+  using InVec = typename VecOf<V * kIn>::T;
+  using OutVec = typename VecOf<V * kOut>::T;
+  static constexpr bool kScaled = Out::dt == KVX_DTYPE_F8_E4M3 || Out::dt == KVX_DTYPE_F8_E5M2;
+
+  static __device__ __forceinline__ OutVec run(InVec iv, float scale, uint32_t dnan) {
+    union {
+      InVec v;
+      typename In::S e[V];
+    } a;
+    union {
+      OutVec v;
+      typename Out::S e[V];
+      uint16_t h[(V * kOut) / 2 > 0 ? (V * kOut) / 2 : 1];
+      uint32_t w[(V * kOut) / 4 > 0 ? (V * kOut) / 4 : 1];
+    } b;
+    a.v = iv;
+    float x[V];
+    bool special = false;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      x[i] = In::hw_f32(a.e[i]);
+      special |= In::special(a.e[i]);
+    }
+    if constexpr (kScaled) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        x[i] = __fdiv_rn(x[i], scale);
+        special |= x[i] != x[i];
+      }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#pragma unroll
+      for (int i = 0; i < V; i += 2) {
+        uint16_t r;
+        if constexpr (Out::dt == KVX_DTYPE_F8_E4M3)
+          asm("{cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;}" : "=h"(r) : "f"(x[i + 1]), "f"(x[i]));
+        else
+          asm("{cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;}" : "=h"(r) : "f"(x[i + 1]), "f"(x[i]));
+        b.h[i / 2] = r;
+      }
+#else
+      special = true;
+#endif
+    } else if constexpr (Out::dt == KVX_DTYPE_F32) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) b.e[i] = __float_as_uint(x[i]);
+    } else if constexpr (Out::dt == KVX_DTYPE_F16) {
+#pragma unroll
+      for (int i = 0; i < V; i += 2) b.w[i / 2] = hw_f16x2(x[i], x[i + 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < V; i += 2) b.w[i / 2] = hw_bf16x2(x[i], x[i + 1]);
+    }
+    if (special) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) sw_encode(&b.e[i], Out::dt, In::sw_f32(a.e[i]), scale, dnan);
+    }
+    return b.v;
+  }
+};
+
+template <class T>
+__device__ __forceinline__ T ld_vec(const char* p) {
+  return *reinterpret_cast<const T*>(p);
+}
+template <class T>
+__device__ __forceinline__ void st_vec(char* p, const T& v) {
+  *reinterpret_cast<T*>(p) = v;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fast path. Per job: IO head_dim contiguous, cache head_dim runs contiguous
+ * in groups of grp.div chunks (HND_PACKED: pack / VEC; otherwise one group of
+ * C chunks, c_outer unused), every chunk VEC-aligned (launch-time checks). */
+
+template <class Op>
+__device__ __forceinline__ long long chunk_cache_off(const Job& jb, uint32_t h, uint32_t c) {
+  const uint32_t g = fdiv(c, jb.grp);
+  const uint32_t w = c - g * jb.grp.div;
+  return (long long)jb.cache_esize *
+         ((long long)h * jb.c_head + (long long)g * jb.c_outer + (long long)w * Op::V);
+}
+template <class Op>
+__device__ __forceinline__ long long chunk_io_off(const Job& jb, uint32_t row, uint32_t h, uint32_t c) {
+  return (long long)jb.io_esize *
+         ((long long)row * jb.io_token + (long long)h * jb.io_head + (long long)c * Op::V);
+}
+
+template <class Op>
+__global__ void __launch_bounds__(kThreads) move_fast(const __grid_constant__ MoveParams p) {
+  const uint32_t total = p.items_per_job * p.njobs;
+  const uint32_t stride = gridDim.x * kThreads;
+  const bool gather = p.kind != KIND_WRITE;
+  for (uint32_t base = blockIdx.x * kThreads + threadIdx.x; base < total; base += stride * kUnroll) {
+    Item it[kUnroll];
+    typename Op::InVec v[kUnroll];
+    char* dst[kUnroll];
+    if (!gather) {
+      long long slot[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const uint32_t u = base + k * stride;
+        it[k] = decompose(p, u < total ? u : 0);
+        it[k].live &= u < total;
+        slot[k] = write_slot_load(p, it[k]);
+        if (it[k].live) v[k] = ld_vec<typename Op::InVec>(it[k].job->io + chunk_io_off<Op>(*it[k].job, it[k].row, it[k].h, it[k].c));
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        char* row = it[k].live ? write_cache_row(p, *it[k].job, slot[k]) : nullptr;
+        dst[k] = row ? row + chunk_cache_off<Op>(*it[k].job, it[k].h, it[k].c) : nullptr;
+      }
+    } else {
+      GatherMeta m[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const uint32_t u = base + k * stride;
+        it[k] = decompose(p, u < total ? u : 0);
+        it[k].live &= u < total;
+        m[k] = gather_meta_load(p, it[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        char* row = gather_cache_row(p, *it[k].job, m[k]);
+        dst[k] = nullptr;
+        if (row) {
+          v[k] = ld_vec<typename Op::InVec>(row + chunk_cache_off<Op>(*it[k].job, it[k].h, it[k].c));
+          dst[k] = it[k].job->io + chunk_io_off<Op>(*it[k].job, it[k].row, it[k].h, it[k].c);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (dst[k]) {
+        const float s = Op::kScaled ? load_scale(p, *it[k].job, it[k].h) : 1.0f;
+        st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, p.default_nan));
+      }
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* General path: one element per item, any strides and dtypes. */
+
+__device__ __forceinline__ long long elem_cache_off(const Job& jb, uint32_t h, uint32_t d) {
+  const uint32_t g = fdiv(d, jb.grp); /* grp = pack */
+  const uint32_t w = d - g * jb.grp.div;
+  return (long long)jb.cache_esize * ((long long)h * jb.c_head + (long long)g * jb.c_outer + (long long)w * jb.c_inner);
+}
+__device__ __forceinline__ long long elem_io_off(const Job& jb, uint32_t row, uint32_t h, uint32_t d) {
+  return (long long)jb.io_esize * ((long long)row * jb.io_token + (long long)h * jb.io_head + (long long)d * jb.io_dim);
+}
+
+__device__ __forceinline__ uint32_t ld_raw(const char* p, int esize, int bytewise) {
+  if (bytewise) return (uint32_t)ld_bytes(p, esize);
+  if (esize == 4) return *(const uint32_t*)p;
+  if (esize == 2) return *(const uint16_t*)p;
+  return *(const uint8_t*)p;
+}
+__device__ __forceinline__ void st_raw(char* p, int esize, uint32_t v, int bytewise) {
+  if (bytewise) {
+    for (int i = 0; i < esize; ++i) p[i] = (char)(v >> (8 * i));
+  } else if (esize == 4) {
+    *(uint32_t*)p = v;
+  } else if (esize == 2) {
+    *(uint16_t*)p = (uint16_t)v;
+  } else {
+    *(uint8_t*)p = (uint8_t)v;
+  }
+}
+
+/* src dtype -> dst dtype of one element (raw bits in and out), R-CONVERT / R-FP8. */
+__device__ __forceinline__ uint32_t convert_elem(uint32_t bits, int src, int dst, float scale, uint32_t dnan) {
+  if (src == dst) return bits;
+  float x;
+  switch (src) {
+    case KVX_DTYPE_F16: x = kvx_ref::f16_to_f32((uint16_t)bits); break;
+    case KVX_DTYPE_BF16: x = kvx_ref::bf16_to_f32((uint16_t)bits); break;
+    default: x = __uint_as_float(bits); break;
+  }
+  uint32_t out = 0;
+  sw_encode(&out, dst, x, scale, dnan);
+  return out; /* little-endian: the low bytes hold the element */
+}
+
+template <class Op>
+cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
+  const int grid = grid_for((const void*)move_fast<Op>, (unsigned long long)p.items_per_job * p.njobs);
+  move_fast<Op><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace kvx_cuda
+
+#endif /* KVX_CUDA_MOVE_KERNELS_CUH */

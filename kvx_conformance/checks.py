@@ -1,0 +1,379 @@
+"""Comparison helpers of the conformance suites: every one raises ConformanceFailure.
+
+A check never decides what is right: the numpy oracle
+(``kvx_conformance.reference_impl``) does. The helpers here compare what a provider
+did (a :class:`~kvx_conformance.cases.Result` from :mod:`kvx_conformance.execute`)
+with what the oracle says, and say precisely where they differ:
+
+- :func:`check_status`: the status against the set of acceptable statuses;
+- :func:`check_guards`: no byte outside the buffers (and, for a gather, no byte of the
+  cache) changed;
+- :func:`check_arrays`: bit-exact memory after the call; the first differing elements
+  are named as (block, token, head, dim) for a cache and (row, head, dim) for a gather
+  output, with expected and got values;
+- :func:`verify_validate` / :func:`verify_write` / :func:`verify_gather`: run one case
+  on the provider and on the oracle and apply all of the above, turning an
+  UNSUPPORTED answer for an optional feature into :class:`Unsupported`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from . import execute
+from .abi import Layout, Memory, Status
+from .cases import GatherCase, Result, ValidateCase, WriteCase
+from .descriptors import IOLayout, TensorLayout
+from .dtypes import bits_view
+from .loader import status_name
+from .outcomes import ConformanceFailure, Unsupported
+
+#: Statuses a data-dependent error may come back as on DEVICE memory (R-DEVICE-STATUS).
+DATA_DEPENDENT = (Status.OUT_OF_RANGE, Status.INVALID_ARGUMENT)
+
+MAX_REPORTED = 6
+
+
+def statuses_text(statuses: Iterable[int]) -> str:
+    return " or ".join(status_name(int(s)) for s in statuses)
+
+
+def _case_text(case) -> str:
+    return case.describe() if hasattr(case, "describe") else str(case)
+
+
+def _seed(case) -> int | None:
+    return getattr(case, "seed", None)
+
+
+# ---------------------------------------------------------------------------- status
+
+
+def check_status(got: int, acceptable: int | Iterable[int], *, clause: str, case=None, what: str = "status") -> None:
+    """``got`` must be one of ``acceptable``."""
+    allowed = {int(acceptable)} if isinstance(acceptable, (int, Status)) else {int(s) for s in acceptable}
+    if int(got) not in allowed:
+        raise ConformanceFailure(
+            f"unexpected {what}",
+            expected=statuses_text(sorted(allowed)),
+            got=status_name(int(got)),
+            clause=clause,
+            case=_case_text(case) if case is not None else "",
+            seed=_seed(case),
+        )
+
+
+# ---------------------------------------------------------------------------- guards
+
+
+def check_guards(result: Result, *, clause: str, case=None) -> None:
+    """No guard byte around any buffer changed (and a gather left the cache alone)."""
+    if result.guard_violations:
+        raise ConformanceFailure(
+            "memory outside the described tensors was modified",
+            expected="no byte outside the described elements changes",
+            got="; ".join(result.guard_violations),
+            clause=clause,
+            case=_case_text(case) if case is not None else "",
+            seed=_seed(case),
+        )
+
+
+# ---------------------------------------------------------------------------- arrays
+
+
+def _cache_offsets(t: TensorLayout, geom) -> np.ndarray:
+    """Storage offset of every logical element [block, token, head, dim] (R-CACHE addressing)."""
+    from .reference_impl.addressing import cache_offsets
+
+    pack = int(t.shape[4]) if t.layout == Layout.BLOCK_HND_PACKED and len(t.shape) > 4 else 1
+    b, tok, h, d = np.indices((geom.num_blocks, geom.block_size, geom.num_kv_heads, geom.head_dim), dtype=np.int64)
+    return cache_offsets(t.layout, tuple(t.stride), pack, b, tok, h, d)
+
+
+def _io_offsets(io: IOLayout) -> np.ndarray:
+    """Storage offset of every (row, head, dim) of an IO tensor (a 4-D output folds to rows)."""
+    from .reference_impl.addressing import io_offsets
+
+    rows = int(np.prod(io.shape[:-2]))
+    r, h, d = np.indices((rows, io.shape[-2], io.shape[-1]), dtype=np.int64)
+    return io_offsets(tuple(io.shape), tuple(io.stride), r, h, d)
+
+
+def _locate(offsets: np.ndarray, flat_index: int) -> tuple[int, ...] | None:
+    hit = np.argwhere(offsets == flat_index)
+    return tuple(int(x) for x in hit[0]) if hit.size else None
+
+
+def _fmt_value(array: np.ndarray, i: int) -> str:
+    v = float(array[i])
+    bits = int(bits_view(array[i : i + 1])[0])
+    return f"{v:.9g} (0x{bits:0{array.dtype.itemsize * 2}x})"
+
+
+def differences(
+    got: np.ndarray, expected: np.ndarray, offsets: np.ndarray, names: Sequence[str], limit: int = MAX_REPORTED
+) -> tuple[int, list[str]]:
+    """Number of differing storage elements and a description of the first ``limit``."""
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        return got.size or 1, [f"storage of {got.dtype}[{got.size}] where {expected.dtype}[{expected.size}] was expected"]
+    bad = np.nonzero(bits_view(got) != bits_view(expected))[0]
+    lines = []
+    for i in bad[:limit]:
+        where = _locate(offsets, int(i))
+        pos = (
+            "(" + ", ".join(f"{n}={w}" for n, w in zip(names, where)) + ")"
+            if where is not None
+            else f"padding element at storage offset {int(i)} (not part of the tensor)"
+        )
+        lines.append(f"{pos}: expected {_fmt_value(expected, int(i))}, got {_fmt_value(got, int(i))}")
+    return int(bad.size), lines
+
+
+def _array_views(case) -> dict[str, tuple[np.ndarray, Sequence[str], str]]:
+    if isinstance(case, WriteCase):
+        return {
+            "k": (_cache_offsets(case.cache.k, case.cache.geom), ("block", "token", "head", "dim"), "K cache"),
+            "v": (_cache_offsets(case.cache.v, case.cache.geom), ("block", "token", "head", "dim"), "V cache"),
+        }
+    if isinstance(case, GatherCase):
+        off = _io_offsets(case.out_layout)
+        names = ("row", "head", "dim")
+        return {"k": (off, names, "gathered keys"), "v": (off, names, "gathered values")}
+    raise TypeError(f"no arrays to compare for {type(case).__name__}")
+
+
+def array_mismatches(got: Result, expected: Result, case) -> list[str]:
+    """Human-readable differences between the memory after the call and the oracle's; [] if equal."""
+    views = _array_views(case)
+    out = []
+    for key, (offsets, names, label) in views.items():
+        n, lines = differences(got.arrays[key], expected.arrays[key], offsets, names)
+        if n:
+            out.append(f"{label}: {n} element(s) differ; " + "; ".join(lines))
+    return out
+
+
+def check_arrays(got: Result, expected: Result, case, *, clause: str, what: str | None = None) -> None:
+    """Bit-exact comparison of the memory after the call with the oracle's."""
+    bad = array_mismatches(got, expected, case)
+    if bad:
+        raise ConformanceFailure(
+            what or "memory after the call differs from the reference",
+            expected="bit-exact equality with the reference (kvx_conformance.reference_impl)",
+            got="\n            ".join(bad),
+            clause=clause,
+            case=_case_text(case),
+            seed=_seed(case),
+        )
+
+
+def check_arrays_any(got: Result, candidates: Sequence[tuple[str, Result]], case, *, clause: str, what: str) -> None:
+    """Every element after the call must hold its value in one of the acceptable outcomes.
+
+    Used where the spec allows an erroneous call to apply part of its work (a
+    data-dependent error found late, R-DEVICE-STATUS): each element is either as it
+    was or as the valid part of the call leaves it, never anything else.
+    """
+    views = _array_views(case)
+    bad_lines = []
+    for key, (offsets, names, label) in views.items():
+        g = got.arrays[key]
+        ok = np.zeros(g.shape, dtype=bool)
+        for _, cand in candidates:
+            c = cand.arrays[key]
+            if c.shape == g.shape and c.dtype == g.dtype:
+                ok |= bits_view(g) == bits_view(c)
+        if not ok.all():
+            n, lines = differences(g, np.where(ok, g, candidates[0][1].arrays[key]), offsets, names)
+            bad_lines.append(f"{label}: {n} element(s) hold a value of no acceptable outcome; " + "; ".join(lines))
+    if bad_lines:
+        raise ConformanceFailure(
+            what,
+            expected="each element as in one of: " + ", ".join(name for name, _ in candidates),
+            got="\n            ".join(bad_lines),
+            clause=clause,
+            case=_case_text(case),
+            seed=_seed(case),
+        )
+
+
+def untouched(case) -> Result:
+    """The memory a call that writes nothing leaves (the case's initial contents)."""
+    if isinstance(case, WriteCase):
+        return Result(int(Status.OK), {"k": case.cache.k_init, "v": case.cache.v_init})
+    return Result(int(Status.OK), {"k": case.out_k_init, "v": case.out_v_init})
+
+
+# ---------------------------------------------------------------------------- whole calls
+
+
+def _oracle():
+    from . import reference_impl
+
+    return reference_impl
+
+
+def _unsupported(got: Result, case, feature: str | None, clause: str) -> None:
+    """An UNSUPPORTED answer must have written nothing; then it is the feature's to excuse."""
+    check_guards(got, clause=clause, case=case)
+    if not isinstance(case, ValidateCase):
+        check_arrays(got, untouched(case), case, clause=clause,
+                     what="the provider answered UNSUPPORTED but modified memory")
+    raise Unsupported(f"provider answered UNSUPPORTED ({_case_text(case)})", feature)
+
+
+def _judge(
+    got: Result,
+    expected: Result,
+    case,
+    opts: execute.CallOptions,
+    *,
+    clause: str,
+    feature: str | None,
+    statuses: Iterable[int] | None,
+    partial: Callable[[], Result] | None,
+) -> Result:
+    exp_status = int(expected.status)
+    allowed = {exp_status} if statuses is None else {int(s) for s in statuses}
+    device_ok = (
+        opts.memory == Memory.DEVICE and exp_status in {int(s) for s in DATA_DEPENDENT} and partial is not None
+    )
+    if device_ok:
+        allowed.add(int(Status.OK))  # R-DEVICE-STATUS
+    if (
+        got.status == Status.UNSUPPORTED
+        and Status.UNSUPPORTED not in allowed
+        and feature is not None
+    ):
+        _unsupported(got, case, feature, clause)
+    check_status(got.status, allowed, clause=clause, case=case)
+    check_guards(got, clause=clause, case=case)
+    if isinstance(case, ValidateCase):
+        return got
+    if got.status == Status.OK and exp_status == Status.OK:
+        check_arrays(got, expected, case, clause=clause)
+        return got
+    # An error answer, or OK for an erroneous call where that is allowed: the call
+    # wrote nothing, or (data-dependent errors) only what its valid part writes.
+    cands = [("untouched memory", untouched(case))]
+    if exp_status != Status.OK and partial is not None:
+        cands.append(("the valid part of the call applied", partial()))
+    check_arrays_any(got, cands, case, clause=clause,
+                     what=f"memory after a {status_name(got.status)} answer is not an acceptable outcome")
+    return got
+
+
+class OracleDisagrees(RuntimeError):
+    """The test's stated expectation and the oracle's answer differ: a harness fault."""
+
+
+def _agree(exp: Result, expect: int | None, case) -> None:
+    if expect is not None and int(exp.status) != int(expect):
+        raise OracleDisagrees(
+            f"the test expects {status_name(int(expect))} but the oracle answers {status_name(int(exp.status))}"
+            f" (rule {exp.rule or '-'}) for {_case_text(case)}"
+        )
+
+
+def verify_validate(
+    provider, case: ValidateCase, opts: execute.CallOptions | None = None, *, clause: str,
+    feature: str | None = None, statuses: Iterable[int] | None = None, expect: int | None = None,
+) -> Result:
+    """Run ``kvx_validate_cache_desc`` and hold its status to the oracle's.
+
+    ``expect`` (every verify_*): the status the test means to provoke; the oracle must
+    agree (else :class:`OracleDisagrees`, a harness fault, not the provider's).
+    """
+    opts = opts or execute.CallOptions()
+    exp = _oracle().expected_validate(case, opts.memory)
+    _agree(exp, expect, case)
+    got = execute.run_validate(provider, case, opts)
+    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, partial=None)
+
+
+def verify_write(
+    provider, case: WriteCase, opts: execute.CallOptions | None = None, *, clause: str,
+    feature: str | None = None, statuses: Iterable[int] | None = None,
+    partial: Callable[[], Result] | None = None, expect: int | None = None,
+) -> Result:
+    """Run ``kvx_write_kv``; status, guards and the whole cache bit-exact against the oracle.
+
+    ``statuses`` widens the acceptable statuses (default: exactly the oracle's);
+    ``partial`` gives the memory of the call's valid part, acceptable with a
+    data-dependent error status (and with OK on DEVICE memory, R-DEVICE-STATUS).
+    """
+    opts = opts or execute.CallOptions()
+    exp = _oracle().expected_write(case, opts.memory)
+    _agree(exp, expect, case)
+    got = execute.run_write(provider, case, opts)
+    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, partial=partial)
+
+
+def verify_gather(
+    provider, case: GatherCase, opts: execute.CallOptions | None = None, *, clause: str,
+    feature: str | None = None, statuses: Iterable[int] | None = None,
+    partial: Callable[[], Result] | None = None, expect: int | None = None,
+) -> Result:
+    """Run ``kvx_gather_kv``; status, guards, untouched cache and outputs bit-exact."""
+    opts = opts or execute.CallOptions()
+    exp = _oracle().expected_gather(case, opts.memory)
+    _agree(exp, expect, case)
+    got = execute.run_gather(provider, case, opts)
+    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, partial=partial)
+
+
+# ---------------------------------------------------------------------------- valid parts
+
+
+def valid_part_of_write(case: WriteCase) -> WriteCase:
+    """The write with every out-of-range slot turned into a no-op (-1)."""
+    import dataclasses
+
+    n = case.cache.geom.num_slots
+    s = np.asarray(case.slots.slots, dtype=np.int64).copy()
+    s[s >= n] = -1
+    return dataclasses.replace(case, slots=dataclasses.replace(case.slots, slots=s))
+
+
+def partial_write(case: WriteCase) -> Callable[[], Result]:
+    """``partial=`` for :func:`verify_write`: what the call's in-range tokens alone write."""
+    return lambda: _oracle().expected_write(valid_part_of_write(case))
+
+
+def repaired_gather(case: GatherCase) -> GatherCase:
+    """The gather with every data-dependent error repaired the way a skipping provider
+    sees it: lengths clipped to what the table holds (negative ones to 0), bad block
+    ids and unusable KV_OFFSETS entries pointed at block 0 (R-DEVICE-STATUS)."""
+    import dataclasses
+
+    from .abi import TableFormat
+
+    t = case.table
+    bs = case.cache.geom.block_size
+    nb = case.cache.geom.num_blocks
+    lens = np.maximum(np.asarray(case.seq_lens.lengths, np.int64), 0)
+    lens = np.minimum(lens, t.max_blocks_per_seq * bs)
+    idx = np.asarray(t.indices, np.int64).copy()
+    indptr = None if t.indptr is None else np.asarray(t.indptr, np.int64).copy()
+    if t.format == TableFormat.RAGGED and indptr is not None and len(indptr) == t.seq_count + 1:
+        ranges = np.maximum(np.diff(indptr), 0)
+        ok = (indptr[:-1] >= 0) & (indptr[1:] <= len(idx))
+        lens = np.where(ok, np.minimum(lens, ranges), 0)
+        idx[(idx < 0) | (idx >= nb)] = 0
+    elif t.format == TableFormat.KV_OFFSETS:
+        u = idx & 0xFFFFFFFF
+        bad = u == 0xFFFFFFFF
+        if case.cache.pool is None or case.cache.pool.secondary is None or case.cache.pool.secondary_null:
+            bad |= (u & 0x80000000) != 0
+        idx[bad] = 0
+    else:
+        idx[(idx < 0) | (idx >= nb)] = 0
+    table = dataclasses.replace(t, indices=idx, indptr=indptr)
+    return dataclasses.replace(case, table=table, seq_lens=dataclasses.replace(case.seq_lens, lengths=lens))
+
+
+def partial_gather(case: GatherCase) -> Callable[[], Result]:
+    """``partial=`` for :func:`verify_gather`: what the valid part of the gather writes."""
+    return lambda: _oracle().expected_gather(repaired_gather(case))

@@ -1,0 +1,165 @@
+"""Vendor input files: the claims file (what a provider says it supports) and the
+expectations file (waivers for known failures).
+
+Both are YAML or JSON (chosen by content: JSON is tried first, YAML needs pyyaml).
+
+Claims::
+
+    profiles: [core, layouts, tables]     # profiles to certify (default: [core])
+    features: [ragged, kv_offsets, fp8]   # optional features claimed (OPTIONAL_FEATURES)
+
+A claimed feature that answers UNSUPPORTED is a failure; an unclaimed optional feature
+may answer UNSUPPORTED. Expectations::
+
+    waivers:                               # or a bare list
+      - id: write.oob_slot.status[S64]     # a stable test id; '*' matches any run of characters
+        reason: "ACME-123: returns INVALID_ARGUMENT, fix in 2.4"
+
+A waived required failure does not break certification but is printed on the
+certificate; a waiver matching no test is warned about.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .outcomes import OPTIONAL_FEATURES, PROFILES
+
+DEFAULT_PROFILES = ("core",)
+
+
+class InputFileError(Exception):
+    """A claims / expectations file that cannot be used; ``str(e)`` is one line."""
+
+
+def _read_structured(path: str | os.PathLike, what: str):
+    p = Path(path)
+    if not p.exists():
+        raise InputFileError(f"{what} file not found: {path}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputFileError(f"cannot read {what} file {path}: {e}") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        import yaml
+    except ImportError:
+        raise InputFileError(
+            f"{what} file {path} is not JSON, and reading YAML needs pyyaml (pip install pyyaml)"
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else "syntax error"
+        raise InputFileError(f"{what} file {path} is neither JSON nor valid YAML: {first}") from None
+
+
+def _string_list(value, key: str, path) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InputFileError(f"claims file {path}: '{key}' must be a list of names")
+    return list(value)
+
+
+@dataclass(frozen=True)
+class Claims:
+    profiles: tuple[str, ...] = DEFAULT_PROFILES
+    features: frozenset[str] = frozenset()
+    source: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"profiles": list(self.profiles), "features": sorted(self.features), "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Claims":
+        if not d:
+            return cls()
+        return cls(tuple(d.get("profiles") or DEFAULT_PROFILES), frozenset(d.get("features") or ()), d.get("source"))
+
+
+def load_claims(path: str | os.PathLike | None) -> Claims:
+    if path is None:
+        return Claims()
+    data = _read_structured(path, "claims")
+    if not isinstance(data, dict):
+        raise InputFileError(f"claims file {path}: expected a mapping with 'profiles' and 'features'")
+    unknown_keys = set(data) - {"profiles", "features", "provider", "vendor", "notes"}
+    if unknown_keys:
+        raise InputFileError(f"claims file {path}: unknown key(s) {', '.join(sorted(unknown_keys))}")
+    profiles = _string_list(data.get("profiles"), "profiles", path) or list(DEFAULT_PROFILES)
+    features = _string_list(data.get("features"), "features", path)
+    bad_p = [p for p in profiles if p not in PROFILES]
+    if bad_p:
+        raise InputFileError(
+            f"claims file {path}: unknown profile(s) {', '.join(bad_p)} (known: {', '.join(PROFILES)})"
+        )
+    bad_f = [f for f in features if f not in OPTIONAL_FEATURES]
+    if bad_f:
+        raise InputFileError(
+            f"claims file {path}: unknown feature(s) {', '.join(bad_f)} (known: {', '.join(OPTIONAL_FEATURES)})"
+        )
+    return Claims(tuple(dict.fromkeys(profiles)), frozenset(features), str(path))
+
+
+@dataclass(frozen=True)
+class Waiver:
+    id: str  # exact stable id, or a pattern where '*' matches any run of characters
+    reason: str
+
+    def matches(self, test_id: str) -> bool:
+        if "*" not in self.id:
+            return self.id == test_id
+        return _glob_re(self.id).fullmatch(test_id) is not None
+
+
+def _glob_re(pattern: str) -> re.Pattern:
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
+
+
+def load_expectations(path: str | os.PathLike | None) -> list[Waiver]:
+    if path is None:
+        return []
+    data = _read_structured(path, "expectations")
+    if isinstance(data, dict):
+        data = data.get("waivers", data.get("expectations"))
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise InputFileError(f"expectations file {path}: expected a list of {{id, reason}} entries")
+    out: list[Waiver] = []
+    for i, entry in enumerate(data):
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"].strip():
+            raise InputFileError(f"expectations file {path}: entry {i + 1} needs an 'id' string")
+        reason = entry.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            raise InputFileError(f"expectations file {path}: entry {i + 1} ({entry['id']}) needs a 'reason'")
+        out.append(Waiver(entry["id"].strip(), reason.strip()))
+    return out
+
+
+@dataclass
+class WaiverMatch:
+    waiver: Waiver
+    matched: list[str] = field(default_factory=list)
+
+
+def match_waivers(waivers: list[Waiver], test_ids) -> tuple[dict[str, Waiver], list[WaiverMatch]]:
+    """Map each test id to the first waiver matching it; also return every waiver with its matches."""
+    ids = list(test_ids)
+    by_id: dict[str, Waiver] = {}
+    matches = [WaiverMatch(w) for w in waivers]
+    for m in matches:
+        for tid in ids:
+            if m.waiver.matches(tid):
+                m.matched.append(tid)
+                by_id.setdefault(tid, m.waiver)
+    return by_id, matches

@@ -1,0 +1,189 @@
+"""What a KV cache holds for the decoder: cache formats, scale calibration, the store interface.
+
+A :class:`CacheFormat` says what a cache entry becomes after a write and a read:
+- F32 / F16 / BF16: the value rounded to the cache dtype (RNE, readings R-CONVERT);
+- FP8 E4M3: ``x / scale`` clamped to +-448 and rounded (readings R-FP8), read back
+  as ``code * scale``; one static F32 scale per tensor (per layer, K and V apart);
+- NVFP4 / MXFP4: the FP4 codec round trip of ``kvx_conformance.reference_impl.fp4``
+  applied before an F32 write (the v1.1 ABI has no FP4 cache: path "oracle-fp4").
+
+Static scales are calibrated on the first write into each layer, as engines that
+compute KV scales on their first forward pass do: FP8 ``amax / 448``, NVFP4's
+global scale ``amax / (6 * 448)``. Both stores below share this calibration, so a
+paged cache and a contiguous one holding the same format hold the same values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import ml_dtypes
+import numpy as np
+
+from ..abi import DType
+from ..dtypes import np_dtype
+
+FP8_E4M3_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    name: str
+    dtype: DType  # dtype of the cache tensors handed to the provider
+    fp4: str | None = None  # "nvfp4" | "mxfp4": oracle round trip before an F32 write
+
+    @property
+    def path(self) -> str:
+        return "provider" if self.fp4 is None else "oracle-fp4"
+
+    @property
+    def gather_dtype(self) -> DType:
+        """IO dtype of a gather: FP8 copies raw codes (v1.1), the others convert to F32."""
+        return self.dtype if self.dtype in (DType.F8_E4M3, DType.F8_E5M2) else DType.F32
+
+
+FORMATS: dict[str, CacheFormat] = {
+    "F32": CacheFormat("F32", DType.F32),
+    "F16": CacheFormat("F16", DType.F16),
+    "BF16": CacheFormat("BF16", DType.BF16),
+    "FP8-E4M3": CacheFormat("FP8-E4M3", DType.F8_E4M3),
+    "NVFP4": CacheFormat("NVFP4", DType.F32, fp4="nvfp4"),
+    "MXFP4": CacheFormat("MXFP4", DType.F32, fp4="mxfp4"),
+}
+
+
+def _amax(x: np.ndarray) -> float:
+    return float(np.max(np.abs(x))) if x.size else 0.0
+
+
+@dataclass
+class LayerScales:
+    """Static per-tensor scales of one cache format, calibrated on each layer's first write."""
+
+    fmt: CacheFormat
+    k: dict[int, np.float32] = field(default_factory=dict)
+    v: dict[int, np.float32] = field(default_factory=dict)
+
+    def _calibrate(self, x: np.ndarray) -> np.float32:
+        amax = _amax(x)
+        if self.fmt.dtype == DType.F8_E4M3:
+            return np.float32(amax / FP8_E4M3_MAX) if amax > 0 else np.float32(1.0)
+        if self.fmt.fp4 == "nvfp4":
+            from ..reference_impl import fp4  # noqa: PLC0415
+
+            return np.float32(fp4.nvfp4_global_scale(x))
+        return np.float32(1.0)
+
+    def for_layer(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.float32, np.float32]:
+        if layer not in self.k:
+            self.k[layer], self.v[layer] = self._calibrate(k), self._calibrate(v)
+        return self.k[layer], self.v[layer]
+
+
+def fp4_round_trip(kind: str, x: np.ndarray, global_scale: np.float32) -> np.ndarray:
+    """Encode then decode ``x [n, H, D]`` with the reference FP4 codec (16-value blocks along D).
+
+    NVFP4 uses the per-tensor global scale ``global_scale``; MXFP4 is the KV variant
+    of seed 002 (16-value blocks, ``ceil`` exponent rule). Output float32.
+    """
+    from ..reference_impl import fp4  # noqa: PLC0415 (imported only when an FP4 format is used)
+
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    if kind == "nvfp4":
+        codes, scales = fp4.nvfp4_encode(x32, global_scale=float(global_scale))
+        out = fp4.nvfp4_decode(codes, scales, global_scale=float(global_scale))
+    elif kind == "mxfp4":
+        codes, scales = fp4.mxfp4_encode(x32)
+        out = fp4.mxfp4_decode(codes, scales)
+    else:
+        raise ValueError(f"unknown FP4 codec {kind!r}")
+    return np.ascontiguousarray(out, dtype=np.float32).reshape(x.shape)
+
+
+def prepare_for_write(fmt: CacheFormat, x: np.ndarray, scale: np.float32) -> np.ndarray:
+    """The IO tensor handed to the provider's write: FP4 formats are round-tripped first."""
+    if fmt.fp4 is None:
+        return x
+    return fp4_round_trip(fmt.fp4, x, scale)
+
+
+def cache_round_trip(fmt: CacheFormat, x: np.ndarray, scale: np.float32) -> np.ndarray:
+    """What a cache of ``fmt`` gives back for ``x`` (float32): the contiguous model of a write + read."""
+    x = prepare_for_write(fmt, np.asarray(x, dtype=np.float32), scale)
+    if fmt.dtype == DType.F32:
+        return np.array(x, dtype=np.float32)
+    if fmt.dtype in (DType.F16, DType.BF16):
+        return x.astype(np_dtype(fmt.dtype)).astype(np.float32)
+    if fmt.dtype == DType.F8_E4M3:
+        q = np.clip(x / scale, -FP8_E4M3_MAX, FP8_E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+        return dequantize_fp8(q, scale)
+    raise ValueError(f"no round trip for cache dtype {fmt.dtype!r}")
+
+
+def dequantize_fp8(codes: np.ndarray, scale: np.float32) -> np.ndarray:
+    return codes.astype(np.float32) * np.float32(scale)
+
+
+class KVStore(Protocol):
+    """The decoder's view of a KV cache (one step = the new tokens of some sequences)."""
+
+    def begin_step(self, seq_ids: list[int], counts: list[int]) -> list[int]:
+        """Reserve room for ``counts[i]`` new tokens of ``seq_ids[i]``; returns their first positions."""
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store this layer's K/V ``[sum(counts), H, D]`` (float32, batch order) for the step."""
+
+    def read(self, layer: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per step sequence, the whole context K/V ``[length, H, D]`` float32 (new tokens included)."""
+
+    def end_step(self) -> None: ...
+
+    def free(self, seq_id: int) -> None: ...
+
+
+class ContiguousKVStore:
+    """A plain per-sequence, per-layer cache (numpy arrays): the comparison baseline."""
+
+    def __init__(self, n_layers: int, fmt: CacheFormat):
+        self.fmt = fmt
+        self.n_layers = n_layers
+        self.scales = LayerScales(fmt)
+        self._k: dict[int, list[list[np.ndarray]]] = {}
+        self._v: dict[int, list[list[np.ndarray]]] = {}
+        self._len: dict[int, int] = {}
+        self._step: tuple[list[int], list[int]] | None = None
+
+    def length(self, seq_id: int) -> int:
+        return self._len.get(seq_id, 0)
+
+    def begin_step(self, seq_ids: list[int], counts: list[int]) -> list[int]:
+        for s in seq_ids:
+            if s not in self._len:
+                self._len[s] = 0
+                self._k[s] = [[] for _ in range(self.n_layers)]
+                self._v[s] = [[] for _ in range(self.n_layers)]
+        self._step = (list(seq_ids), list(counts))
+        return [self._len[s] for s in seq_ids]
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        seq_ids, counts = self._step
+        ks, vs = self.scales.for_layer(layer, k, v)
+        kq, vq = cache_round_trip(self.fmt, k, ks), cache_round_trip(self.fmt, v, vs)
+        at = 0
+        for s, c in zip(seq_ids, counts):
+            self._k[s][layer].append(kq[at:at + c])
+            self._v[s][layer].append(vq[at:at + c])
+            at += c
+
+    def read(self, layer: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        seq_ids, _ = self._step
+        return [(np.concatenate(self._k[s][layer]), np.concatenate(self._v[s][layer])) for s in seq_ids]
+
+    def end_step(self) -> None:
+        for s, c in zip(*self._step):
+            self._len[s] += c
+        self._step = None
+
+    def free(self, seq_id: int) -> None:
+        for d in (self._k, self._v, self._len):
+            d.pop(seq_id, None)

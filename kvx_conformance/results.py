@@ -1,0 +1,283 @@
+"""results.json: the record of a conformance run (schema: docs/results-schema.md).
+
+Written *as tests finish*: each finished test is appended to ``results.jsonl`` at
+once, and ``results.json`` is rewritten atomically every few tests (and at the end),
+so a run that is killed still leaves what ran. The verdict logic lives here too:
+per profile, certified when every required test passes or is acceptably
+unsupported or waived; recommended failures are warnings, never hidden.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .claims import Claims, Waiver, match_waivers
+from .outcomes import PROFILES, Outcome
+
+SCHEMA_VERSION = "1.0"
+KIND = "kvx-conform-results"
+
+OUTCOMES = tuple(o.value for o in Outcome)
+#: outcomes of a required test that block certification (unless waived)
+BLOCKING = {Outcome.FAIL.value, Outcome.CRASH.value, Outcome.TIMEOUT.value, Outcome.ERROR.value, Outcome.SKIP.value}
+#: outcomes of a recommended test reported as warnings
+WARNING = {Outcome.FAIL.value, Outcome.CRASH.value, Outcome.TIMEOUT.value, Outcome.ERROR.value}
+
+VERDICT_CERTIFIED = "certified"
+VERDICT_NOT_CERTIFIED = "not certified"
+VERDICT_QUICK = "not certifying (quick)"
+VERDICT_PARTIAL = "not certifying (partial selection)"
+
+
+@dataclass
+class TestRecord:
+    """One finished test (the elements of ``results.json``'s ``tests``)."""
+
+    id: str
+    nodeid: str
+    clause: str
+    level: str
+    profile: str
+    entry: list[str]
+    feature: str | None
+    outcome: str
+    message: str = ""
+    repro: str = ""
+    duration: float = 0.0
+    seed: int | None = None
+    #: ConformanceFailure fields when the test failed with one: what, expected, got, clause, case
+    failure: dict | None = None
+    #: set by the circuit breaker: the entry point whose breaker skipped this test
+    breaker: str | None = None
+    worker: str | None = None
+    #: crash/timeout detail: the fatal error line and the innermost frames
+    detail: str = ""
+    #: filled from the expectations file when a waiver matches
+    waived: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TestRecord":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+def _atomic_write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+def summarize(
+    tests: list[TestRecord],
+    claims: Claims,
+    waivers: list[Waiver],
+    *,
+    quick: bool,
+    partial: bool,
+    complete: bool,
+    not_run: int = 0,
+) -> dict:
+    """Verdicts, counts, warnings and waiver bookkeeping for a list of finished tests.
+
+    Mutates ``tests``: sets ``waived`` on every non-passing test a waiver matches.
+    """
+    by_id, matches = match_waivers(waivers, [t.id for t in tests])
+    for t in tests:
+        w = by_id.get(t.id)
+        t.waived = w.reason if (w is not None and t.outcome not in (Outcome.PASS.value, Outcome.UNSUPPORTED.value)) else None
+
+    counts = {o: 0 for o in OUTCOMES}
+    for t in tests:
+        counts[t.outcome] = counts.get(t.outcome, 0) + 1
+
+    profiles: dict[str, dict] = {}
+    for name in list(PROFILES) + sorted({t.profile for t in tests} - set(PROFILES)):
+        mine = [t for t in tests if t.profile == name]
+        if not mine and name not in claims.profiles:
+            continue
+        pc = {o: 0 for o in OUTCOMES}
+        for t in mine:
+            pc[t.outcome] += 1
+        required = [t for t in mine if t.level == "required"]
+        blocking = [t.id for t in required if t.outcome in BLOCKING and not t.waived]
+        waived = [t.id for t in required if t.outcome in BLOCKING and t.waived]
+        warnings = [t.id for t in mine if t.level == "recommended" and t.outcome in WARNING]
+        req_pass = sum(t.outcome == Outcome.PASS.value for t in required)
+        req_unsup = sum(t.outcome == Outcome.UNSUPPORTED.value for t in required)
+        if not mine:
+            verdict = "not run"
+        elif blocking:
+            verdict = VERDICT_NOT_CERTIFIED
+        elif required and req_pass == 0 and req_unsup > 0 and not waived:
+            verdict = "unsupported"
+        else:
+            verdict = VERDICT_CERTIFIED
+        if not complete and verdict == VERDICT_CERTIFIED:
+            verdict = "incomplete"
+        profiles[name] = {
+            "verdict": verdict,
+            "claimed": name in claims.profiles,
+            "description": PROFILES.get(name, ""),
+            "tests": len(mine),
+            "required": len(required),
+            "required_passed": req_pass,
+            "required_unsupported": req_unsup,
+            "counts": pc,
+            "blocking": blocking,
+            "waived": waived,
+            "warnings": warnings,
+        }
+
+    claimed_ok = all(profiles.get(p, {}).get("verdict") == VERDICT_CERTIFIED for p in claims.profiles)
+    if not complete or not_run:
+        claimed_ok = False
+    if quick:
+        verdict = VERDICT_QUICK
+    elif partial:
+        verdict = VERDICT_PARTIAL
+    else:
+        verdict = VERDICT_CERTIFIED if claimed_ok else VERDICT_NOT_CERTIFIED
+
+    warnings: list[str] = []
+    for t in tests:
+        if t.level == "recommended" and t.outcome in WARNING:
+            warnings.append(f"{t.id}: recommended ({t.clause}) {t.outcome}: {first_line(t.message)}")
+    waiver_rows = []
+    for m in matches:
+        applied = [tid for tid in m.matched if by_id.get(tid) is m.waiver and _waivable(tests, tid)]
+        row = {"id": m.waiver.id, "reason": m.waiver.reason, "matched": m.matched, "applied_to": applied}
+        waiver_rows.append(row)
+        if not m.matched:
+            warnings.append(f"expectations: waiver '{m.waiver.id}' matches no test")
+    return {
+        "verdict": verdict,
+        "certifying": not quick and not partial,
+        "claimed_profiles_certified": claimed_ok,
+        "profiles": profiles,
+        "counts": counts,
+        "warnings": warnings,
+        "waivers": waiver_rows,
+    }
+
+
+def _waivable(tests: list[TestRecord], tid: str) -> bool:
+    return any(t.id == tid and t.waived for t in tests)
+
+
+def first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+# ----------------------------------------------------------------------------- the writer
+
+
+@dataclass
+class ResultsWriter:
+    """Appends finished tests to results.jsonl and keeps results.json current."""
+
+    out_dir: Path
+    header: dict
+    claims: Claims = field(default_factory=Claims)
+    waivers: list[Waiver] = field(default_factory=list)
+    quick: bool = False
+    partial: bool = False
+    every_tests: int = 5
+    every_seconds: float = 2.0
+
+    def __post_init__(self):
+        self.out_dir = Path(self.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.tests: list[TestRecord] = []
+        self.total: int | None = None
+        self.breaker: dict = {}
+        self.extra_warnings: list[str] = []
+        self.collection_errors: list[str] = []
+        self.started = now_iso()
+        self._t0 = time.monotonic()
+        self._jsonl = open(self.out_dir / "results.jsonl", "w", encoding="utf-8")
+        self._since_write = 0
+        self._last_write = 0.0
+        self.write(complete=False)
+
+    def add(self, rec: TestRecord) -> None:
+        self.tests.append(rec)
+        self._jsonl.write(json.dumps(rec.to_dict()) + "\n")
+        self._jsonl.flush()
+        self._since_write += 1
+        if self._since_write >= self.every_tests or time.monotonic() - self._last_write >= self.every_seconds:
+            self.write(complete=False)
+
+    def document(self, complete: bool) -> dict:
+        not_run = max(0, (self.total or 0) - len(self.tests)) if complete else 0
+        summary = summarize(
+            self.tests, self.claims, self.waivers,
+            quick=self.quick, partial=self.partial, complete=complete, not_run=not_run,
+        )
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": KIND,
+            **self.header,
+            "complete": complete,
+            "started": self.started,
+            "updated": now_iso(),
+            "duration_s": round(time.monotonic() - self._t0, 3),
+            "quick": self.quick,
+            "claims": self.claims.to_dict(),
+            "total": self.total,
+            "finished": len(self.tests),
+            **summary,
+            "breaker": self.breaker,
+            "collection_errors": self.collection_errors,
+            "tests": [t.to_dict() for t in self.tests],
+        }
+        doc["warnings"] = self.extra_warnings + doc["warnings"]
+        return doc
+
+    def write(self, complete: bool) -> dict:
+        doc = self.document(complete)
+        _atomic_write_json(self.out_dir / "results.json", doc)
+        self._since_write = 0
+        self._last_write = time.monotonic()
+        return doc
+
+    def close(self, complete: bool = True) -> dict:
+        doc = self.write(complete=complete)
+        self._jsonl.close()
+        return doc
+
+
+def load_results(path: str | os.PathLike) -> dict:
+    """Read a results.json (raises ValueError with a one-line reason)."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"results file not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read results file {path}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise ValueError(f"{path} is not a kvx-conform results file")
+    major = str(doc.get("schema_version", "0")).split(".")[0]
+    if major != SCHEMA_VERSION.split(".")[0]:
+        raise ValueError(f"{path}: results schema {doc.get('schema_version')} is not readable by this harness "
+                         f"(schema {SCHEMA_VERSION})")
+    return doc
+
+
+def records(doc: dict) -> list[TestRecord]:
+    return [TestRecord.from_dict(t) for t in doc.get("tests", [])]

@@ -1,0 +1,195 @@
+"""Spec 4.3, 6.9, 10 (R-CONVERT, R-FP8): element types of caches and IO tensors.
+
+- F16 / BF16 / F32 caches with IO of the same dtype (baseline, required) and of the
+  other two (feature ``mixed_io_dtype``): values move through FP32 and round to
+  nearest even; inputs include infinities, NaN, signed zeros, subnormals and values
+  that overflow the narrower format.
+- FP8 caches (profile fp8, feature ``fp8``): write quantizes ``x / scale`` (IEEE FP32
+  division), saturating, RNE; the scale comes from ``k_scale_desc`` (PER_TENSOR,
+  PER_HEAD), else the ``k_scale`` pointer, else 1.0; FP8 IO of the cache's dtype
+  copies raw bytes, both ways.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance import casebuild as cb
+from kvx_conformance.abi import DType, ScaleGranularity, Status
+from kvx_conformance.checks import verify_gather, verify_write
+from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, conformance
+
+G = cb.GEOM
+BASE = [DType.F16, DType.BF16, DType.F32]
+FP8 = [DType.F8_E4M3, DType.F8_E5M2]
+NAMES = {DType.F16: "f16", DType.BF16: "bf16", DType.F32: "f32", DType.F8_E4M3: "e4m3", DType.F8_E5M2: "e5m2"}
+CL_CONVERT = "spec 4.3 (baseline F16/BF16/F32 caches and IO); R-CONVERT"
+CL_FP8 = "spec 4.3, 6.9, 10 (FP8 caches, scales); R-FP8"
+
+SAME = [pytest.param(d, id=NAMES[d]) for d in BASE]
+MIXED = [pytest.param(c, i, id=f"cache_{NAMES[c]}-io_{NAMES[i]}") for c in BASE for i in BASE if c != i]
+
+
+def _cache(provider, memory, dtype, seed):
+    return cb.simple_cache(G, cb.core_layout(provider, memory), dtype, seed=seed)
+
+
+def _write(provider, opts, cache_dtype, io_dtype, seed, feature=None, clause=CL_CONVERT, **kw):
+    cache = _cache(provider, opts.memory, cache_dtype, seed)
+    case = cb.write_case(cache, cb.spread_slots(G, 12, seed), io_dtype=io_dtype, seed=seed + 1,
+                         label=f"{NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache", **kw)
+    return verify_write(provider, case, opts, clause=clause, feature=feature)
+
+
+def _gather(provider, opts, cache_dtype, io_dtype, seed, feature=None, clause=CL_CONVERT, specials=False):
+    cache = _cache(provider, opts.memory, cache_dtype, seed)
+    if specials and cache_dtype in BASE:
+        cache = cb.replace(cache, k_init=cb.with_specials(cache.k_init, cache_dtype))
+    # block 0 first: with_specials put the special values at the start of the K storage
+    table = np.array([[0, 3, 5], [2, 1, 4]], np.int64)
+    case = cb.packed_gather(cache, table, [12, 9], 12, io_dtype=io_dtype, seed=seed + 1,
+                            label=f"{NAMES[cache_dtype]} cache -> {NAMES[io_dtype]}")
+    return verify_gather(provider, case, opts, clause=clause, feature=feature)
+
+
+# ---------------------------------------------------------------------------- F16 / BF16 / F32
+
+
+@conformance("dtype.write.same", CL_CONVERT, REQUIRED, "core", "write")
+@pytest.mark.parametrize("dtype", SAME)
+def test_write_same_dtype(kvx_provider, kvx_call_options, dtype):
+    _write(kvx_provider, kvx_call_options(), dtype, dtype, 1, specials=True)
+
+
+@conformance("dtype.gather.same", CL_CONVERT, REQUIRED, "core", "gather")
+@pytest.mark.parametrize("dtype", SAME)
+def test_gather_same_dtype(kvx_provider, kvx_call_options, dtype):
+    _gather(kvx_provider, kvx_call_options(), dtype, dtype, 2, specials=True)
+
+
+@conformance("dtype.write.convert", CL_CONVERT + " (through FP32, RNE, overflow to inf)", REQUIRED, "core", "write",
+             feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
+def test_write_convert(kvx_provider, kvx_call_options, cache_dtype, io_dtype):
+    _write(kvx_provider, kvx_call_options(), cache_dtype, io_dtype, 3, feature="mixed_io_dtype", specials=True)
+
+
+@conformance("dtype.gather.convert", CL_CONVERT + " (through FP32, RNE, overflow to inf)", REQUIRED, "core", "gather",
+             feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
+def test_gather_convert(kvx_provider, kvx_call_options, cache_dtype, io_dtype):
+    _gather(kvx_provider, kvx_call_options(), cache_dtype, io_dtype, 4, feature="mixed_io_dtype", specials=True)
+
+
+@conformance("dtype.write.rounding_ties", CL_CONVERT + " (ties to even)", REQUIRED, "core", "write",
+             feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype", [DType.F16, DType.BF16], ids=["f16", "bf16"])
+def test_write_rounding_ties(kvx_provider, kvx_call_options, cache_dtype):
+    """F32 inputs exactly halfway between two representable values, and just off halfway."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, cache_dtype, 5)
+    n = 6
+    case = cb.write_case(cache, cb.spread_slots(G, n, 5), io_dtype=DType.F32, seed=6, label="rounding ties")
+    mant = 13 if cache_dtype == DType.F16 else 16  # dropped mantissa bits
+    rng = cb.rng_for(7)
+    base = (rng.integers(0x3C00_0000, 0x4200_0000, size=case.key.size, dtype=np.uint32) >> mant) << mant
+    half = np.uint32(1 << (mant - 1))
+    tweak = rng.choice(np.array([0, 1, half - 1, half, half + 1], np.uint32), size=base.size)
+    sign = rng.choice(np.array([0, 0x8000_0000], np.uint32), size=base.size).astype(np.uint32)
+    bits = (base + tweak) | sign
+    key = bits.view(np.float32)
+    case = cb.replace(case, key=key.copy(), value=key[::-1].copy())
+    verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
+
+
+@conformance("dtype.write.scale_ignored_non_fp8", "spec 6.9; R-FP8 (scales apply to FP8 caches only)", REQUIRED,
+             "core", "write")
+def test_scale_ignored_for_non_fp8(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, DType.F16, 8)
+    case = cb.write_case(cache, cb.spread_slots(G, 8, 8), seed=9, k_scale=4.0, v_scale=0.25,
+                         label="F16 cache with k_scale 4, v_scale 0.25")
+    verify_write(kvx_provider, case, opts, clause="spec 6.9; R-FP8")
+
+
+# ---------------------------------------------------------------------------- FP8
+
+SCALES = {
+    "none": {},
+    "k_scale_pointer": {"k_scale": 0.37, "v_scale": 2.5},
+    "per_tensor_desc": {"k_scale_desc": ("t", [0.21]), "v_scale_desc": ("t", [3.3])},
+    "per_head_desc": {"k_scale_desc": ("h", [0.5, 1.7]), "v_scale_desc": ("h", [2.25, 0.093])},
+    "desc_over_pointer": {"k_scale": 9.0, "v_scale": 9.0, "k_scale_desc": ("t", [0.61]),
+                          "v_scale_desc": ("h", [0.3, 1.1])},
+}
+
+
+def _scale_kw(spec: dict) -> dict:
+    out = {}
+    for k, v in spec.items():
+        if k.endswith("_desc"):
+            g, vals = v
+            out[k] = cb.scale_spec(vals, ScaleGranularity.PER_TENSOR if g == "t" else ScaleGranularity.PER_HEAD)
+        else:
+            out[k] = v
+    return out
+
+
+FP8_PARAMS = [pytest.param(d, id=NAMES[d]) for d in FP8]
+
+
+@conformance("fp8.write.scales", CL_FP8, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("scales", list(SCALES))
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_scales(kvx_provider, kvx_call_options, scales, dtype):
+    _write(kvx_provider, kvx_call_options(), dtype, DType.F32, 10, feature="fp8", clause=CL_FP8,
+           **_scale_kw(SCALES[scales]))
+
+
+@conformance("fp8.write.io_dtypes", CL_FP8, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("io_dtype", [DType.F16, DType.BF16], ids=["io_f16", "io_bf16"])
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_io_dtypes(kvx_provider, kvx_call_options, io_dtype, dtype):
+    _write(kvx_provider, kvx_call_options(), dtype, io_dtype, 11, feature="fp8", clause=CL_FP8,
+           **_scale_kw(SCALES["per_tensor_desc"]))
+
+
+@conformance("fp8.write.saturation_and_specials", CL_FP8 + " (clamp to the largest finite value; NaN stays NaN)",
+             REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_saturation(kvx_provider, kvx_call_options, dtype):
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, dtype, 12)
+    case = cb.write_case(cache, cb.spread_slots(G, 10, 12), io_dtype=DType.F32, seed=13, specials=True,
+                         k_scale=0.5, label="inf, NaN, huge values into FP8")
+    big = np.float32(1e6 if dtype == DType.F8_E4M3 else 1e9)
+    key = case.key.copy()
+    key[8::5] = big * np.sign(key[8::5] + np.float32(0.5))
+    case = cb.replace(case, key=key)
+    verify_write(kvx_provider, case, opts, clause=CL_FP8, feature="fp8")
+
+
+@conformance("fp8.write.raw_bytes", "spec 4.3; R-CONVERT (FP8 IO of the cache's dtype copies raw bytes)", REQUIRED,
+             "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_raw(kvx_provider, kvx_call_options, dtype):
+    _write(kvx_provider, kvx_call_options(), dtype, dtype, 14, feature="fp8", clause="spec 4.3; R-CONVERT",
+           k_scale=3.0)
+
+
+@conformance("fp8.gather.raw_bytes", "spec 4.3; R-CONVERT (gather from FP8 copies raw bytes)", REQUIRED, "fp8",
+             "gather", feature="fp8")
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_gather_raw(kvx_provider, kvx_call_options, dtype):
+    _gather(kvx_provider, kvx_call_options(), dtype, dtype, 15, feature="fp8", clause="spec 4.3; R-CONVERT")
+
+
+@conformance("fp8.gather.dequantize_unsupported", "spec 4.3; R-CONVERT (no cache-level scale in v1.1)", RECOMMENDED,
+             "fp8", "gather", feature="fp8")
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_gather_dequantize(kvx_provider, kvx_call_options, dtype):
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, dtype, 16)
+    case = cb.packed_gather(cache, cb.distinct_table(G, 1, 2, 16), [6], 8, io_dtype=DType.F16, seed=17,
+                            label="FP8 cache into F16 output")
+    verify_gather(kvx_provider, case, opts, clause="spec 4.3; R-CONVERT", expect=Status.UNSUPPORTED)

@@ -1,0 +1,222 @@
+"""Spec 4.2, 6.8 (R-CACHE, R-CUSTOM, R-IO): layouts and strides.
+
+"Implementations MUST honor provided strides": for a non-canonical stride pattern
+the only acceptable answers are the correct result or UNSUPPORTED (the optional
+feature ``noncanonical_strides``); writing with canonical strides is a failure (the
+padding elements of every cache hold random values, so a write that lands in them is
+seen). Each layout is exercised by a write (random valid and invalid slots) and by a
+PACKED gather, both compared bit-exactly with the oracle.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kvx_conformance import casebuild as cb
+from kvx_conformance.abi import DType, Layout
+from kvx_conformance.checks import verify_gather, verify_write
+from kvx_conformance.descriptors import Geometry, TensorLayout
+from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, conformance
+
+G = cb.GEOM
+OPS = pytest.mark.parametrize("op", ["write", "gather"])
+CL_STRIDES = "spec 4.2 (implementations MUST honor provided strides); R-CACHE"
+
+
+def _exercise(provider, opts, k: TensorLayout, v: TensorLayout, op: str, *, clause: str, feature: str | None,
+              seed: int, label: str, geom=G):
+    cache = cb.make_cache(geom, k, v, seed=seed)
+    if op == "write":
+        slots = cb.spread_slots(geom, min(geom.num_slots - 2, 14), seed).tolist()
+        slots[3:3] = [-1]
+        case = cb.write_case(cache, slots, seed=seed + 1, label=label)
+        verify_write(provider, case, opts, clause=clause, feature=feature)
+    else:
+        mb = min(3, geom.num_blocks)
+        lens = [mb * geom.block_size, geom.block_size + 1, 2]
+        case = cb.packed_gather(cache, cb.distinct_table(geom, 3, mb, seed), lens, mb * geom.block_size,
+                                seed=seed + 1, label=label)
+        verify_gather(provider, case, opts, clause=clause, feature=feature)
+
+
+# ---------------------------------------------------------------------------- canonical
+
+
+@conformance("layout.nhd", "spec 4.2 (BLOCK_NHD, canonical strides)", REQUIRED, "core", ("write", "gather"),
+             feature="nhd")
+@OPS
+def test_nhd(kvx_provider, kvx_call_options, op):
+    t = cb.layout(G, "nhd", DType.F16)
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause="spec 4.2", feature="nhd", seed=1, label="NHD")
+
+
+@conformance("layout.hnd", "spec 4.2 (BLOCK_HND, canonical strides)", REQUIRED, "core", ("write", "gather"),
+             feature="hnd")
+@OPS
+def test_hnd(kvx_provider, kvx_call_options, op):
+    t = cb.layout(G, "hnd", DType.F16)
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause="spec 4.2", feature="hnd", seed=2, label="HND")
+
+
+@conformance("layout.hnd_packed", "spec 4.2 (BLOCK_HND_PACKED, pack = shape[4])", REQUIRED, "layouts",
+             ("write", "gather"), feature="hnd_packed")
+@pytest.mark.parametrize("pack", [1, 2, 4, 8])
+@OPS
+def test_hnd_packed(kvx_provider, kvx_call_options, pack, op):
+    t = cb.layout(G, "hnd_packed", DType.F16, pack=pack)
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause="spec 4.2", feature="hnd_packed", seed=3 + pack,
+              label=f"HND_PACKED pack {pack}")
+
+
+# ---------------------------------------------------------------------------- padded
+
+
+PADDED = {
+    "nhd_pad3": ("nhd", {"pad": 3}),
+    "hnd_pad5": ("hnd", {"pad": 5}),
+    "hnd_packed_pad2": ("hnd_packed", {"pack": 4, "pad": 2}),
+}
+
+
+@conformance("layout.padded_rows", CL_STRIDES, REQUIRED, "layouts", ("write", "gather"),
+             feature="noncanonical_strides")
+@pytest.mark.parametrize("which", list(PADDED))
+@OPS
+def test_padded_rows(kvx_provider, kvx_call_options, which, op):
+    kind, kw = PADDED[which]
+    t = cb.layout(G, kind, DType.F16, **kw)
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause=CL_STRIDES, feature="noncanonical_strides",
+              seed=20, label=f"{which} strides {t.stride}")
+
+
+def _nhd_strides(token: int, block_tokens: int | None = None, head: int | None = None, g: Geometry = G):
+    head = head if head is not None else g.head_dim
+    block = (block_tokens or g.block_size) * token
+    return (block, token, head, 1)
+
+
+# ppl.nn dynamic_batching.KeyValueCache cache_layout 0-3 (seed 001), one layer of L=2,
+# the K part: cache(MaxT, L, 2, H, Dh) / (L, MaxT, 2, H, Dh) / (L, 2, MaxT, H, Dh) / (L, 2, H, MaxT, Dh).
+_HD = G.num_kv_heads * G.head_dim
+_MAXT = G.num_slots
+PPLNN = {
+    "cache_layout0": (Layout.BLOCK_NHD, _nhd_strides(2 * 2 * _HD)),
+    "cache_layout1": (Layout.BLOCK_NHD, _nhd_strides(2 * _HD)),
+    "cache_layout2": (Layout.BLOCK_NHD, _nhd_strides(_HD)),
+    "cache_layout3": (Layout.BLOCK_HND, (G.block_size * G.head_dim, _MAXT * G.head_dim, G.head_dim, 1)),
+}
+
+
+@conformance("layout.pplnn_views", CL_STRIDES + " (seed 001 cache_layout 0-3 views)", REQUIRED, "layouts",
+             ("write", "gather"), feature="noncanonical_strides")
+@pytest.mark.parametrize("which", list(PPLNN))
+@OPS
+def test_pplnn_views(kvx_provider, kvx_call_options, which, op):
+    lay, stride = PPLNN[which]
+    base = cb.layout(G, "nhd" if lay == Layout.BLOCK_NHD else "hnd", DType.F16)
+    t = base.with_(stride=stride)
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause=CL_STRIDES, feature="noncanonical_strides",
+              seed=30, label=f"ppl.nn {which}: {lay.name} strides {stride}")
+
+
+TRANSPOSED = {
+    # vLLM's V cache [blocks, H, D, block_size] described as HND
+    "hnd_dim_before_token": ("hnd", (0, 1, 3, 2)),
+    # NHD with heads outside tokens in memory
+    "nhd_heads_outer": ("nhd", (0, 2, 1, 3)),
+    # blocks innermost but one
+    "nhd_blocks_inner": ("nhd", (1, 2, 0, 3)),
+    # head_dim outermost
+    "hnd_dim_outer": ("hnd", (3, 0, 1, 2)),
+}
+
+
+@conformance("layout.transposed", CL_STRIDES + " (transposed strides)", REQUIRED, "layouts", ("write", "gather"),
+             feature="noncanonical_strides")
+@pytest.mark.parametrize("which", list(TRANSPOSED))
+@OPS
+def test_transposed(kvx_provider, kvx_call_options, which, op):
+    kind, order = TRANSPOSED[which]
+    t = cb.layout(G, kind, DType.F16, order=order)
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause=CL_STRIDES, feature="noncanonical_strides",
+              seed=40, label=f"{which} strides {t.stride}")
+
+
+@conformance("layout.stride_zero_extent_one", CL_STRIDES + " (stride 0 on an extent-1 dimension)", RECOMMENDED,
+             "layouts", ("write", "gather"), feature="noncanonical_strides")
+@OPS
+def test_stride_zero_extent_one(kvx_provider, kvx_call_options, op):
+    geom = Geometry(4, 4, 1, 8)
+    t = cb.layout(geom, "nhd", DType.F16)
+    t = t.with_(stride=(t.stride[0], t.stride[1], 0, 1))
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause=CL_STRIDES, feature="noncanonical_strides",
+              seed=45, label="one head, head stride 0", geom=geom)
+
+
+# ---------------------------------------------------------------------------- CUSTOM
+
+CUSTOM = {
+    "canonical": {},
+    "permuted": {"order": (2, 0, 3, 1)},
+    "permuted_padded": {"order": (1, 3, 0, 2), "pad": 3},
+}
+
+
+@conformance("layout.custom", "spec 4.2 (BLOCK_CUSTOM: explicit shape and stride); R-CUSTOM", REQUIRED, "layouts",
+             ("write", "gather"), feature="custom_layout")
+@pytest.mark.parametrize("which", list(CUSTOM))
+@OPS
+def test_custom(kvx_provider, kvx_call_options, which, op):
+    t = cb.layout(G, "custom", DType.F16, **CUSTOM[which])
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause="spec 4.2; R-CUSTOM", feature="custom_layout",
+              seed=50, label=f"CUSTOM {which} strides {t.stride}")
+
+
+# ---------------------------------------------------------------------------- K and V differ
+
+MIXED = {
+    # vLLM reshape_and_cache: packed K + V [blocks, H, D, block_size]
+    "vllm_packed_k_transposed_v": (("hnd_packed", DType.F16, {"pack": 4}), ("hnd", DType.F16, {"order": (0, 1, 3, 2)})),
+    "nhd_k_hnd_v": (("nhd", DType.BF16, {}), ("hnd", DType.BF16, {})),
+    "f16_k_f32_v": (("nhd", DType.F16, {}), ("nhd", DType.F32, {})),
+}
+
+
+@conformance("layout.mixed_k_v", "spec 4.2; R-CACHE (K and V may differ in layout, strides and dtype)", REQUIRED,
+             "layouts", ("write", "gather"), feature="mixed_layouts")
+@pytest.mark.parametrize("which", list(MIXED))
+@OPS
+def test_mixed_k_v(kvx_provider, kvx_call_options, which, op):
+    (kk, kd, kkw), (vk, vd, vkw) = MIXED[which]
+    k, v = cb.layout(G, kk, kd, **kkw), cb.layout(G, vk, vd, **vkw)
+    opts = kvx_call_options()
+    cache = cb.make_cache(G, k, v, seed=60)
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(G, 12, 61), io_dtype=DType.F32, seed=62, label=which)
+        verify_write(kvx_provider, case, opts, clause="spec 4.2; R-CACHE", feature="mixed_layouts")
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(G, 2, 3, 63), [12, 5], 12, io_dtype=DType.F32, seed=64,
+                                label=which)
+        verify_gather(kvx_provider, case, opts, clause="spec 4.2; R-CACHE", feature="mixed_layouts")
+
+
+# ---------------------------------------------------------------------------- IO strides
+
+
+@conformance("io.strided", "spec 6.8; R-IO (other IO strides: correct or UNSUPPORTED)", RECOMMENDED, "layouts",
+             ("write", "gather"), feature="io_strides")
+@pytest.mark.parametrize("io_kind", ["padded", "head_major"])
+@OPS
+def test_io_strides(kvx_provider, kvx_call_options, io_kind, op):
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=70)
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(G, 9, 71), io_kind=io_kind, seed=72, label=f"IO {io_kind}")
+        verify_write(kvx_provider, case, opts, clause="spec 6.8; R-IO", feature="io_strides")
+    else:
+        base = cb.packed_gather(cache, cb.distinct_table(G, 2, 2, 73), [7, 3], 8, seed=74, label=f"IO {io_kind}")
+        lay = cb.io_layout(DType.F16, base.num_tokens, G, io_kind)
+        rng = cb.rng_for(75)
+        n = lay.span_elements()
+        case = cb.replace(base, out_layout=lay, out_k_init=cb.poison(rng, DType.F16, n),
+                          out_v_init=cb.poison(rng, DType.F16, n))
+        verify_gather(kvx_provider, case, opts, clause="spec 6.8; R-IO", feature="io_strides")

@@ -1,0 +1,405 @@
+"""Spec 5.1, 5.3, 6.10, 7 (R-GATHER, R-DATA): ``kvx_gather_kv`` through PACKED, RAGGED
+and KV_OFFSETS block tables.
+
+Every gather is compared bit-exactly with the oracle: gathered rows hold the cache's
+tokens, every other output row keeps its poisoned initial bytes, the cache is
+unchanged and no guard byte moved. Data-dependent errors (bad block ids, lengths
+beyond the table) are tested twice: "never out of bounds" (required, any status) and
+the status (recommended; OK accepted on DEVICE memory, R-DEVICE-STATUS).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance import casebuild as cb
+from kvx_conformance.abi import DType, Status
+from kvx_conformance.checks import partial_gather, verify_gather
+from kvx_conformance.descriptors import BlockTable
+from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, conformance
+
+G = cb.GEOM  # 6 blocks of 4 tokens, 2 heads, head_dim 8
+BS = G.block_size
+ANY_STATUS = tuple(Status)
+CL_PACKED = "spec 5.1 (PACKED), 5.3, 6.10, 7; R-GATHER"
+CL_RAGGED = "spec 5.1 (RAGGED), 5.3, 6.10; R-GATHER, R-DATA"
+CL_KVOFF = "spec 5.1 (KV_OFFSETS), 6.7, 10; kvx-abi-1.1; R-GATHER, R-DATA"
+CL_UNTOUCHED = "spec 6.10, 7; R-DATA (rows t >= min(L, max_seq_len) untouched)"
+CL_OOR = "spec 5.1, 8 (OUT_OF_RANGE); R-DATA"
+
+
+def _cache(provider, memory, seed, dtype=DType.F16):
+    return cb.simple_cache(G, cb.core_layout(provider, memory), dtype, seed=seed)
+
+
+def _table(seqs, mb, seed):
+    return cb.distinct_table(G, seqs, mb, seed)
+
+
+INDEX_PARAMS = [
+    pytest.param(DType.S32, DType.S32, id="idx_s32-lens_s32"),
+    pytest.param(DType.S64, DType.S32, id="idx_s64-lens_s32"),
+    pytest.param(DType.S32, DType.S64, id="idx_s32-lens_s64"),
+    pytest.param(DType.S64, DType.S64, id="idx_s64-lens_s64"),
+]
+
+# ---------------------------------------------------------------------------- PACKED
+
+
+@conformance("gather.packed.basic", CL_PACKED, REQUIRED, "core", "gather")
+@pytest.mark.parametrize("index_dtype,lens_dtype", INDEX_PARAMS)
+def test_packed_basic(kvx_provider, kvx_call_options, index_dtype, lens_dtype):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 1), _table(3, 3, 2), [5, 12, 1], 12, seed=3,
+                            index_dtype=index_dtype, lens_dtype=lens_dtype, label="3 sequences, partial blocks")
+    verify_gather(kvx_provider, case, opts, clause=CL_PACKED)
+
+
+@conformance("gather.packed.zero_length_sequences", CL_PACKED, REQUIRED, "core", "gather")
+def test_packed_zero_lengths(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 4), _table(3, 2, 5), [0, 7, 0], 8, seed=6,
+                            label="sequences of length 0 between others")
+    verify_gather(kvx_provider, case, opts, clause=CL_PACKED)
+
+
+@conformance("gather.packed.shared_blocks", CL_PACKED, REQUIRED, "core", "gather")
+def test_packed_shared_blocks(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    table = [[4, 1, 2], [4, 1, 5], [3, 3, 3]]  # prefix sharing, one block used thrice
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 7), table, [10, 12, 9], 12, seed=8,
+                            label="blocks shared between and within sequences")
+    verify_gather(kvx_provider, case, opts, clause=CL_PACKED)
+
+
+@conformance("gather.packed.max_seq_len_truncates", "spec 6.10, 7 (max_seq_len bounds the gather); R-DATA",
+             REQUIRED, "core", "gather")
+def test_packed_truncation(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 9), _table(3, 3, 10), [12, 9, 3], 6, seed=11,
+                            label="lengths above max_seq_len")
+    verify_gather(kvx_provider, case, opts, clause="spec 6.10, 7; R-DATA")
+
+
+@conformance("gather.packed.untouched_rows", CL_UNTOUCHED, REQUIRED, "core", "gather")
+def test_packed_untouched_rows(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 12), _table(2, 3, 13), [1, 6], 11, seed=14,
+                            label="short sequences, long padded rows")
+    verify_gather(kvx_provider, case, opts, clause=CL_UNTOUCHED)
+
+
+@conformance("gather.packed.length_beyond_capacity_truncated",
+             "spec 6.10; R-DATA (only min(L, max_seq_len) tokens need blocks)", REQUIRED, "core", "gather")
+def test_packed_capacity_truncated(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 15), _table(2, 2, 16), [20, 3], 2 * BS, seed=17,
+                            label="length 20 > capacity 8, max_seq_len 8")
+    verify_gather(kvx_provider, case, opts, clause="spec 6.10; R-DATA")
+
+
+UNUSED = {"minus1": -1, "num_blocks": G.num_blocks, "int32_min": -(2 ** 31), "large": 2 ** 30}
+
+
+@conformance("gather.packed.unused_entries_ignored", "spec 5.1, 6.10; R-DATA (only used blocks are checked)",
+             REQUIRED, "core", "gather")
+@pytest.mark.parametrize("junk", list(UNUSED.values()), ids=list(UNUSED))
+def test_packed_unused_entries(kvx_provider, kvx_call_options, junk):
+    opts = kvx_call_options()
+    table = _table(2, 4, 18)
+    table[0, 2:] = junk  # sequence 0 uses 2 blocks
+    table[1, 1:] = junk  # sequence 1 uses 1 block
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 19), table, [7, 4], 16, seed=20,
+                            label=f"unused table entries = {junk}")
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 6.10; R-DATA")
+
+
+BAD_IDS = {"negative": -1, "num_blocks": G.num_blocks, "int32_max": 2 ** 31 - 1}
+
+
+def _bad_packed(provider, memory, bad):
+    table = _table(2, 3, 21)
+    table[1, 1] = bad
+    return cb.packed_gather(_cache(provider, memory, 22), table, [9, 7], 12, seed=23,
+                            label=f"used block id {bad} outside [0, {G.num_blocks})")
+
+
+@conformance("gather.packed.bad_block_id_no_oob", "spec 5.1, 7; R-DATA (never out of bounds)", REQUIRED, "core", "gather")
+@pytest.mark.parametrize("bad", list(BAD_IDS.values()), ids=list(BAD_IDS))
+def test_packed_bad_block_never_oob(kvx_provider, kvx_call_options, bad):
+    opts = kvx_call_options()
+    case = _bad_packed(kvx_provider, opts.memory, bad)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 7; R-DATA", statuses=ANY_STATUS,
+                  partial=partial_gather(case))
+
+
+@conformance("gather.packed.bad_block_id_status", CL_OOR, RECOMMENDED, "core", "gather")
+@pytest.mark.parametrize("bad", list(BAD_IDS.values()), ids=list(BAD_IDS))
+def test_packed_bad_block_status(kvx_provider, kvx_call_options, bad):
+    opts = kvx_call_options()
+    case = _bad_packed(kvx_provider, opts.memory, bad)
+    verify_gather(kvx_provider, case, opts, clause=CL_OOR, partial=partial_gather(case))
+
+
+def _beyond_capacity(provider, memory):
+    return cb.packed_gather(_cache(provider, memory, 24), _table(2, 2, 25), [3, 11], 12, seed=26,
+                            label="length 11 needs 3 blocks, table holds 2")
+
+
+@conformance("gather.packed.beyond_capacity_no_oob", "spec 5.1, 6.10; R-DATA (never out of bounds)", REQUIRED,
+             "core", "gather")
+def test_packed_beyond_capacity_never_oob(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = _beyond_capacity(kvx_provider, opts.memory)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 6.10; R-DATA", statuses=ANY_STATUS,
+                  partial=partial_gather(case))
+
+
+@conformance("gather.packed.beyond_capacity_status", CL_OOR, RECOMMENDED, "core", "gather")
+def test_packed_beyond_capacity_status(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = _beyond_capacity(kvx_provider, opts.memory)
+    verify_gather(kvx_provider, case, opts, clause=CL_OOR, partial=partial_gather(case))
+
+
+@conformance("gather.packed.output_4d", "spec 6.8, 6.10; R-IO (4-D padded output)", RECOMMENDED, "core", "gather",
+             feature="gather_4d")
+def test_packed_4d(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 27), _table(3, 2, 28), [6, 0, 8], 8, seed=29,
+                            out4d=True, label="4-D output [seq, max_seq_len, H, D]")
+    verify_gather(kvx_provider, case, opts, clause="spec 6.8, 6.10; R-IO", feature="gather_4d")
+
+
+@conformance("gather.packed.max_seq_len_zero", "spec 6.10; R-GATHER (max_seq_len 0 is a no-op)", RECOMMENDED,
+             "core", "gather")
+def test_packed_max_seq_len_zero(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 30), _table(2, 2, 31), [5, 3], 0, seed=32,
+                            label="max_seq_len 0, num_tokens 0")
+    verify_gather(kvx_provider, case, opts, clause="spec 6.10; R-GATHER")
+
+
+@conformance("gather.packed.zero_sequences", "spec 6.10; R-GATHER", RECOMMENDED, "core", "gather")
+def test_packed_zero_sequences(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 33), np.zeros((0, 2), np.int64), [], 4, seed=34,
+                            label="seq_count 0")
+    verify_gather(kvx_provider, case, opts, clause="spec 6.10; R-GATHER")
+
+
+# ---------------------------------------------------------------------------- RAGGED
+
+RAGGED_DTYPES = [
+    pytest.param(DType.S32, DType.S32, id="idx_s32-indptr_s32"),
+    pytest.param(DType.S64, DType.S64, id="idx_s64-indptr_s64"),
+    pytest.param(DType.S32, DType.S64, id="idx_s32-indptr_s64"),
+]
+
+
+@conformance("gather.ragged.basic", CL_RAGGED, REQUIRED, "tables", "gather", feature="ragged")
+@pytest.mark.parametrize("index_dtype,indptr_dtype", RAGGED_DTYPES)
+def test_ragged_basic(kvx_provider, kvx_call_options, index_dtype, indptr_dtype):
+    opts = kvx_call_options()
+    case = cb.ragged_gather(_cache(kvx_provider, opts.memory, 40), _table(3, 3, 41), [5, 12, 0], 12, seed=42,
+                            index_dtype=index_dtype, indptr_dtype=indptr_dtype, label="per-token block ids")
+    verify_gather(kvx_provider, case, opts, clause=CL_RAGGED, feature="ragged")
+
+
+@conformance("gather.ragged.truncation_and_spare_range", CL_RAGGED, REQUIRED, "tables", "gather", feature="ragged")
+def test_ragged_truncation(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.ragged_gather(_cache(kvx_provider, opts.memory, 43), _table(3, 3, 44), [9, 3, 6], 5, seed=45,
+                            extra=2, label="ranges longer than lengths, max_seq_len 5")
+    verify_gather(kvx_provider, case, opts, clause=CL_RAGGED, feature="ragged")
+
+
+@conformance("gather.ragged.indptr_offset", CL_RAGGED, REQUIRED, "tables", "gather", feature="ragged")
+def test_ragged_indptr_offset(kvx_provider, kvx_call_options):
+    """``indptr[0] > 0``: sequence s reads from ``indices[indptr[s]]`` on, not from a running count."""
+    opts = kvx_call_options()
+    lens = [3, 6]
+    base = cb.ragged_table(_table(2, 2, 46), lens, BS, 2)
+    lead = np.array([5, 0, 3], np.int64)  # entries no sequence uses
+    gap = np.array([1, 1], np.int64)
+    indices = np.concatenate([lead, base.indices[:3], gap, base.indices[3:]])
+    indptr = np.array([3, 6 + 2, 14], np.int64)
+    table = BlockTable(base.format, indices, 2, 2, index_dtype=DType.S32, indptr=indptr, indptr_dtype=DType.S32)
+    case = cb.ragged_gather(_cache(kvx_provider, opts.memory, 47), _table(2, 2, 46), lens, 8, seed=48,
+                            block_table=table, label="indptr = [3, 8, 14], unused entries between ranges")
+    verify_gather(kvx_provider, case, opts, clause=CL_RAGGED, feature="ragged")
+
+
+def _ragged_short(provider, memory):
+    lens = [4, 7]
+    table = _table(2, 2, 49)
+    bt = cb.ragged_table(table, [4, 5], BS, 2)  # sequence 1's range holds 5 ids, 7 are gathered
+    return cb.ragged_gather(_cache(provider, memory, 50), table, lens, 8, seed=51, block_table=bt,
+                            label="sequence 1 gathers 7 tokens from a range of 5")
+
+
+@conformance("gather.ragged.short_range_no_oob", "spec 5.1; R-DATA (never read past indices_count)", REQUIRED,
+             "tables", "gather", feature="ragged")
+def test_ragged_short_range_never_oob(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = _ragged_short(kvx_provider, opts.memory)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1; R-DATA", feature="ragged", statuses=ANY_STATUS,
+                  partial=partial_gather(case))
+
+
+@conformance("gather.ragged.short_range_status", CL_OOR, RECOMMENDED, "tables", "gather", feature="ragged")
+def test_ragged_short_range_status(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = _ragged_short(kvx_provider, opts.memory)
+    verify_gather(kvx_provider, case, opts, clause=CL_OOR, feature="ragged", partial=partial_gather(case))
+
+
+def _ragged_bad_id(provider, memory, bad):
+    table = _table(2, 2, 52)
+    bt = cb.ragged_table(table, [6, 5], BS, 2)
+    bt.indices[8] = bad  # sequence 1, token 2
+    return cb.ragged_gather(_cache(provider, memory, 53), table, [6, 5], 8, seed=54, block_table=bt,
+                            label=f"RAGGED block id {bad}")
+
+
+@conformance("gather.ragged.bad_block_id_no_oob", "spec 5.1; R-DATA (never out of bounds)", REQUIRED, "tables",
+             "gather", feature="ragged")
+@pytest.mark.parametrize("bad", list(BAD_IDS.values()), ids=list(BAD_IDS))
+def test_ragged_bad_block_never_oob(kvx_provider, kvx_call_options, bad):
+    opts = kvx_call_options()
+    case = _ragged_bad_id(kvx_provider, opts.memory, bad)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1; R-DATA", feature="ragged", statuses=ANY_STATUS,
+                  partial=partial_gather(case))
+
+
+@conformance("gather.ragged.bad_block_id_status", CL_OOR, RECOMMENDED, "tables", "gather", feature="ragged")
+@pytest.mark.parametrize("bad", list(BAD_IDS.values()), ids=list(BAD_IDS))
+def test_ragged_bad_block_status(kvx_provider, kvx_call_options, bad):
+    opts = kvx_call_options()
+    case = _ragged_bad_id(kvx_provider, opts.memory, bad)
+    verify_gather(kvx_provider, case, opts, clause=CL_OOR, feature="ragged", partial=partial_gather(case))
+
+
+@conformance("gather.ragged.output_4d", "spec 6.8, 6.10; R-IO (4-D padded output)", RECOMMENDED, "tables",
+             "gather", feature="gather_4d")
+def test_ragged_4d(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.ragged_gather(_cache(kvx_provider, opts.memory, 55), _table(2, 2, 56), [7, 2], 8, seed=57,
+                            out4d=True, label="RAGGED into a 4-D output")
+    verify_gather(kvx_provider, case, opts, clause="spec 6.8, 6.10; R-IO", feature="gather_4d")
+
+
+# ---------------------------------------------------------------------------- KV_OFFSETS
+
+SEC, NULL = cb.SECONDARY, cb.NULL_INDEX
+
+
+def _kv_cache(provider, memory, seed, primary=10, secondary=0, dtype=DType.F16, secondary_null=False):
+    c = cb.kv_offsets_cache(G, dtype, primary_blocks=primary, secondary_blocks=secondary, seed=seed,
+                            secondary_null=secondary_null)
+    kind = cb.core_layout(provider, memory)
+    t = cb.layout(G, kind, dtype)
+    return cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(seed), dtype, t.span_elements()),
+                      v_init=cb.finite_values(cb.rng_for(seed + 1), dtype, t.span_elements()))
+
+
+def _offsets(seqs, beams, mb, seed, primary=10, secondary=0):
+    """Random K and V entries (V is not K + 1); about a third from the secondary pool when it exists."""
+    rng = cb.rng_for(seed)
+    off = rng.integers(0, primary, size=(seqs, beams, 2, mb)).astype(np.int64)
+    if secondary:
+        sec = rng.random(off.shape) < 0.35
+        off[sec] = SEC | rng.integers(0, secondary, size=int(sec.sum()))
+    return off
+
+
+@conformance("gather.kv_offsets.basic", CL_KVOFF, REQUIRED, "tables", "gather", feature="kv_offsets")
+def test_kv_offsets_basic(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 60), _offsets(3, 1, 3, 61), [9, 12, 2], 12,
+                                seed=62, label="beam 1, pool of 10 blocks (> num_blocks)")
+    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="kv_offsets")
+
+
+@conformance("gather.kv_offsets.beams", CL_KVOFF, REQUIRED, "tables", "gather", feature="kv_offsets")
+@pytest.mark.parametrize("beams", [2, 3])
+def test_kv_offsets_beams(kvx_provider, kvx_call_options, beams):
+    opts = kvx_call_options()
+    case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 63), _offsets(2, beams, 2, 64 + beams),
+                                [7, 5], 8, seed=65, label=f"beam_width {beams}")
+    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="kv_offsets")
+
+
+@conformance("gather.kv_offsets.secondary_pool", CL_KVOFF, REQUIRED, "tables", "gather", feature="secondary_pool")
+@pytest.mark.parametrize("beams", [1, 2])
+def test_kv_offsets_secondary(kvx_provider, kvx_call_options, beams):
+    opts = kvx_call_options()
+    off = _offsets(2, beams, 3, 66 + beams, primary=10, secondary=5)
+    off[0, 0, 0, 0] = SEC | 4  # at least one K and one V entry in the secondary pool
+    off[0, 0, 1, 1] = SEC | 2
+    case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 67, secondary=5), off, [10, 12], 12,
+                                seed=68, label="primary and secondary pools")
+    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="secondary_pool")
+
+
+@conformance("gather.kv_offsets.null_index_unused", "spec 5.1; kvx-abi-1.1; R-DATA (null index of an unused block)",
+             REQUIRED, "tables", "gather", feature="kv_offsets")
+def test_kv_offsets_null_unused(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    off = _offsets(2, 2, 3, 69)
+    off[0, :, :, 2] = NULL  # sequence 0 uses 2 blocks
+    off[1, :, :, 1:] = NULL  # sequence 1 uses 1 block
+    case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 70), off, [8, 3], 12, seed=71,
+                                label="null index on unused blocks")
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1; R-DATA", feature="kv_offsets")
+
+
+def _kv_bad(provider, memory, what):
+    off = _offsets(2, 2, 2, 72)
+    if what == "null_index":
+        off[1, 1, 1, 1] = NULL
+        cache = _kv_cache(provider, memory, 73)
+    else:
+        off[1, 0, 0, 1] = SEC | 1
+        cache = _kv_cache(provider, memory, 73, secondary=3, secondary_null=True)
+    return cb.kv_offsets_gather(cache, off, [5, 8], 8, seed=74, label=f"used entry: {what}")
+
+
+KV_BAD = ["null_index", "secondary_while_null"]
+
+
+@conformance("gather.kv_offsets.unusable_entry_no_oob", "spec 5.1, 10; R-DATA (never dereferenced)", REQUIRED,
+             "tables", "gather", feature="kv_offsets")
+@pytest.mark.parametrize("what", KV_BAD)
+def test_kv_offsets_unusable_never_oob(kvx_provider, kvx_call_options, what):
+    opts = kvx_call_options()
+    case = _kv_bad(kvx_provider, opts.memory, what)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 10; R-DATA", feature="kv_offsets",
+                  statuses=ANY_STATUS, partial=partial_gather(case))
+
+
+@conformance("gather.kv_offsets.unusable_entry_status", CL_OOR, RECOMMENDED, "tables", "gather",
+             feature="kv_offsets")
+@pytest.mark.parametrize("what", KV_BAD)
+def test_kv_offsets_unusable_status(kvx_provider, kvx_call_options, what):
+    opts = kvx_call_options()
+    case = _kv_bad(kvx_provider, opts.memory, what)
+    verify_gather(kvx_provider, case, opts, clause=CL_OOR, feature="kv_offsets", partial=partial_gather(case))
+
+
+@conformance("gather.kv_offsets.output_4d", "spec 6.8, 6.10; R-IO (4-D output, rows in (sequence, beam) order)",
+             RECOMMENDED, "tables", "gather", feature="gather_4d")
+def test_kv_offsets_4d(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 75), _offsets(2, 2, 2, 76), [6, 8], 8,
+                                seed=77, out4d=True, label="beams into [seq * beam, max_seq_len, H, D]")
+    verify_gather(kvx_provider, case, opts, clause="spec 6.8, 6.10; R-IO", feature="gather_4d")
+
+
+@conformance("gather.kv_offsets.truncation", CL_KVOFF, REQUIRED, "tables", "gather", feature="kv_offsets")
+def test_kv_offsets_truncation(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    off = _offsets(2, 1, 2, 78)
+    case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 79), off, [30, 3], 5, seed=80,
+                                label="length 30 beyond the table, max_seq_len 5")
+    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="kv_offsets")

@@ -1,0 +1,168 @@
+"""Spec 4.1, 5.2, 7 (R-WRITE): slot semantics of ``kvx_write_kv``.
+
+Every write is compared bit-exactly with the oracle (both caches, padding included)
+and its guards are checked. Slot semantics do not depend on the layout, so these
+tests use the one of NHD / HND the provider serves (core needs one of them).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance import casebuild as cb
+from kvx_conformance.abi import DType, Status
+from kvx_conformance.checks import partial_write, verify_write
+from kvx_conformance.descriptors import Geometry
+from kvx_conformance.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
+
+G = cb.GEOM
+N = G.num_slots
+SLOT_DTYPES = pytest.mark.parametrize("slot_dtype", [DType.S32, DType.S64], ids=["s32", "s64"])
+CL_NOOP = "spec 5.2, 7 (invalid_slot and negative slots are no-ops); R-WRITE"
+CL_OOR = "spec 5.2, 8 (OUT_OF_RANGE); R-WRITE"
+ANY_STATUS = tuple(Status)
+
+
+def _cache(provider, memory, seed: int, geom: Geometry = G, dtype: DType = DType.F16):
+    return cb.simple_cache(geom, cb.core_layout(provider, memory), dtype, seed=seed)
+
+
+@conformance("write.slots.valid", "spec 4.1, 5.2, 7; R-WRITE", REQUIRED, "core", "write")
+@SLOT_DTYPES
+def test_valid_slots(kvx_provider, kvx_call_options, slot_dtype):
+    opts = kvx_call_options()
+    slots = cb.spread_slots(G, 11, seed=5)
+    slots[0], slots[1] = 0, N - 1  # first and last slot of the cache
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 1), slots, slot_dtype=slot_dtype, seed=2,
+                         label="distinct valid slots")
+    verify_write(kvx_provider, case, opts, clause="spec 4.1, 5.2, 7; R-WRITE")
+
+
+@conformance("write.slots.every_slot", "spec 4.1, 5.2; R-WRITE", REQUIRED, "core", "write")
+def test_every_slot_once(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    slots = cb.rng_for(7).permutation(N)
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 3), slots, slot_dtype=DType.S32, seed=4,
+                         label="every slot once, shuffled")
+    verify_write(kvx_provider, case, opts, clause="spec 4.1, 5.2; R-WRITE")
+
+
+GEOMETRIES = {
+    "block1": Geometry(5, 1, 2, 4),
+    "block3": Geometry(4, 3, 1, 5),
+    "block16": Geometry(2, 16, 3, 2),
+    "dim1": Geometry(3, 4, 4, 1),
+    "wide": Geometry(2, 2, 1, 64),
+}
+
+
+@conformance("write.slots.geometry", "spec 4.1, 5.2; R-WRITE", REQUIRED, "core", "write")
+@pytest.mark.parametrize("geom", list(GEOMETRIES.values()), ids=list(GEOMETRIES))
+def test_geometries(kvx_provider, kvx_call_options, geom):
+    opts = kvx_call_options()
+    slots = cb.spread_slots(geom, min(geom.num_slots, 9), seed=8)
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 9, geom), slots, seed=10, label=f"geometry {geom}")
+    verify_write(kvx_provider, case, opts, clause="spec 4.1, 5.2; R-WRITE")
+
+
+NEGATIVE = {
+    DType.S32: [-1, -2, -100, -(2 ** 31)],
+    DType.S64: [-1, -2, -(2 ** 31) - 5, -(2 ** 63), -(2 ** 32) + 3],  # the last: low 32 bits say slot 3
+}
+
+
+@conformance("write.slots.negative_noop", CL_NOOP, REQUIRED, "core", "write")
+@SLOT_DTYPES
+def test_negative_slots_are_noops(kvx_provider, kvx_call_options, slot_dtype):
+    opts = kvx_call_options()
+    valid = cb.spread_slots(G, 6, seed=11, exclude={3})
+    slots = np.concatenate([valid[:3], NEGATIVE[slot_dtype], valid[3:]])
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 12), slots, slot_dtype=slot_dtype, seed=13,
+                         label="negative slots between valid ones")
+    verify_write(kvx_provider, case, opts, clause=CL_NOOP)
+
+
+SENTINELS = {
+    "minus7": -7,
+    "valid_slot_value": 5,  # a non-negative sentinel that is also a valid slot
+    "zero": 0,
+    "beyond_range": N + 2,  # a sentinel tokens use must not turn into OUT_OF_RANGE
+    "int64_max": 2 ** 63 - 1,
+}
+
+
+@conformance("write.slots.invalid_slot_sentinel", CL_NOOP, REQUIRED, "core", "write")
+@pytest.mark.parametrize("sentinel", list(SENTINELS.values()), ids=list(SENTINELS))
+@SLOT_DTYPES
+def test_invalid_slot_sentinel(kvx_provider, kvx_call_options, sentinel, slot_dtype):
+    if slot_dtype == DType.S32 and not (-(2 ** 31) <= sentinel < 2 ** 31):
+        sentinel_slot = None  # no S32 slot can hold it: the call must simply work
+    else:
+        sentinel_slot = sentinel
+    opts = kvx_call_options()
+    valid = cb.spread_slots(G, 7, seed=14, exclude={sentinel} if sentinel >= 0 else None)
+    slots = valid.tolist()
+    if sentinel_slot is not None:
+        slots[1:1] = [sentinel_slot]
+        slots[5:5] = [sentinel_slot, sentinel_slot]
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 15), slots, slot_dtype=slot_dtype,
+                         invalid_slot=sentinel, seed=16, label=f"invalid_slot={sentinel}")
+    verify_write(kvx_provider, case, opts, clause=CL_NOOP)
+
+
+@conformance("write.slots.all_invalid", CL_NOOP, REQUIRED, "core", "write")
+def test_all_tokens_invalid(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 17), [-1, 4, -3, 4], invalid_slot=4, seed=18,
+                         label="every token invalid")
+    verify_write(kvx_provider, case, opts, clause=CL_NOOP)
+
+
+OUT_OF_RANGE = {
+    DType.S32: {"first_beyond": N, "next_block": N + G.block_size + 1, "int32_max": 2 ** 31 - 1},
+    DType.S64: {"first_beyond": N, "high_bits": 2 ** 32 + 3, "int64_max": 2 ** 63 - 1},
+}
+OOR_PARAMS = [pytest.param(dt, v, id=f"{dt.name.lower()}-{name}") for dt, d in OUT_OF_RANGE.items() for name, v in d.items()]
+
+
+def _oor_case(provider, memory, slot_dtype, bad):
+    valid = cb.spread_slots(G, 6, seed=19)
+    slots = [*valid[:3], bad, *valid[3:]]
+    return cb.write_case(_cache(provider, memory, 20), slots, slot_dtype=slot_dtype, seed=21,
+                         label=f"slot {bad} >= num_blocks * block_size = {N}")
+
+
+@conformance("write.slots.out_of_range_never_written", "spec 5.2, 7; R-WRITE (never written)", REQUIRED, "core", "write")
+@pytest.mark.parametrize("slot_dtype,bad", OOR_PARAMS)
+def test_out_of_range_never_written(kvx_provider, kvx_call_options, slot_dtype, bad):
+    """Whatever the status, nothing outside the cache changes and no element gets a wrong value."""
+    opts = kvx_call_options()
+    case = _oor_case(kvx_provider, opts.memory, slot_dtype, bad)
+    verify_write(kvx_provider, case, opts, clause="spec 5.2, 7; R-WRITE", statuses=ANY_STATUS,
+                 partial=partial_write(case))
+
+
+@conformance("write.slots.out_of_range_status", CL_OOR, RECOMMENDED, "core", "write")
+@pytest.mark.parametrize("slot_dtype,bad", OOR_PARAMS)
+def test_out_of_range_status(kvx_provider, kvx_call_options, slot_dtype, bad):
+    """OUT_OF_RANGE (on DEVICE memory OK is accepted, R-DEVICE-STATUS)."""
+    opts = kvx_call_options()
+    case = _oor_case(kvx_provider, opts.memory, slot_dtype, bad)
+    verify_write(kvx_provider, case, opts, clause=CL_OOR, partial=partial_write(case))
+
+
+@conformance("write.slots.zero_tokens", "spec 5.2, 6.8; R-WRITE", RECOMMENDED, "core", "write")
+@pytest.mark.parametrize("null_pointers", [False, True], ids=["empty_buffers", "null_pointers"])
+def test_zero_tokens(kvx_provider, kvx_call_options, null_pointers):
+    opts = kvx_call_options()
+    ov = {"desc.io.key.data": None, "desc.io.value.data": None, "desc.slots.slots": None} if null_pointers else {}
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 22), [], seed=23, label="num_tokens == 0", overrides=ov)
+    verify_write(kvx_provider, case, opts, clause="spec 5.2, 6.8; R-WRITE")
+
+
+@conformance("write.slots.duplicates_last_wins", "spec 5.2; R-WRITE (informational)", INFORMATIONAL, "core", "write")
+def test_duplicate_slots(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 24), [3, 9, 3, 3, 9], seed=25,
+                         label="duplicate valid slots")
+    verify_write(kvx_provider, case, opts, clause="spec 5.2; R-WRITE")

@@ -1,0 +1,255 @@
+"""Spec 7, 7.2 (R-THREADS, R-LIFETIME, R-STREAM): threads, lifetime after return, streams.
+
+- Concurrent calls from several threads on disjoint cache regions equal the serial
+  result: writes of disjoint slots into one shared cache, and gathers into separate
+  outputs, the threads released together by a barrier right before each provider call
+  (ctypes drops the GIL for the call, so the calls overlap).
+- Nothing is written after return: right after the provider returns, the buffers it
+  may write are snapshotted and overwritten with a fresh pattern; 100 ms later the
+  pattern must still be there (then the snapshot is put back and compared with the
+  oracle as usual).
+- The NULL stream is the default stream; on GPU memory a non-NULL stream gives the
+  same result once synchronized.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvx_conformance import buffers, casebuild as cb, descriptors as d
+from kvx_conformance.abi import DType, Memory, Status
+from kvx_conformance.cases import WriteCase
+from kvx_conformance.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
+from kvx_conformance.descriptors import Geometry, IOLayout, SlotMapping
+from kvx_conformance.outcomes import REQUIRED, ConformanceFailure, conformance
+
+CL_THREADS = "spec 7.2 (thread-safe on disjoint cache regions); R-THREADS"
+CL_LIFETIME = "spec 7.2 (implementations MUST NOT retain pointers after return); R-LIFETIME"
+CL_STREAM = "spec 7 (NULL stream = the implementation's default stream); R-STREAM"
+THREADS = 4
+ROUNDS = 12
+BIG = Geometry(num_blocks=32, block_size=16, num_kv_heads=4, head_dim=32)
+
+
+class BarrierProvider:
+    """A provider proxy whose calls wait for all threads, then enter the provider together;
+    ``cache`` (a shared kvx_cache_desc_t) replaces the call's own cache when given."""
+
+    def __init__(self, provider, barrier: threading.Barrier, cache=None):
+        self.provider, self.barrier, self.cache = provider, barrier, cache
+        self.path = provider.path
+
+    def validate_cache_desc(self, cache):
+        return self.provider.validate_cache_desc(cache)
+
+    def write_kv(self, cache, desc, stream=None):
+        self.barrier.wait()
+        return self.provider.write_kv(self.cache if self.cache is not None else cache, desc, stream)
+
+    def gather_kv(self, cache, desc, stream=None):
+        self.barrier.wait()
+        return self.provider.gather_kv(self.cache if self.cache is not None else cache, desc, stream)
+
+
+class SharedCache:
+    """One cache placed once in guarded buffers, for calls from several threads."""
+
+    def __init__(self, cache, memory: Memory):
+        self.case = cache
+        self.k = buffers.allocate(cache.k_init.nbytes, memory, "shared k cache")
+        self.v = buffers.allocate(cache.v_init.nbytes, memory, "shared v cache", salt=1)
+        self.k.upload(cache.k_init)
+        self.v.upload(cache.v_init)
+        self.struct = d.to_c_cache(cache.geom, cache.k, self.k.ptr, cache.v, self.v.ptr, memory)
+        self.memory = memory
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        buffers.synchronize(self.memory)
+        return {"k": self.k.download().view(self.case.k_init.dtype), "v": self.v.download().view(self.case.v_init.dtype)}
+
+    def violations(self) -> list[str]:
+        return self.k.violations() + self.v.violations()
+
+
+def _run_threads(fns) -> list:
+    results: list = [None] * len(fns)
+    errors: list = []
+
+    def body(i):
+        try:
+            results[i] = fns[i]()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _split(case: WriteCase, parts: int) -> list[WriteCase]:
+    """The write's tokens in ``parts`` consecutive groups (dense IO)."""
+    g = case.cache.geom
+    hd = g.num_kv_heads * g.head_dim
+    out = []
+    for idx in np.array_split(np.arange(case.num_tokens), parts):
+        lo, hi = int(idx[0]), int(idx[-1]) + 1
+        n = hi - lo
+        lay = IOLayout.dense(case.key_layout.dtype, n, g.num_kv_heads, g.head_dim)
+        out.append(cb.replace(case, key_layout=lay, value_layout=lay, key=case.key[lo * hd:hi * hd].copy(),
+                              value=case.value[lo * hd:hi * hd].copy(), num_tokens=n,
+                              slots=SlotMapping(np.asarray(case.slots.slots[lo:hi]), case.slots.dtype,
+                                                case.slots.invalid_slot)))
+    return out
+
+
+@conformance("concurrency.threads.write_disjoint", CL_THREADS, REQUIRED, "concurrency", "write")
+def test_concurrent_writes(kvx_provider, kvx_call_options):
+    from kvx_conformance import reference_impl
+    from kvx_conformance.execute import run_write
+
+    opts = kvx_call_options()
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    for rnd in range(4):
+        cache = cb.simple_cache(BIG, kind, DType.F16, seed=100 + rnd)
+        slots = cb.rng_for(rnd).permutation(BIG.num_slots)  # disjoint by construction
+        whole = cb.write_case(cache, slots, seed=200 + rnd, label=f"round {rnd}: {THREADS} threads, disjoint slots")
+        shared = SharedCache(cache, opts.memory)
+        proxy = BarrierProvider(kvx_provider, threading.Barrier(THREADS), shared.struct)
+        parts = _split(whole, THREADS)
+        results = _run_threads([lambda p=p: run_write(proxy, p, opts) for p in parts])
+        for r in results:
+            check_status(r.status, Status.OK, clause=CL_THREADS, case=whole)
+            check_guards(r, clause=CL_THREADS, case=whole)
+        got = type(results[0])(Status.OK, shared.arrays(), shared.violations())
+        check_guards(got, clause=CL_THREADS, case=whole)
+        check_arrays(got, reference_impl.expected_write(whole, opts.memory), whole, clause=CL_THREADS,
+                     what="concurrent writes of disjoint slots differ from the serial result")
+
+
+@conformance("concurrency.threads.gather", CL_THREADS, REQUIRED, "concurrency", "gather")
+def test_concurrent_gathers(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    cache = cb.simple_cache(BIG, kind, DType.F16, seed=300)
+    mb = 8
+    cases = []
+    for i in range(THREADS):
+        rng = cb.rng_for(400 + i)
+        lens = rng.integers(mb * BIG.block_size // 2, mb * BIG.block_size + 1, size=6)
+        cases.append(cb.packed_gather(cache, cb.distinct_table(BIG, 6, mb, 500 + i), lens, mb * BIG.block_size,
+                                      seed=600 + i, label=f"thread {i} of {THREADS}"))
+    for rnd in range(ROUNDS):
+        proxy = BarrierProvider(kvx_provider, threading.Barrier(THREADS))
+        _run_threads([lambda c=c: verify_gather(proxy, c, opts, clause=CL_THREADS) for c in cases])
+
+
+# ---------------------------------------------------------------------------- lifetime
+
+
+class LifetimeProbe:
+    """Provider proxy: right after the call returns, snapshot the buffers the call may
+    write, overwrite them with a fresh pattern, wait, and require the pattern intact;
+    then restore the snapshot (so the usual comparison with the oracle follows)."""
+
+    def __init__(self, provider, regions, wait_s: float = 0.1):
+        self.provider, self.regions, self.wait_s = provider, regions, wait_s
+        self.path = provider.path
+        self.late: list[str] = []
+
+    def _probe(self, ptrs: list[tuple[str, int, int]]):
+        snaps = []
+        for name, ptr, n in ptrs:
+            snaps.append(ctypes.string_at(ptr, n))
+            pattern = bytes((np.arange(n, dtype=np.uint32) * 29 + 0x33).astype(np.uint8))
+            ctypes.memmove(ptr, pattern, n)
+        time.sleep(self.wait_s)
+        for (name, ptr, n), snap in zip(ptrs, snaps):
+            pattern = bytes((np.arange(n, dtype=np.uint32) * 29 + 0x33).astype(np.uint8))
+            now = ctypes.string_at(ptr, n)
+            if now != pattern:
+                diff = sum(a != b for a, b in zip(now, pattern))
+                self.late.append(f"{name}: {diff} byte(s) written {self.wait_s * 1000:.0f} ms after the call returned")
+            ctypes.memmove(ptr, snap, n)
+
+    def write_kv(self, cache, desc, stream=None):
+        st = self.provider.write_kv(cache, desc, stream)
+        self._probe([(name, getattr(cache, side).data, n) for name, side, n in self.regions])
+        return st
+
+    def gather_kv(self, cache, desc, stream=None):
+        st = self.provider.gather_kv(cache, desc, stream)
+        self._probe([(name, getattr(desc.io, side).data, n) for name, side, n in self.regions])
+        return st
+
+
+def _lifetime_check(probe: LifetimeProbe, case) -> None:
+    if probe.late:
+        raise ConformanceFailure("the provider wrote after returning", expected="no write after return",
+                                 got="; ".join(probe.late), clause=CL_LIFETIME, case=case.describe(), seed=case.seed)
+
+
+@conformance("lifetime.no_write_after_return", CL_LIFETIME, REQUIRED, "concurrency", ("write", "gather"))
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_no_write_after_return(kvx_provider, kvx_call_options, op):
+    opts = kvx_call_options()
+    if opts.memory == Memory.DEVICE:
+        pytest.skip("device buffers are not host-addressable: the lifetime probe needs HOST or UNIFIED memory")
+    cache = cb.simple_cache(cb.GEOM, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=700)
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, 701), seed=702, label="lifetime probe")
+        probe = LifetimeProbe(kvx_provider, [("k cache", "k", cache.k_init.nbytes), ("v cache", "v", cache.v_init.nbytes)])
+        verify_write(probe, case, opts, clause=CL_LIFETIME)
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 703), [9, 12], 12, seed=704,
+                                label="lifetime probe")
+        probe = LifetimeProbe(kvx_provider, [("out key", "key", case.out_k_init.nbytes),
+                                             ("out value", "value", case.out_v_init.nbytes)])
+        verify_gather(probe, case, opts, clause=CL_LIFETIME)
+    _lifetime_check(probe, case)
+
+
+# ---------------------------------------------------------------------------- streams
+
+
+@conformance("stream.null_default", CL_STREAM, REQUIRED, "concurrency", ("write", "gather"))
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_null_stream(kvx_provider, kvx_call_options, op):
+    opts = kvx_call_options(stream=None)
+    cache = cb.simple_cache(cb.GEOM, cb.core_layout(kvx_provider, opts.memory), DType.BF16, seed=710)
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, 711), seed=712, label="NULL stream")
+        verify_write(kvx_provider, case, opts, clause=CL_STREAM)
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 713), [9, 12], 12, seed=714,
+                                label="NULL stream")
+        verify_gather(kvx_provider, case, opts, clause=CL_STREAM)
+
+
+@conformance("stream.non_null", "spec 7 (stream parameters are opaque CUDA/HIP streams); R-STREAM", REQUIRED,
+             "concurrency", ("write", "gather"))
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_non_null_stream(kvx_provider, kvx_call_options, op):
+    opts0 = kvx_call_options()
+    if opts0.memory == Memory.HOST:
+        pytest.skip("host memory: a stream is meaningful only for DEVICE or UNIFIED runs")
+    import torch
+
+    stream = torch.cuda.Stream()
+    opts = kvx_call_options(stream=stream.cuda_stream)
+    cache = cb.simple_cache(cb.GEOM, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=720)
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, 721), seed=722, label="non-NULL stream")
+        verify_write(kvx_provider, case, opts, clause=CL_STREAM)
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 723), [9, 12], 12, seed=724,
+                                label="non-NULL stream")
+        verify_gather(kvx_provider, case, opts, clause=CL_STREAM)

@@ -1,0 +1,456 @@
+"""Spec 4.2, 5, 6, 7.1 (R-CACHE, R-IO, R-WRITE, R-GATHER, R-DATA): descriptor validation.
+
+Two kinds of tests:
+
+- explicit ones, named after the rule they break (every 7.1 rule, spec 9's "layout
+  shape/stride validation for NHD/HND/HND_PACKED" and "block table counts and indptr
+  validation"), each a single-field violation of an otherwise valid call;
+- ``validation.rule[<rule id>]``: one single-violation case per rule of the oracle
+  engineer's catalog (``kvx_conformance.generators.RULES``), built by its generator
+  from a fixed seed.
+
+Every test holds the provider's status to the oracle's, and (write, gather) checks that
+a refused call wrote nothing and touched no guard byte.
+"""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from kvx_conformance import casebuild as cb
+from kvx_conformance.abi import DType, Layout, Memory, Status
+from kvx_conformance.checks import partial_gather, partial_write, verify_gather, verify_validate, verify_write
+from kvx_conformance.descriptors import Geometry
+from kvx_conformance.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
+
+G = cb.GEOM
+INVALID, UNSUPPORTED, OK = Status.INVALID_ARGUMENT, Status.UNSUPPORTED, Status.OK
+CL_71 = "spec 7.1"
+CL_SHAPE = "spec 4.2, 7.1 (shape MUST agree with the cache descriptor); R-CACHE"
+
+LAYOUT_FEATURE = {"nhd": "nhd", "hnd": "hnd", "hnd_packed": "hnd_packed", "custom": "custom_layout"}
+
+
+def _vcase(kind="nhd", dtype=DType.F16, overrides=None, geom=G, label="", **kw):
+    return cb.validate_case(cb.simple_cache(geom, kind, dtype, seed=1, **kw), label=label, overrides=overrides)
+
+
+# ---------------------------------------------------------------------------- valid descriptors
+
+DTYPES = pytest.mark.parametrize("dtype", [DType.F16, DType.BF16, DType.F32], ids=["f16", "bf16", "f32"])
+CL_VALID = "spec 4.2, 7 (a valid descriptor validates)"
+
+
+def _valid(provider, opts, kind, dtype, **kw):
+    verify_validate(provider, _vcase(kind, dtype, label=f"valid {kind} {kw or ''}", **kw), opts,
+                    clause=CL_VALID, feature=LAYOUT_FEATURE[kind], expect=OK)
+
+
+@conformance("validate.valid.nhd", CL_VALID, REQUIRED, "core", "validate", feature="nhd")
+@DTYPES
+def test_valid_nhd(kvx_provider, kvx_call_options, dtype):
+    _valid(kvx_provider, kvx_call_options(), "nhd", dtype)
+
+
+@conformance("validate.valid.hnd", CL_VALID, REQUIRED, "core", "validate", feature="hnd")
+@DTYPES
+def test_valid_hnd(kvx_provider, kvx_call_options, dtype):
+    _valid(kvx_provider, kvx_call_options(), "hnd", dtype)
+
+
+@conformance("validate.valid.hnd_packed", CL_VALID, REQUIRED, "layouts", "validate", feature="hnd_packed")
+@pytest.mark.parametrize("pack", [1, 2, 8])
+@DTYPES
+def test_valid_hnd_packed(kvx_provider, kvx_call_options, pack, dtype):
+    _valid(kvx_provider, kvx_call_options(), "hnd_packed", dtype, pack=pack)
+
+
+@conformance("validate.valid.custom", CL_VALID + "; R-CUSTOM", REQUIRED, "layouts", "validate",
+             feature="custom_layout")
+@DTYPES
+def test_valid_custom(kvx_provider, kvx_call_options, dtype):
+    _valid(kvx_provider, kvx_call_options(), "custom", dtype, order=(2, 0, 3, 1))
+
+
+# ---------------------------------------------------------------------------- 7.1 zero dims
+
+ZERO_DIMS = {
+    "num_blocks": {"cache.num_blocks": 0, "cache.k.shape[0]": 0, "cache.v.shape[0]": 0},
+    "block_size": {"cache.block_size": 0, "cache.k.shape[1]": 0, "cache.v.shape[1]": 0},
+    "num_kv_heads": {"cache.num_kv_heads": 0, "cache.k.shape[2]": 0, "cache.v.shape[2]": 0},
+    "head_dim": {"cache.head_dim": 0, "cache.k.shape[3]": 0, "cache.v.shape[3]": 0},
+}
+
+
+@conformance("validate.zero_dimension", CL_71 + " (block_size, num_blocks, num_kv_heads, head_dim MUST be non-zero)",
+             REQUIRED, "core", "validate")
+@pytest.mark.parametrize("dim", list(ZERO_DIMS))
+def test_zero_dimension(kvx_provider, kvx_call_options, dim):
+    """Zero in the descriptor and, consistently, in both shapes (NHD): only the 7.1 rule is broken."""
+    opts = kvx_call_options()
+    verify_validate(kvx_provider, _vcase("nhd", overrides=ZERO_DIMS[dim], label=f"{dim} = 0"), opts,
+                    clause=CL_71, expect=INVALID)
+
+
+@conformance("write.zero_dimension", CL_71, REQUIRED, "core", "write")
+@pytest.mark.parametrize("dim", list(ZERO_DIMS))
+def test_write_zero_dimension(kvx_provider, kvx_call_options, dim):
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, "nhd", DType.F16, seed=2)
+    case = cb.write_case(cache, [1, 2], seed=3, overrides=ZERO_DIMS[dim], label=f"write with {dim} = 0")
+    verify_write(kvx_provider, case, opts, clause=CL_71, expect=INVALID)
+
+
+# ---------------------------------------------------------------------------- shapes and ndim
+
+SHAPE_PARAMS = (
+    [pytest.param("nhd", "k", i, id=f"nhd-k-dim{i}") for i in range(4)]
+    + [pytest.param("hnd", "k", i, id=f"hnd-k-dim{i}") for i in range(4)]
+    + [pytest.param("hnd_packed", "k", i, id=f"hnd_packed-k-dim{i}") for i in range(5)]
+    + [pytest.param(kind, "v", 1, id=f"{kind}-v-dim1") for kind in ("nhd", "hnd", "hnd_packed")]
+)
+
+
+@conformance("validate.shape_mismatch", CL_SHAPE, REQUIRED, "core", "validate")
+@pytest.mark.parametrize("kind,side,dim", SHAPE_PARAMS)
+def test_shape_mismatch(kvx_provider, kvx_call_options, kind, side, dim):
+    """One extent off by one (NHD/HND/HND_PACKED, spec 9). For HND_PACKED dim 4 (pack)
+    the pack 4 still divides head_dim 8 but shape[2] then disagrees."""
+    opts = kvx_call_options()
+    base = cb.simple_cache(G, kind, DType.F16, seed=4)
+    t = getattr(base, side)
+    ov = {f"cache.{side}.shape[{dim}]": int(t.shape[dim]) + (2 if kind == "hnd_packed" and dim == 4 else 1)}
+    verify_validate(kvx_provider, cb.validate_case(base, label=f"{kind} {side}.shape[{dim}] wrong", overrides=ov),
+                    opts, clause=CL_SHAPE, expect=INVALID)
+
+
+NDIM = [pytest.param("nhd", 5, id="nhd-5"), pytest.param("nhd", 3, id="nhd-3"), pytest.param("hnd", 5, id="hnd-5"),
+        pytest.param("hnd_packed", 4, id="hnd_packed-4"), pytest.param("custom", 5, id="custom-5")]
+
+
+@conformance("validate.ndim_mismatch", "spec 4.2 (ndim MUST match the layout); R-CACHE", REQUIRED, "core", "validate")
+@pytest.mark.parametrize("kind,ndim", NDIM)
+def test_ndim_mismatch(kvx_provider, kvx_call_options, kind, ndim):
+    opts = kvx_call_options()
+    ov = {"cache.k.ndim": ndim}
+    verify_validate(kvx_provider, _vcase(kind, overrides=ov, label=f"{kind} with ndim {ndim}"), opts,
+                    clause="spec 4.2; R-CACHE", expect=INVALID)
+
+
+@conformance("validate.hnd_packed_pack_not_dividing", CL_71 + " (HND_PACKED head_dim % pack == 0)", REQUIRED, "core",
+             "validate")
+@pytest.mark.parametrize("pack", [3, 5, 16])
+def test_pack_not_dividing(kvx_provider, kvx_call_options, pack):
+    """head_dim 8 with pack = shape[4] = 3, 5 or 16 (shape[2] = head_dim // pack)."""
+    opts = kvx_call_options()
+    base = cb.simple_cache(G, "hnd_packed", DType.F16, seed=5, pack=2)
+    ov = {}
+    for side in ("k", "v"):
+        ov[f"cache.{side}.shape[4]"] = pack
+        ov[f"cache.{side}.shape[2]"] = G.head_dim // pack
+    verify_validate(kvx_provider, cb.validate_case(base, label=f"head_dim {G.head_dim}, pack {pack}", overrides=ov),
+                    opts, clause=CL_71, expect=INVALID)
+
+
+@conformance("validate.hnd_packed_pack_zero", "spec 4.2; R-CACHE (pack = shape[4] > 0)", REQUIRED, "core", "validate")
+def test_pack_zero(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    ov = {"cache.k.shape[4]": 0}
+    verify_validate(kvx_provider, _vcase("hnd_packed", overrides=ov, label="pack 0", pack=2), opts,
+                    clause="spec 4.2; R-CACHE", expect=INVALID)
+
+
+# ---------------------------------------------------------------------------- fields
+
+FIELD_CASES = {
+    "k_dtype_invalid": {"cache.k.dtype": int(DType.INVALID)},
+    "k_dtype_s32": {"cache.k.dtype": int(DType.S32)},
+    "v_dtype_u8": {"cache.v.dtype": int(DType.U8)},
+    "v_dtype_99": {"cache.v.dtype": 99},
+    "k_layout_invalid": {"cache.k.layout": int(Layout.INVALID)},
+    "v_layout_4": {"cache.v.layout": 4},
+    "k_data_null": {"cache.k.data": None},
+    "v_data_null": {"cache.v.data": None},
+    "k_memory_unknown": {"cache.k.memory": int(Memory.UNKNOWN), "cache.v.memory": int(Memory.UNKNOWN)},
+    "memory_not_enum": {"cache.k.memory": 9, "cache.v.memory": 9},
+    "k_v_memory_differ": {"cache.v.memory": int(Memory.UNIFIED)},
+    "stride_zero": {"cache.k.stride[1]": 0},
+    "offset_overflow": {"cache.k.stride[0]": 2 ** 62},
+}
+
+
+@conformance("validate.field_invalid", "spec 4.2, 4.3, 6.2, 7; R-CACHE", REQUIRED, "core", "validate")
+@pytest.mark.parametrize("which", list(FIELD_CASES))
+def test_field_invalid(kvx_provider, kvx_call_options, which):
+    opts = kvx_call_options()
+    ov = dict(FIELD_CASES[which])
+    if which == "k_v_memory_differ" and opts.memory == Memory.UNIFIED:
+        ov = {"cache.v.memory": int(Memory.HOST)}
+    verify_validate(kvx_provider, _vcase("nhd", overrides=ov, label=which), opts,
+                    clause="spec 4.2, 4.3, 6.2, 7; R-CACHE", expect=INVALID)
+
+
+@conformance("validate.stride_zero_extent_one", "spec 4.2; R-CACHE (stride 0 only aliases on extents > 1)",
+             RECOMMENDED, "core", "validate", feature="noncanonical_strides")
+def test_stride_zero_extent_one(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    geom = Geometry(4, 4, 1, 8)
+    base = cb.simple_cache(geom, "nhd", DType.F16, seed=6)
+    ov = {"cache.k.stride[2]": 0, "cache.v.stride[2]": 0}
+    verify_validate(kvx_provider, cb.validate_case(base, label="num_kv_heads 1, head stride 0", overrides=ov),
+                    opts, clause="spec 4.2; R-CACHE", feature="noncanonical_strides", expect=OK)
+
+
+@conformance("validate.negative_stride", "spec 4.2; R-STRIDE-NEG (a provider may serve them)", INFORMATIONAL, "core",
+             "validate", feature="noncanonical_strides")
+def test_negative_stride(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    ov = {"cache.k.stride[0]": -64}
+    verify_validate(kvx_provider, _vcase("nhd", overrides=ov, label="negative block stride"), opts,
+                    clause="spec 4.2; R-STRIDE-NEG", statuses=(OK, UNSUPPORTED))
+
+
+@conformance("validate.mixed_k_v", "spec 4.2; R-CACHE (K and V may differ in layout, strides and dtype)", RECOMMENDED,
+             "layouts", "validate", feature="mixed_layouts")
+def test_mixed_k_v(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    k = cb.layout(G, "hnd_packed", DType.F16, pack=4)
+    v = cb.layout(G, "hnd", DType.BF16, order=(0, 1, 3, 2))
+    case = cb.validate_case(cb.make_cache(G, k, v, seed=7), label="packed K F16, transposed HND V BF16")
+    verify_validate(kvx_provider, case, opts, clause="spec 4.2; R-CACHE", feature="mixed_layouts", expect=OK)
+
+
+# ---------------------------------------------------------------------------- tables (spec 9)
+
+
+def _packed(provider, memory, overrides, label):
+    cache = cb.simple_cache(G, cb.core_layout(provider, memory), DType.F16, seed=8)
+    return cb.packed_gather(cache, cb.distinct_table(G, 2, 2, 9), [5, 7], 8, seed=10, label=label,
+                            overrides=overrides)
+
+
+PACKED_BAD = {
+    "indices_count_short": {"desc.block_table.indices_count": 3},
+    "indices_count_long": {"desc.block_table.indices_count": 5},
+    "indptr_count_nonzero": {"desc.block_table.indptr_count": 3},
+    "beam_width_2": {"desc.block_table.beam_width": 2},
+    "index_dtype_u32": {"desc.block_table.index_dtype": int(DType.U32)},
+    "index_dtype_f32": {"desc.block_table.index_dtype": int(DType.F32)},
+    "format_invalid": {"desc.block_table.format": 0},
+    "format_7": {"desc.block_table.format": 7},
+    "seq_lens_count_mismatch": {"desc.seq_lens.seq_count": 1},
+    "seq_lens_dtype_u64": {"desc.seq_lens.dtype": int(DType.U64)},
+    "lengths_null": {"desc.seq_lens.lengths": None},
+    "indices_null": {"desc.block_table.indices": None},
+    "num_tokens_wrong": {"desc.io.num_tokens": 15, "desc.io.key.shape[0]": 15, "desc.io.value.shape[0]": 15},
+}
+
+
+@conformance("gather.validation.packed", "spec 5.1, 5.3, 7, 7.1, 9 (block table counts); R-GATHER", REQUIRED, "core",
+             "gather")
+@pytest.mark.parametrize("which", list(PACKED_BAD))
+def test_packed_table_invalid(kvx_provider, kvx_call_options, which):
+    opts = kvx_call_options()
+    case = _packed(kvx_provider, opts.memory, PACKED_BAD[which], which)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 5.3, 7.1; R-GATHER", expect=INVALID)
+
+
+def _ragged(provider, memory, overrides, label, indptr=None):
+    cache = cb.simple_cache(G, cb.core_layout(provider, memory), DType.F16, seed=11)
+    table = cb.distinct_table(G, 2, 2, 12)
+    bt = cb.ragged_table(table, [5, 7], G.block_size, 2)
+    if indptr is not None:
+        bt.indptr = indptr
+    return cb.ragged_gather(cache, table, [5, 7], 8, seed=13, block_table=bt, label=label, overrides=overrides)
+
+
+RAGGED_BAD = {
+    "indptr_count_short": ({"desc.block_table.indptr_count": 2}, None),
+    "indptr_count_long": ({"desc.block_table.indptr_count": 4}, None),
+    "indptr_null": ({"desc.block_table.indptr": None}, None),
+    "indptr_dtype_u32": ({"desc.block_table.indptr_dtype": int(DType.U32)}, None),
+    "index_dtype_u8": ({"desc.block_table.index_dtype": int(DType.U8)}, None),
+    "beam_width_2": ({"desc.block_table.beam_width": 2}, None),
+    "indptr_first_negative": ({}, [-1, 5, 12]),
+    "indptr_decreasing": ({}, [0, 13, 12]),
+    "indptr_last_not_count": ({}, [0, 5, 11]),
+}
+
+
+@conformance("gather.validation.ragged", "spec 5.1, 7.1, 9 (indptr validation); R-GATHER, R-DATA", REQUIRED,
+             "tables", "gather", feature="ragged")
+@pytest.mark.parametrize("which", list(RAGGED_BAD))
+def test_ragged_table_invalid(kvx_provider, kvx_call_options, which):
+    opts = kvx_call_options()
+    ov, indptr = RAGGED_BAD[which]
+    import numpy as np
+
+    case = _ragged(kvx_provider, opts.memory, ov, which, None if indptr is None else np.array(indptr, np.int64))
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 7.1; R-GATHER, R-DATA", feature="ragged",
+                  expect=INVALID, partial=partial_gather(case) if indptr is not None else None)
+
+
+def _kv(provider, memory, overrides, label, geom=G):
+    import numpy as np
+
+    c = cb.kv_offsets_cache(geom, DType.F16, primary_blocks=8, seed=14)
+    t = cb.layout(geom, cb.core_layout(provider, memory), DType.F16)
+    c = cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(1), DType.F16, t.span_elements()),
+                   v_init=cb.finite_values(cb.rng_for(2), DType.F16, t.span_elements()))
+    off = cb.rng_for(15).integers(0, 8, size=(2, 2, 2, 2)).astype(np.int64)
+    return cb.kv_offsets_gather(c, off, [5, geom.block_size + 1], 2 * geom.block_size, seed=16, label=label,
+                                overrides=overrides)
+
+
+KV_BAD = {
+    "index_dtype_s64": {"desc.block_table.index_dtype": int(DType.S64)},
+    "flag_missing": {"desc.block_table.flags": 0},
+    "indices_count_wrong": {"desc.block_table.indices_count": 8},
+    "indptr_count_nonzero": {"desc.block_table.indptr_count": 3},
+    "beam_width_zero": {"desc.block_table.beam_width": 0},
+    "pool_primary_null": {"cache.pool.primary": None},
+    "bytes_per_block_wrong": {"cache.pool.bytes_per_block": 2 * 4 * 8 * 2 + 2},
+}
+
+
+@conformance("gather.validation.kv_offsets", "spec 5.1, 6.7, 7.1, 9; R-GATHER", REQUIRED, "tables", "gather",
+             feature="kv_offsets")
+@pytest.mark.parametrize("which", list(KV_BAD))
+def test_kv_offsets_invalid(kvx_provider, kvx_call_options, which):
+    opts = kvx_call_options()
+    case = _kv(kvx_provider, opts.memory, KV_BAD[which], which)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 6.7, 7.1; R-GATHER", feature="kv_offsets",
+                  expect=INVALID)
+
+
+@conformance("gather.validation.kv_offsets_block_size_pow2", CL_71 + " (KV_OFFSETS block_size MUST be a power of two)",
+             REQUIRED, "tables", "gather", feature="kv_offsets")
+@pytest.mark.parametrize("block_size", [3, 6])
+def test_kv_offsets_non_pow2(kvx_provider, kvx_call_options, block_size):
+    opts = kvx_call_options()
+    geom = Geometry(4, block_size, 2, 8)
+    case = _kv(kvx_provider, opts.memory, {}, f"KV_OFFSETS with block_size {block_size}", geom=geom)
+    verify_gather(kvx_provider, case, opts, clause=CL_71, feature="kv_offsets", expect=INVALID)
+
+
+# ---------------------------------------------------------------------------- write descriptors
+
+
+def _write(provider, memory, overrides, label, n=4):
+    cache = cb.simple_cache(G, cb.core_layout(provider, memory), DType.F16, seed=17)
+    return cb.write_case(cache, cb.spread_slots(G, n, 18), seed=19, label=label, overrides=overrides)
+
+
+WRITE_BAD = {
+    "token_count_mismatch": {"desc.slots.token_count": 3},
+    "slot_dtype_u64": {"desc.slots.dtype": int(DType.U64)},
+    "slot_dtype_f32": {"desc.slots.dtype": int(DType.F32)},
+    "slots_null": {"desc.slots.slots": None},
+    "io_heads_mismatch": {"desc.io.num_kv_heads": 3, "desc.io.key.shape[1]": 3, "desc.io.value.shape[1]": 3},
+    "io_head_dim_mismatch": {"desc.io.head_dim": 4, "desc.io.key.shape[2]": 4, "desc.io.value.shape[2]": 4},
+    "io_key_null": {"desc.io.key.data": None},
+    "io_value_null": {"desc.io.value.data": None},
+    "io_key_dtype_s32": {"desc.io.key.dtype": int(DType.S32)},
+    "io_value_memory": {"desc.io.value.memory": int(Memory.UNKNOWN)},
+    "io_key_ndim_4": {"desc.io.key.ndim": 4},
+    "io_key_shape": {"desc.io.key.shape[0]": 5},
+}
+
+
+@conformance("write.validation", "spec 5.2, 6.8, 7 (num_tokens, num_kv_heads, head_dim validated); R-WRITE, R-IO",
+             REQUIRED, "core", "write")
+@pytest.mark.parametrize("which", list(WRITE_BAD))
+def test_write_invalid(kvx_provider, kvx_call_options, which):
+    opts = kvx_call_options()
+    case = _write(kvx_provider, opts.memory, WRITE_BAD[which], which)
+    verify_write(kvx_provider, case, opts, clause="spec 5.2, 6.8, 7; R-WRITE, R-IO", expect=INVALID,
+                 partial=partial_write(case))
+
+
+# ---------------------------------------------------------------------------- the rule catalog
+
+
+def _rule_seed(rule: str) -> int:
+    return zlib.crc32(rule.encode()) & 0x7FFFFFFF
+
+
+def case_features(case) -> list[str]:
+    """The optional features a case exercises (the first one names its UNSUPPORTED excuse)."""
+    from kvx_conformance.abi import FP8_DTYPES, TableFormat
+
+    feats = []
+    table = getattr(case, "table", None)
+    if table is not None and table.format == TableFormat.RAGGED:
+        feats.append("ragged")
+    if table is not None and table.format == TableFormat.KV_OFFSETS:
+        feats.append("kv_offsets")
+    c = case.cache
+    if c.k.dtype in FP8_DTYPES or c.v.dtype in FP8_DTYPES:
+        feats.append("fp8")
+    layouts = {c.k.layout, c.v.layout}
+    if Layout.BLOCK_HND_PACKED in layouts:
+        feats.append("hnd_packed")
+    if Layout.BLOCK_CUSTOM in layouts:
+        feats.append("custom_layout")
+    if c.k.layout != c.v.layout or c.k.dtype != c.v.dtype:
+        feats.append("mixed_layouts")
+    io = getattr(case, "out_layout", None) or getattr(case, "key_layout", None)
+    if io is not None and len(io.shape) == 4:
+        feats.append("gather_4d")
+    if io is not None and io.dtype != c.k.dtype:
+        feats.append("mixed_io_dtype")
+    return feats
+
+
+def _rule_params():
+    """One param per rule of the generators' catalog, with its own metadata marker."""
+    import numpy as np
+
+    from kvx_conformance.generators import RULES, random_invalid_case
+
+    params = []
+    for rule, rc in RULES.items():
+        seed = _rule_seed(rule)
+        v = random_invalid_case(np.random.default_rng(seed), rule, seed=seed)
+        step5 = rule.startswith(("R-DATA.", "R-WRITE.slot_out_of_range"))
+        if rc.status == UNSUPPORTED:
+            level = INFORMATIONAL  # a provider may serve what the reference refuses
+        elif step5 and rule != "R-DATA.negative_length":
+            level = RECOMMENDED  # readings: "should be OUT_OF_RANGE or INVALID_ARGUMENT"
+        else:
+            level = REQUIRED
+        feats = case_features(v.case)
+        if "ragged" in feats or "kv_offsets" in feats:
+            profile = "tables"
+        elif "fp8" in feats:
+            profile = "fp8"
+        else:
+            profile = "core"
+        entry = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}[type(v.case).__name__]
+        mark = conformance("validation.rule", f"{rc.clause} (rule {rule})", level, profile, entry,
+                           feature=feats[0] if feats else None)
+        params.append(pytest.param(v, level, feats[0] if feats else None, id=rule, marks=mark))
+    return params
+
+
+@pytest.mark.parametrize("violation,level,feature", _rule_params())
+def test_rule(kvx_provider, kvx_call_options, violation, level, feature):
+    """A case that breaks exactly one rule of the catalog (generators.RULES).
+
+    Informational rules are the UNSUPPORTED answers of the reference (a provider may
+    serve those cases; the result says so without weighing on certification).
+    Recommended ones are data-dependent errors: OUT_OF_RANGE or INVALID_ARGUMENT, and
+    nothing beyond what the valid part of the call writes.
+    """
+    opts = kvx_call_options()
+    case, clause, status = violation.case, f"{violation.clause} (rule {violation.rule})", violation.status
+    kw = dict(clause=clause, feature=feature, expect=status)
+    if level == RECOMMENDED:
+        kw["statuses"] = (Status.OUT_OF_RANGE, Status.INVALID_ARGUMENT)
+    if hasattr(case, "slots"):
+        verify_write(kvx_provider, case, opts, partial=partial_write(case), **kw)
+    elif hasattr(case, "table"):
+        verify_gather(kvx_provider, case, opts, partial=partial_gather(case), **kw)
+    else:
+        verify_validate(kvx_provider, case, opts, **kw)
