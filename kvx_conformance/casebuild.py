@@ -356,6 +356,62 @@ def distinct_table(geom: Geometry, seqs: int, max_blocks: int, seed: int) -> np.
     return ids.reshape(seqs, max_blocks).astype(np.int64)
 
 
+def _canonical(t: TensorLayout, geom: Geometry) -> bool:
+    if t.layout == Layout.BLOCK_HND_PACKED:
+        pack = int(t.shape[4]) if len(t.shape) > 4 and t.shape[4] else 1
+        return tuple(t.stride) == contiguous_strides(canonical_shape(geom, t.layout, pack))
+    if t.layout in (Layout.BLOCK_NHD, Layout.BLOCK_HND, Layout.BLOCK_CUSTOM):
+        return tuple(t.stride) == contiguous_strides(canonical_shape(geom, t.layout))
+    return True
+
+
+def case_features(case) -> list[str]:
+    """The optional features (``outcomes.OPTIONAL_FEATURES``) a case exercises, most specific first.
+
+    A provider that answers UNSUPPORTED for a case may do so for any of them; the
+    suites excuse it when at least one of them is not claimed.
+    """
+    from .abi import FP8_DTYPES, TableFormat
+
+    feats: list[str] = []
+    table = getattr(case, "table", None)
+    if table is not None and table.format == TableFormat.RAGGED:
+        feats.append("ragged")
+    if table is not None and table.format == TableFormat.KV_OFFSETS:
+        feats.append("kv_offsets")
+        pool = case.cache.pool
+        if pool is not None and pool.secondary is not None and np.any(
+                (np.asarray(table.indices, np.int64) & 0x80000000) != 0):
+            feats.append("secondary_pool")
+    c = case.cache
+    if c.k.dtype in abi.FP8_DTYPES or c.v.dtype in abi.FP8_DTYPES:
+        feats.append("fp8")
+    names = {Layout.BLOCK_HND_PACKED: "hnd_packed", Layout.BLOCK_CUSTOM: "custom_layout",
+             Layout.BLOCK_NHD: "nhd", Layout.BLOCK_HND: "hnd"}
+    for t in (c.k, c.v):
+        try:
+            f = names.get(Layout(t.layout))
+        except ValueError:
+            f = None
+        if f and f not in feats:
+            feats.append(f)
+        if not _canonical(t, c.geom) and "noncanonical_strides" not in feats:
+            feats.append("noncanonical_strides")
+    if c.k.layout != c.v.layout or c.k.dtype != c.v.dtype or c.k.stride != c.v.stride:
+        feats.append("mixed_layouts")
+    ios = [case.out_layout] if hasattr(case, "out_layout") else (
+        [case.key_layout, case.value_layout] if hasattr(case, "key_layout") else [])
+    for io in ios:
+        if len(io.shape) == 4 and "gather_4d" not in feats:
+            feats.append("gather_4d")
+        dense = contiguous_strides(tuple(io.shape))
+        if tuple(io.stride) != dense and "io_strides" not in feats:
+            feats.append("io_strides")
+        if io.dtype not in (c.k.dtype, c.v.dtype) and "mixed_io_dtype" not in feats:
+            feats.append("mixed_io_dtype")
+    return feats
+
+
 _CORE_LAYOUT: dict[tuple[str, int], str] = {}
 
 
@@ -384,5 +440,5 @@ __all__ = [
     "GEOM", "SECONDARY", "NULL_INDEX", "rng_for", "finite_values", "poison", "with_specials", "layout",
     "io_layout", "make_cache", "simple_cache", "validate_case", "write_case", "with_slots", "spread_slots",
     "scale_spec", "packed_gather", "ragged_table", "ragged_gather", "kv_offsets_cache", "kv_offsets_gather",
-    "distinct_table", "core_layout", "replace", "canonical_shape", "contiguous_strides",
+    "distinct_table", "case_features", "core_layout", "replace", "canonical_shape", "contiguous_strides",
 ]

@@ -221,7 +221,8 @@ def _unsupported(got: Result, case, feature: str | None, clause: str) -> None:
     if not isinstance(case, ValidateCase):
         check_arrays(got, untouched(case), case, clause=clause,
                      what="the provider answered UNSUPPORTED but modified memory")
-    raise Unsupported(f"provider answered UNSUPPORTED ({_case_text(case)})", feature)
+    label = getattr(case, "label", "") or type(case).__name__
+    raise Unsupported(f"provider answered UNSUPPORTED for {label}", feature)
 
 
 def _judge(

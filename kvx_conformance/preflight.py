@@ -193,10 +193,16 @@ def memory_support(provider: Provider) -> dict[str, str]:
 # ----------------------------------------------------------------------------- stages
 
 
-def stages(path: str, *, probe: bool = True, memory_check: bool = False, memory: str = "host") -> Iterator[dict]:
-    """Yield one dict per stage; a load error yields ``{"stage": "error", ...}`` and stops."""
+def stages(path: str, *, probe: bool = True, memory_check: bool = False, memory: str = "host",
+           skip: tuple[str, ...] = (), with_environment: bool = True) -> Iterator[dict]:
+    """Yield one dict per stage; a load error yields ``{"stage": "error", ...}`` and stops.
+
+    ``skip`` names entry points not to probe (they crashed or hung in an earlier attempt).
+    """
     yield {"stage": "start", "path": os.path.abspath(path), "harness_version": __version__}
-    yield {"stage": "environment", "environment": environment()}
+    if with_environment:
+        yield {"stage": "environment", "environment": environment()}
+    yield {"stage": "loading"}
     try:
         provider = load_provider(path, negotiate=False)
     except ProviderLoadError as e:
@@ -216,12 +222,14 @@ def stages(path: str, *, probe: bool = True, memory_check: bool = False, memory:
     mem = abi.Memory[memory.upper()]
     if probe:
         for entry in ENTRY_POINTS:
+            if entry in skip:
+                continue
             yield {"stage": "probing", "entry": entry}
             try:
                 yield {"stage": "probe", "entry": entry, **probe_entry(provider, entry, mem)}
             except Exception as e:  # a harness-side failure to build the case: report, keep going
                 yield {"stage": "probe", "entry": entry, "error": f"{type(e).__name__}: {e}", "fields": []}
-    if memory_check:
+    if memory_check and "memory types" not in skip:
         yield {"stage": "probing", "entry": "memory types"}
         yield {"stage": "memory", "memory_support": memory_support(provider)}
     yield {"stage": "done"}
@@ -266,64 +274,132 @@ def _signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
-def run_preflight(path: str, *, timeout: float = 60.0, probe: bool = True, memory_check: bool = False,
-                  memory: str = "host", python: str | None = None) -> PreflightInfo:
-    """Run the preflight in a subprocess; raise ProviderLoadError (one line, exit code) when unusable."""
-    cmd = [python or sys.executable, "-m", "kvx_conformance.preflight", str(path), "--jsonl", "--memory", memory]
-    if not probe:
-        cmd.append("--no-probe")
-    if memory_check:
-        cmd.append("--memory-check")
-    t0 = time.monotonic()
-    timed_out = False
+def _run_stages(cmd: list[str], deadline_for: Callable[[str], float]) -> tuple[list[dict], str, str]:
+    """Run the preflight subprocess, stopping it when one stage takes longer than its deadline.
+
+    Returns (stages, how it ended: "ok" / "crashed (SIGSEGV)" / "hung (no answer in N s)" /
+    "exited with status N", last stderr line).
+    """
+    import selectors
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    got: list[dict] = []
+    buf = b""
+    stage = "start"
+    limit = deadline_for(stage)
+    t_stage = time.monotonic()
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    ended = None
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
-        out, err, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        timed_out = True
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        rc = None
-    info = PreflightInfo(path=os.path.abspath(path), seconds=round(time.monotonic() - t0, 3))
-    last_stage, in_flight = "start", None
-    for line in out.splitlines():
-        try:
-            st = json.loads(line)
-        except ValueError:
-            continue
-        last_stage = st.get("stage", last_stage)
-        if last_stage == "error":
-            raise ProviderLoadError(st["error"], st["exit_code"])
-        if last_stage == "environment":
-            info.environment = st["environment"]
-        elif last_stage == "load":
-            info.sha256, info.symbols = st["sha256"], st["symbols"]
-        elif last_stage == "version_raw":
-            info.version_size_set = st["size_set"]
-        elif last_stage == "version":
-            info.abi_version, info.abi = st["abi_version"], st["abi"]
-        elif last_stage == "probing":
-            in_flight = st["entry"]
-        elif last_stage == "probe":
-            info.struct_sizes[st["entry"]] = {k: v for k, v in st.items() if k not in ("stage", "entry")}
-            in_flight = None
-        elif last_stage == "memory":
-            info.memory_support = st["memory_support"]
-            in_flight = None
-    what = "hung (no answer in %.0f s)" % timeout if timed_out else (
-        f"crashed ({_signal_name(rc)})" if rc is not None and rc < 0 else f"exited with status {rc}")
-    if last_stage == "done" and rc == 0:
-        return info
+        while True:
+            left = limit - (time.monotonic() - t_stage)
+            if left <= 0:
+                proc.kill()
+                ended = f"hung (no answer in {limit:.0f} s)"
+                break
+            if not sel.select(timeout=min(left, 0.5)):
+                continue  # (EOF, when the process ends, is readable)
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                try:
+                    st = json.loads(line)
+                except ValueError:
+                    continue
+                got.append(st)
+                stage = st.get("stage", stage)
+                limit, t_stage = deadline_for(stage), time.monotonic()
+    finally:
+        sel.close()
+    rc = proc.wait()
+    err = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+    for f in (proc.stdout, proc.stderr):
+        if f:
+            f.close()
+    if ended is None:
+        ended = "ok" if rc == 0 else (f"crashed ({_signal_name(rc)})" if rc < 0 else f"exited with status {rc}")
+    tail = err.strip().splitlines()[-1][:200] if err.strip() else ""
+    return got, ended, tail
+
+
+def run_preflight(path: str, *, timeout: float = 30.0, probe: bool = True, memory_check: bool = False,
+                  memory: str = "host", python: str | None = None) -> PreflightInfo:
+    """Run the preflight in a subprocess; raise ProviderLoadError (one line, exit code) when unusable.
+
+    ``timeout`` bounds loading + kvx_get_version (at least 5 s) and each entry point's probe
+    (at most 10 s). A provider that crashes or hangs while an entry point is probed is
+    noted in ``warnings`` and the probe goes on, in a fresh process, without that entry point.
+    """
+    load_limit = max(5.0, float(timeout))
+    probe_limit = min(10.0, max(2.0, float(timeout)))
+
+    def deadline_for(stage: str) -> float:
+        if stage == "start":
+            return 120.0  # importing numpy (and torch, when installed) for the environment
+        if stage in ("environment", "loading", "load", "version_raw"):
+            return load_limit
+        return probe_limit
+
+    info = PreflightInfo(path=os.path.abspath(path))
+    t0 = time.monotonic()
+    skip: list[str] = []
     name = os.path.basename(str(path))
-    if last_stage in ("start", "environment", "load", "version_raw"):
-        where = "while being loaded" if last_stage in ("start", "environment") else "in kvx_get_version"
-        tail = ""
-        if not timed_out and rc is not None and rc > 0 and err.strip():
-            tail = ": " + err.strip().splitlines()[-1][:200]
-        raise ProviderLoadError(f"provider {name} {what} {where}{tail}", EXIT_PROVIDER_CRASHED)
-    # the provider loaded and negotiated: a crash while probing is a finding, not a load failure
-    info.warnings.append(f"preflight: provider {what} while probing {in_flight or 'struct sizes'}; "
-                         "sizes not probed past that point")
+    for _attempt in range(len(ENTRY_POINTS) + 2):
+        cmd = [python or sys.executable, "-m", "kvx_conformance.preflight", str(path), "--jsonl", "--memory", memory]
+        if not probe:
+            cmd.append("--no-probe")
+        if memory_check:
+            cmd.append("--memory-check")
+        if skip:
+            cmd += ["--skip", ",".join(skip), "--no-environment"]
+        got, ended, err_tail = _run_stages(cmd, deadline_for)
+        last_stage, in_flight = "start", None
+        for st in got:
+            last_stage = st.get("stage", last_stage)
+            if last_stage == "error":
+                raise ProviderLoadError(st["error"], st["exit_code"])
+            if last_stage == "environment":
+                info.environment = st["environment"]
+            elif last_stage == "load":
+                info.sha256, info.symbols = st["sha256"], st["symbols"]
+            elif last_stage == "version_raw":
+                info.version_size_set = st["size_set"]
+            elif last_stage == "version":
+                info.abi_version, info.abi = st["abi_version"], st["abi"]
+            elif last_stage == "probing":
+                in_flight = st["entry"]
+            elif last_stage == "probe":
+                info.struct_sizes[st["entry"]] = {k: v for k, v in st.items() if k not in ("stage", "entry")}
+                in_flight = None
+            elif last_stage == "memory":
+                info.memory_support = st["memory_support"]
+                in_flight = None
+        if last_stage == "done" and ended == "ok":
+            break
+        if last_stage in ("start", "environment"):
+            if ended.startswith("hung"):
+                raise ProviderLoadError(f"preflight of {name} did not start ({ended})", EXIT_PROVIDER_CRASHED)
+            raise ProviderLoadError(f"preflight of {name} failed before loading it ({ended}"
+                                    f"{': ' + err_tail if err_tail else ''})", EXIT_PROVIDER_CRASHED)
+        if last_stage in ("loading", "load", "version_raw"):
+            where = "while being loaded" if last_stage == "loading" else "in kvx_get_version"
+            tail = f": {err_tail}" if err_tail and ended.startswith("exited") else ""
+            raise ProviderLoadError(f"provider {name} {ended} {where}{tail}", EXIT_PROVIDER_CRASHED)
+        # loaded and negotiated: a crash or hang while probing is a finding, not a load failure
+        culprit = in_flight or "struct sizes"
+        info.warnings.append(f"preflight: provider {ended} while probing {culprit}")
+        if in_flight is None or in_flight in skip:
+            break
+        if in_flight in ENTRY_POINTS:
+            info.struct_sizes[in_flight] = {"baseline": None, "layout": None, "fields": [], "error": ended}
+        elif in_flight == "memory types":
+            info.memory_support = {"host": f"not probed: provider {ended}"}
+        skip.append(in_flight)
+    info.seconds = round(time.monotonic() - t0, 3)
     return info
 
 
@@ -339,16 +415,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-check", action="store_true", help="also try each memory type")
     ap.add_argument("--memory", default="host", choices=["host", "device", "unified"],
                     help="memory type of the probing calls (default host)")
+    ap.add_argument("--skip", default="", help="comma-separated entry points not to probe")
+    ap.add_argument("--no-environment", action="store_true", help="do not describe the machine")
     a = ap.parse_args(argv)
     merged: dict = {}
-    for st in stages(a.provider, probe=not a.no_probe, memory_check=a.memory_check, memory=a.memory):
+    skip = tuple(x for x in a.skip.split(",") if x)
+    for st in stages(a.provider, probe=not a.no_probe, memory_check=a.memory_check, memory=a.memory, skip=skip,
+                     with_environment=not a.no_environment):
         if a.jsonl:
             print(json.dumps(st), flush=True)
         else:
             kind = st.pop("stage")
             if kind == "probe":
                 merged.setdefault("struct_sizes", {})[st.pop("entry")] = st
-            elif kind != "probing":
+            elif kind not in ("probing", "loading"):
                 merged.update(st)
     if not a.jsonl:
         merged["header_sizes"] = dict(abi.V1_1_SIZES)

@@ -12,8 +12,6 @@ import ctypes
 import itertools
 from dataclasses import dataclass
 
-import numpy as np
-
 from kvx_conformance import abi
 from kvx_conformance import descriptors as d
 from kvx_conformance.abi import Memory
@@ -105,13 +103,6 @@ def enum_or_none(enum_cls, value: int):
 
 def struct_size(cls: type[ctypes.Structure]) -> int:
     return abi.V1_1_SIZES[cls.__name__]
-
-
-def read_count(values: np.ndarray, count: int, what: str) -> np.ndarray:
-    """The first ``count`` values a provider reads from a case buffer."""
-    if count > len(values):
-        raise CaseError(f"{what}: the descriptor says {count} entries but the case holds {len(values)}")
-    return values[:count]
 
 
 class CaseError(ValueError):

@@ -17,7 +17,6 @@ import pytest
 
 from kvx_conformance.abi import DType, Layout, Status, TableFormat
 from kvx_conformance.adapters import AdapterError, ppl
-from kvx_conformance.descriptors import IOLayout
 
 MAXT, NL, H, DH = 16, 3, 2, 4
 SHAPES = {

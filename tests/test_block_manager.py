@@ -232,7 +232,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.m.num_free == self.NUM_BLOCKS, "a block leaked"
 
 
-PoolMachine.TestCase.settings = settings(derandomize=True, max_examples=60, stateful_step_count=30, deadline=None)
+PoolMachine.TestCase.settings = settings(derandomize=True, database=None, max_examples=60, stateful_step_count=30, deadline=None)
 TestPoolMachine = PoolMachine.TestCase
 
 

@@ -136,7 +136,7 @@ struct SharedStagingStore {
     memcpy(s.bytes, bytes, n);
   }
   void flush() {
-    std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1)); /* a launch's latency */
     for (size_t i = 0; i < count; ++i) memcpy(g_stage[i].dst, g_stage[i].bytes, g_stage[i].n);
     count = 0;
   }

@@ -335,9 +335,38 @@ class AdaptedCache:
                 _torch_int_view(storage)[torch.from_numpy(idx).to(storage.device)] = src.to(storage.device)
 
 
+def _dtype_of(x: np.ndarray) -> DType:
+    dt = _ELEMENT_DTYPES.get(x.dtype.name)
+    if dt is None:
+        raise TypeError(f"IO array of {x.dtype.name}: not a KVX IO dtype")
+    return dt
+
+
 def _layout_offsets(t: TensorLayout, b, tok, h, d):
     """R-CACHE addressing, from the oracle (one definition of the reading)."""
     from ..reference_impl.addressing import cache_offsets  # the oracle ships in this package
 
     pack = t.shape[4] if t.layout == abi.Layout.BLOCK_HND_PACKED else 1
     return cache_offsets(abi.Layout(t.layout), t.stride, pack, b, tok, h, d)
+
+
+# ----------------------------------------------------------------------------
+# Small shared helpers
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def per_token_blocks(table_row: np.ndarray, length: int, block_size: int) -> np.ndarray:
+    """RAGGED (spec 5.1) entries of one sequence: the block id of each of its tokens."""
+    t = np.arange(length, dtype=np.int64)
+    return np.asarray(table_row, dtype=np.int64)[t // block_size]
+
+
+def ragged_table(per_seq_blocks: list[np.ndarray], lengths: Any, block_size: int, index_dtype: DType = DType.S32) -> BlockTable:
+    """A KVX RAGGED table from per-sequence block lists and token counts."""
+    lengths = [int(n) for n in lengths]
+    per_token = [per_token_blocks(np.asarray(b), n, block_size) for b, n in zip(per_seq_blocks, lengths)]
+    max_blocks = max((-(-n // block_size) for n in lengths), default=0)
+    return BlockTable.ragged(per_token, max_blocks, index_dtype=index_dtype, indptr_dtype=index_dtype)

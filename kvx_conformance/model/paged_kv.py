@@ -136,12 +136,15 @@ class PagedKVStore:
         desc = abi.kvx_write_desc_t.new()
         desc.io = d.to_c_io(io_layout, kin.ctypes.data, io_layout, vin.ctypes.data, Memory.HOST, n, H, D)
         desc.slots = d.to_c_slots(st.slots, st.slots_buf.ctypes.data)
-        keep = []
-        if self.fmt.dtype in (DType.F8_E4M3, DType.F8_E5M2):
-            for side, scale in (("k", ks), ("v", vs)):
+        keep = []  # scale buffers stay alive through the call
+        for side, scale in (("k", ks), ("v", vs)):
+            if self.fmt.dtype in (DType.F8_E4M3, DType.F8_E5M2):
                 buf = np.array([scale], dtype=np.float32)
                 keep.append(buf)
-                setattr(desc, f"{side}_scale_desc", d.to_c_scale(d.ScaleSpec(buf), buf.ctypes.data))
+                c_scale = d.to_c_scale(d.ScaleSpec(buf), buf.ctypes.data)  # PER_TENSOR F32
+            else:
+                c_scale = d.to_c_scale(None, 0)  # size-guarded, no scale
+            setattr(desc, f"{side}_scale_desc", c_scale)
         code = self.provider.write_kv(self._cache[layer], desc)
         self.calls["write"] += 1
         if code != Status.OK:

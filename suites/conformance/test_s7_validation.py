@@ -375,34 +375,6 @@ def _rule_seed(rule: str) -> int:
     return zlib.crc32(rule.encode()) & 0x7FFFFFFF
 
 
-def case_features(case) -> list[str]:
-    """The optional features a case exercises (the first one names its UNSUPPORTED excuse)."""
-    from kvx_conformance.abi import FP8_DTYPES, TableFormat
-
-    feats = []
-    table = getattr(case, "table", None)
-    if table is not None and table.format == TableFormat.RAGGED:
-        feats.append("ragged")
-    if table is not None and table.format == TableFormat.KV_OFFSETS:
-        feats.append("kv_offsets")
-    c = case.cache
-    if c.k.dtype in FP8_DTYPES or c.v.dtype in FP8_DTYPES:
-        feats.append("fp8")
-    layouts = {c.k.layout, c.v.layout}
-    if Layout.BLOCK_HND_PACKED in layouts:
-        feats.append("hnd_packed")
-    if Layout.BLOCK_CUSTOM in layouts:
-        feats.append("custom_layout")
-    if c.k.layout != c.v.layout or c.k.dtype != c.v.dtype:
-        feats.append("mixed_layouts")
-    io = getattr(case, "out_layout", None) or getattr(case, "key_layout", None)
-    if io is not None and len(io.shape) == 4:
-        feats.append("gather_4d")
-    if io is not None and io.dtype != c.k.dtype:
-        feats.append("mixed_io_dtype")
-    return feats
-
-
 def _rule_params():
     """One param per rule of the generators' catalog, with its own metadata marker."""
     import numpy as np
@@ -420,7 +392,7 @@ def _rule_params():
             level = RECOMMENDED  # readings: "should be OUT_OF_RANGE or INVALID_ARGUMENT"
         else:
             level = REQUIRED
-        feats = case_features(v.case)
+        feats = cb.case_features(v.case)
         if "ragged" in feats or "kv_offsets" in feats:
             profile = "tables"
         elif "fp8" in feats:

@@ -1,0 +1,117 @@
+"""The ``kvx-conform`` console script.
+
+Subcommands are registered in :data:`COMMANDS`: name -> ``"module"`` or
+``"module:attribute"``, naming an object with ``add_parser(subparsers)`` and
+``main(args) -> int``. To add one (``bench``, ``accuracy``, ``model-eval``,
+``compare``, ``verify``), add a line there; nothing else changes.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from . import __version__
+
+COMMANDS: dict[str, str] = {
+    "run": "kvx_conformance.runner:RunCommand",
+    "list": "kvx_conformance.runner:ListCommand",
+    "info": "kvx_conformance.cli:InfoCommand",
+    "report": "kvx_conformance.report:ReportCommand",
+    # "bench": "kvx_conformance.bench.cli",
+    # "accuracy": "kvx_conformance.accuracy.cli",
+    # "model-eval": "kvx_conformance.model.cli",
+    # "compare": "kvx_conformance.compare",
+    # "verify": "kvx_conformance.verify",
+}
+
+EPILOG = """\
+examples:
+  kvx-conform run ./libacme_kvx.so --claims claims.yaml     certify a provider
+  kvx-conform run --quick                                   quick check of the bundled reference
+  kvx-conform info ./libacme_kvx.so                         version, entry points, struct sizes
+  kvx-conform list --profile core                           the tests, their clauses and levels
+  kvx-conform report kvx-report/results.json -o r.html      re-render a report
+
+`kvx-conform COMMAND --help` explains each command. Exit codes: docs/exit-codes.md.
+"""
+
+
+def resolve(spec: str):
+    module, _, attr = spec.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+class InfoCommand:
+    """``kvx-conform info PROVIDER``: what a provider is, without running tests."""
+
+    @staticmethod
+    def add_parser(sub) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            "info", help="describe a provider: version, entry points, struct sizes, memory types",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            description="Load PROVIDER in a subprocess and print its ABI version, its KVX entry points, the "
+                        "smallest struct `size` each entry point accepts (found by probing) beside the v1.1 "
+                        "header's sizeof, and which memory types it serves here.",
+            epilog="examples:\n"
+                   "  kvx-conform info ./libacme_kvx.so\n"
+                   "  kvx-conform info ./libacme_kvx.so --json\n",
+        )
+        p.add_argument("provider", nargs="?", help="provider shared library (default: the bundled reference)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds")
+        return p
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        from .loader import EXIT_NOT_FOUND, ProviderLoadError
+        from .preflight import format_info, run_preflight
+        from .runner import default_provider
+
+        provider = args.provider or default_provider()
+        if provider is None:
+            print("kvx-conform: no provider given and the bundled reference is not built", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        try:
+            info = run_preflight(provider, timeout=args.timeout, memory_check=True)
+        except ProviderLoadError as e:
+            print(f"kvx-conform: {e}", file=sys.stderr)
+            return e.exit_code
+        if args.json:
+            print(json.dumps({**info.to_dict(), "size_findings": info.size_findings()}, indent=1))
+        else:
+            print("\n".join(format_info(info)))
+            for finding in info.size_findings():
+                print(f"finding: {finding}")
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvx-conform",
+        description="Conformance suite for KVX paged KV-cache providers (KVX ABI v1.1).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"kvx-conform {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, spec in COMMANDS.items():
+        cmd = resolve(spec)
+        sp = cmd.add_parser(sub)
+        sp.set_defaults(_command=cmd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_command", None) is None:
+        parser.print_help()
+        return 2
+    return int(args._command.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

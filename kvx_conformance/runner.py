@@ -1,0 +1,486 @@
+"""``kvx-conform run`` and ``kvx-conform list``.
+
+``run``: preflight the provider in a subprocess (one-line errors with distinct exit
+codes, before any test runs), then run the suites with ``pytest.main`` through
+pytest-xdist workers (a provider crash kills a worker, not the run) and
+pytest-timeout (thread method: a hang is stopped), with the kvx plugin recording
+results as they finish; then write the certificate, JUnit XML and HTML report.
+
+``list``: collect the suites through the plugin (no provider needed) and print every
+test's stable id, clause, level and profile.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import __version__
+from .claims import InputFileError, load_claims, load_expectations
+from .loader import (
+    EXIT_BAD_INPUT_FILE,
+    EXIT_CERTIFIED,
+    EXIT_HARNESS_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_MEMORY_UNAVAILABLE,
+    EXIT_NO_TESTS,
+    EXIT_NOT_CERTIFIED,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    ProviderLoadError,
+)
+from .outcomes import PROFILES
+
+DEFAULT_SUITE = "kvx_conformance.suites"
+DEFAULT_OUTPUT = "kvx-report"
+DEFAULT_TIMEOUT = 30.0
+MAX_WORKER_RESTARTS = 200
+#: files of a previous run that a new run into the same directory replaces
+ARTIFACTS = ("results.json", "results.jsonl", "breaker.json", "collection.json", "certificate.json",
+             "report.html", "junit.xml", "run-info.json", "pytest.ini")
+PYTEST_INI = "[pytest]\naddopts =\nconsole_output_style = classic\n"
+
+
+def default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def default_provider() -> str | None:
+    try:
+        from .native import reference_provider
+
+        return str(reference_provider())
+    except Exception:
+        return None
+
+
+def _err(msg: str) -> None:
+    print(f"kvx-conform: {msg}", file=sys.stderr, flush=True)
+
+
+def _suite_args(suite: str) -> tuple[list[str], Path | None]:
+    from .certificate import suite_root
+
+    root = suite_root(suite)
+    if Path(suite).exists():
+        return [str(Path(suite).resolve())], root
+    return ["--pyargs", suite], root
+
+
+def _plugin_autoload_args() -> list[str]:
+    """Name xdist / timeout explicitly when pytest's plugin autoload is switched off."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return ["-p", "xdist.plugin", "-p", "pytest_timeout"]
+    return []
+
+
+# ----------------------------------------------------------------------------- run
+
+
+class RunCommand:
+    name = "run"
+
+    @staticmethod
+    def add_parser(sub) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            "run", help="run the conformance suites against a provider",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            description=(
+                "Load PROVIDER (a KVX shared library) in a preflight subprocess, then run the conformance\n"
+                "suites against it in pytest-xdist worker processes, so that a provider crash or hang costs\n"
+                "one test, not the run. Writes results.json (as tests finish), certificate.json, junit.xml\n"
+                "and a self-contained report.html into --output-dir.\n\n"
+                "Exit status: 0 certified, 1 not certified, 2 and up usage or load errors "
+                "(see docs/exit-codes.md)."
+            ),
+            epilog=(
+                "examples:\n"
+                "  kvx-conform run                                   # the bundled reference provider\n"
+                "  kvx-conform run ./libacme_kvx.so --claims acme-claims.yaml\n"
+                "  kvx-conform run ./libacme_kvx.so --profile core --quick      # fast, not certifying\n"
+                "  kvx-conform run ./libacme_kvx.so --memory device -n 4 --timeout 60\n"
+                "  kvx-conform run ./libacme_kvx.so -k 'test_invalid_slot[S64]' --seed 1234\n"
+                "  kvx-conform run ./libacme_kvx.so --expectations waivers.yaml --output-dir out/acme\n\n"
+                "claims file (YAML or JSON):   profiles: [core, tables]   features: [ragged, kv_offsets]\n"
+                "expectations file:            waivers: [{id: 'gather.oob_block[S32]', reason: 'ACME-12'}]\n"
+            ),
+        )
+        p.add_argument("provider", nargs="?", help="provider shared library (default: the bundled reference)")
+        p.add_argument("-k", dest="keyword", metavar="EXPR",
+                       help="only tests matching this pytest -k expression (partial run: not certifying)")
+        p.add_argument("--id", action="append", default=[], metavar="ID",
+                       help="only this stable test id ('*' globs; repeatable; partial run)")
+        p.add_argument("--profile", action="append", default=[], choices=list(PROFILES), metavar="P",
+                       help=f"only tests of profile P (repeatable): {', '.join(PROFILES)}")
+        p.add_argument("--memory", default="auto", choices=["host", "device", "unified", "auto"],
+                       help="memory type of the buffers (auto: device when the provider and torch+GPU allow, "
+                            "else host)")
+        p.add_argument("-n", "--workers", type=int, default=default_workers(), metavar="N",
+                       help="worker processes (at least 1; default min(cpus, 4) = %(default)s)")
+        p.add_argument("--output-dir", default=DEFAULT_OUTPUT, metavar="DIR",
+                       help="where results, certificate and report go (default ./%(default)s)")
+        p.add_argument("--junit-xml", metavar="PATH", help="JUnit XML file (default DIR/junit.xml)")
+        p.add_argument("--claims", metavar="FILE", help="claims file: profiles and optional features claimed")
+        p.add_argument("--expectations", metavar="FILE", help="expectations file: waivers [{id, reason}]")
+        p.add_argument("--quick", action="store_true",
+                       help="reduced set and small hypothesis budget; marked NOT CERTIFYING everywhere")
+        p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                       help="seconds one test may run before it counts as a timeout (default %(default)g)")
+        p.add_argument("--seed", type=int, metavar="N", help="seed for generated cases (as printed by a failure)")
+        p.add_argument("--suite", default=DEFAULT_SUITE, metavar="SUITE",
+                       help="suite package or directory (default %(default)s; for suite developers)")
+        p.add_argument("--breaker", type=int, default=3, metavar="N",
+                       help="crashes/timeouts of one entry point before its remaining tests are skipped "
+                            "(default %(default)s)")
+        p.add_argument("--progress", default="auto", choices=["auto", "tty", "lines", "none"],
+                       help="progress display (default auto: one rewritten line on a terminal)")
+        p.add_argument("--pytest-args", default="", metavar="ARGS",
+                       help="extra pytest arguments, one shell-quoted string (debugging)")
+        return p
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        return run(args)
+
+
+def _resolve_memory(requested: str, info) -> tuple[str | None, str | None, list[str]]:
+    """(memory, error, notes) from the request and the preflight's memory probe."""
+    support = info.memory_support or {}
+    notes: list[str] = []
+    if requested == "host":
+        return "host", None, notes
+    if requested == "auto":
+        if support.get("device") == "OK":
+            return "device", None, ["memory auto: device (the provider accepts KVX_MEMORY_DEVICE)"]
+        why = support.get("device", "not probed")
+        return "host", None, [f"memory auto: host (device: {why})"]
+    answer = support.get(requested, "not probed")
+    if answer.startswith("unavailable"):
+        return None, f"memory type {requested} is {answer}", notes
+    if answer != "OK":
+        notes.append(f"the provider answers {answer} for a valid {requested}-memory descriptor")
+    return requested, None, notes
+
+
+def _prepare_output(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ARTIFACTS:
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "faults", ignore_errors=True)
+
+
+def _header_lines(info, memory: str, args, workers: int, notes: list[str]) -> list[str]:
+    from .preflight import format_info
+
+    lines = [f"kvx-conform {__version__}: conformance run"]
+    lines += format_info(info)
+    lines.append(f"run          memory {memory}, {workers} worker(s), timeout {args.timeout:g} s"
+                 + (", QUICK (not certifying)" if args.quick else ""))
+    lines += [f"note: {n}" for n in notes]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from .preflight import run_preflight
+
+    provider = args.provider or default_provider()
+    if provider is None:
+        _err("no provider given and the bundled reference is not built (pip install the package, or set "
+             "KVX_CONFORM_NATIVE_DIR)")
+        return EXIT_NOT_FOUND
+    workers = args.workers
+    if workers < 1:
+        _err(f"-n must be at least 1 (got {workers}): the suites always run in worker processes")
+        return EXIT_USAGE
+    if args.timeout <= 0:
+        _err("--timeout must be positive")
+        return EXIT_USAGE
+    try:
+        claims = load_claims(args.claims)
+        load_expectations(args.expectations)
+    except InputFileError as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT_FILE
+    target, root = _suite_args(args.suite)
+    if root is None:
+        _err(f"suite not found: {args.suite}")
+        return EXIT_HARNESS_ERROR
+    out = Path(args.output_dir).resolve()
+    try:
+        _prepare_output(out)
+    except OSError as e:
+        _err(f"cannot use output directory {out}: {e}")
+        return EXIT_USAGE
+
+    explicit_mem = args.memory in ("device", "unified")
+    try:
+        info = run_preflight(provider, timeout=max(30.0, args.timeout),
+                             memory_check=args.memory != "host",
+                             memory=args.memory if explicit_mem else "host")
+    except ProviderLoadError as e:
+        _err(str(e))
+        return e.exit_code
+    memory, mem_error, notes = _resolve_memory(args.memory, info)
+    if mem_error:
+        _err(mem_error)
+        return EXIT_MEMORY_UNAVAILABLE
+    for line in _header_lines(info, memory, args, workers, notes):
+        print(line)
+    sys.stdout.flush()
+
+    from .certificate import suites_hash
+
+    run_info = {
+        "harness": {"name": "kvx-conform", "version": __version__},
+        "command": ["kvx-conform", "run", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "run" else None,
+        "provider": {"path": info.path, "sha256": info.sha256, "abi_version": info.abi_version,
+                     "abi": info.abi, "symbols": info.symbols, "version_size_set": info.version_size_set,
+                     "struct_sizes": info.struct_sizes, "header_sizes": info.header_sizes,
+                     "memory_support": info.memory_support, "size_findings": info.size_findings(),
+                     "preflight_warnings": info.warnings},
+        "environment": info.environment,
+        "memory_types": [memory],
+        "config": {"memory": memory, "memory_requested": args.memory, "workers": workers,
+                   "timeout_s": args.timeout, "quick": args.quick, "keyword": args.keyword, "ids": args.id,
+                   "profiles": args.profile, "seed": args.seed, "breaker_threshold": args.breaker,
+                   "suite": args.suite, "suites_hash": suites_hash(root),
+                   "hypothesis_max_examples": None},
+    }
+    from .plugin import HYPOTHESIS_EXAMPLES
+
+    run_info["config"]["hypothesis_max_examples"] = HYPOTHESIS_EXAMPLES["quick" if args.quick else "full"]
+    (out / "run-info.json").write_text(json.dumps(run_info, indent=1), encoding="utf-8")
+    (out / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
+
+    repro_extra = []
+    if args.suite != DEFAULT_SUITE:
+        repro_extra += ["--suite", args.suite]
+    if args.timeout != DEFAULT_TIMEOUT:
+        repro_extra += ["--timeout", f"{args.timeout:g}"]
+    pa = [
+        "-c", str(out / "pytest.ini"), "--rootdir", str(root),
+        "-p", "kvx_conformance.plugin", *_plugin_autoload_args(),
+        "-p", "no:cacheprovider", "-p", "no:faulthandler",
+        "-n", str(workers), "--max-worker-restart", str(MAX_WORKER_RESTARTS), "--dist", "load",
+        "--timeout", f"{args.timeout:g}", "--timeout-method", "thread",
+        "-qq", "--no-summary", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+        "--kvx-provider", info.path, "--kvx-memory", memory, "--kvx-output-dir", str(out),
+        "--kvx-run-info", str(out / "run-info.json"), "--kvx-breaker", str(args.breaker),
+        "--kvx-progress", args.progress,
+        "--kvx-repro-extra", " ".join(shlex.quote(x) for x in repro_extra),
+    ]
+    if args.claims:
+        pa += ["--kvx-claims", str(Path(args.claims).resolve())]
+    if args.expectations:
+        pa += ["--kvx-expectations", str(Path(args.expectations).resolve())]
+    if args.quick:
+        pa.append("--kvx-quick")
+    for prof in args.profile:
+        pa += ["--kvx-profile", prof]
+    for tid in args.id:
+        pa += ["--kvx-id", tid]
+    if args.keyword:
+        pa += ["-k", args.keyword]
+    if args.seed is not None:
+        pa += ["--kvx-seed", str(args.seed)]
+        if importlib.util.find_spec("_hypothesis_pytestplugin") is not None:
+            pa += [f"--hypothesis-seed={args.seed}"]
+    pa += shlex.split(args.pytest_args)
+    pa += target
+
+    import pytest
+
+    t0 = time.monotonic()
+    try:
+        rc = int(pytest.main(pa))
+    except KeyboardInterrupt:
+        rc = int(pytest.ExitCode.INTERRUPTED)
+    elapsed = time.monotonic() - t0
+    return finish_run(out, rc, args, claims, elapsed)
+
+
+def finish_run(out: Path, rc: int, args: argparse.Namespace, claims, elapsed: float) -> int:
+    import pytest
+
+    from .certificate import write_certificate
+    from .report import write_report
+    from .report.junit import write_junit
+    from .results import load_results
+
+    results_path = out / "results.json"
+    try:
+        doc = load_results(results_path)
+    except ValueError as e:
+        _err(f"the run produced no results ({e}); pytest exit status {rc}")
+        return EXIT_HARNESS_ERROR
+    write_certificate(doc, out / "certificate.json")
+    junit = Path(args.junit_xml) if args.junit_xml else out / "junit.xml"
+    write_junit(doc, junit)
+    write_report(doc, out / "report.html")
+
+    for line in summary_lines(doc):
+        print(line)
+    print(f"results      {results_path}")
+    print(f"certificate  {out / 'certificate.json'}")
+    print(f"junit        {junit}")
+    print(f"report       {out / 'report.html'}")
+    print(f"time         {elapsed:.1f} s")
+    sys.stdout.flush()
+
+    if doc.get("collection_errors"):
+        _err("the suites could not be collected: " + "; ".join(doc["collection_errors"][:3]))
+        return EXIT_HARNESS_ERROR
+    if rc == int(pytest.ExitCode.NO_TESTS_COLLECTED) or (doc.get("total") == 0):
+        _err("no test matched the selection")
+        return EXIT_NO_TESTS
+    if rc == int(pytest.ExitCode.INTERRUPTED):
+        _err("interrupted: results.json holds the tests that finished")
+        return EXIT_INTERRUPTED
+    if rc in (int(pytest.ExitCode.INTERNAL_ERROR), int(pytest.ExitCode.USAGE_ERROR)):
+        _err(f"pytest failed (exit status {rc}); see the output above")
+        return EXIT_HARNESS_ERROR
+    return EXIT_CERTIFIED if doc.get("claimed_profiles_certified") else EXIT_NOT_CERTIFIED
+
+
+def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
+    from .results import first_line
+
+    tests = doc.get("tests", [])
+    lines: list[str] = []
+    bad = [t for t in tests if t["outcome"] in ("fail", "crash", "timeout", "error")]
+    rank = {"required": 0, "recommended": 1, "informational": 2}
+    bad.sort(key=lambda t: (rank.get(t["level"], 3), t["id"]))
+    if bad:
+        by_level = {lv: sum(t["level"] == lv for t in bad) for lv in rank}
+        lines.append(f"== problems: {by_level['required']} required, {by_level['recommended']} recommended "
+                     f"(warnings), {by_level['informational']} informational")
+        for t in bad[:max_failures]:
+            waived = "  [waived]" if t.get("waived") else ""
+            lines.append(f"{t['outcome'].upper():<8} {t['level']:<12} {t['id']}  ({t['clause']}){waived}")
+            f = t.get("failure") or {}
+            if f:
+                lines.append(f"         {f.get('what', '')}")
+                lines.append(f"         expected: {f.get('expected')}   got: {f.get('got')}")
+            else:
+                lines.append(f"         {first_line(t.get('message'))[:160]}")
+            if t.get("repro"):
+                lines.append(f"         repro: {t['repro']}")
+        if len(bad) > max_failures:
+            lines.append(f"         ... and {len(bad) - max_failures} more (see report.html)")
+    for e, b in (doc.get("breaker") or {}).items():
+        if b.get("tripped"):
+            lines.append(f"== circuit breaker: {e} crashed/timed out {b['count']} times; "
+                         f"its remaining tests were skipped")
+    for w in doc.get("warnings", []):
+        if w.startswith("expectations:"):
+            lines.append(f"warning: {w}")
+    lines.append("== profiles")
+    for name, p in (doc.get("profiles") or {}).items():
+        claimed = "claimed" if p.get("claimed") else ""
+        lines.append(f"  {name:<12} {p['verdict']:<14} {p['required_passed']}/{p['required']} required passed"
+                     f"{', ' + str(len(p['warnings'])) + ' warning(s)' if p.get('warnings') else ''}"
+                     f"{', ' + str(len(p['waived'])) + ' waived' if p.get('waived') else ''}  {claimed}")
+    c = doc.get("counts", {})
+    lines.append("== " + "  ".join(f"{k} {v}" for k, v in c.items()))
+    verdict = str(doc.get("verdict", "?")).upper()
+    if not doc.get("certifying"):
+        verdict += "   (NOT CERTIFYING: " + ("quick run" if doc.get("quick") else "partial selection") + ")"
+    if not doc.get("complete"):
+        verdict += "   (INCOMPLETE)"
+    lines.append(f"== verdict: {verdict}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- list
+
+
+class ListCommand:
+    name = "list"
+
+    @staticmethod
+    def add_parser(sub) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            "list", help="list the conformance tests: ids, clauses, levels, profiles",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            description="Collect the suites (no provider is loaded) and print every test's stable id, "
+                        "spec clause, level (required / recommended / informational), profile, entry points "
+                        "and optional feature.",
+            epilog="examples:\n"
+                   "  kvx-conform list\n"
+                   "  kvx-conform list --profile core --profile tables\n"
+                   "  kvx-conform list --json > tests.json\n",
+        )
+        p.add_argument("--profile", action="append", default=[], choices=list(PROFILES), metavar="P",
+                       help="only this profile (repeatable)")
+        p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching this pytest -k expression")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.add_argument("--suite", default=DEFAULT_SUITE, metavar="SUITE", help="suite package or directory")
+        return p
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        try:
+            doc = collect(args.suite, profiles=args.profile, keyword=args.keyword)
+        except RuntimeError as e:
+            _err(str(e))
+            return EXIT_HARNESS_ERROR
+        tests = doc["tests"]
+        if args.json:
+            print(json.dumps(doc, indent=1))
+            return 0 if tests else EXIT_NO_TESTS
+        if not tests:
+            _err("no test matched")
+            return EXIT_NO_TESTS
+        w_id = min(70, max(len(t["id"]) for t in tests))
+        w_cl = min(24, max(6, max(len(t["clause"]) for t in tests)))
+        print(f"{'ID':<{w_id}}  {'CLAUSE':<{w_cl}}  {'LEVEL':<13} {'PROFILE':<12} {'ENTRY':<24} FEATURE")
+        for t in tests:
+            entry = ",".join(e.removeprefix("kvx_") for e in t["entry"]) or "-"
+            print(f"{t['id']:<{w_id}}  {t['clause']:<{w_cl}}  {t['level']:<13} {t['profile']:<12} {entry:<24} "
+                  f"{t['feature'] or ''}")
+        by = {}
+        for t in tests:
+            by.setdefault(t["profile"], {}).setdefault(t["level"], 0)
+            by[t["profile"]][t["level"]] += 1
+        print(f"\n{len(tests)} tests: " + "; ".join(
+            f"{p} " + ", ".join(f"{n} {lv}" for lv, n in sorted(lvls.items())) for p, lvls in by.items()))
+        for d in doc.get("duplicate_ids", []):
+            print(f"warning: duplicate stable id {d}")
+        return 0
+
+
+def collect(suite: str, profiles: list[str] = (), keyword: str | None = None) -> dict:
+    """Collect-only through the plugin; returns {"tests": [...metadata], "duplicate_ids": [...]}."""
+    import pytest
+
+    target, root = _suite_args(suite)
+    if root is None:
+        raise RuntimeError(f"suite not found: {suite}")
+    with tempfile.TemporaryDirectory(prefix="kvx-list-") as tmp:
+        ini = Path(tmp) / "pytest.ini"
+        ini.write_text(PYTEST_INI, encoding="utf-8")
+        out = Path(tmp) / "collection.json"
+        pa = ["--collect-only", "-qq", "-c", str(ini), "--rootdir", str(root), "-p", "kvx_conformance.plugin",
+              "-p", "no:cacheprovider", "--kvx-collect-out", str(out), "--kvx-progress", "none"]
+        for prof in profiles:
+            pa += ["--kvx-profile", prof]
+        if keyword:
+            pa += ["-k", keyword]
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            rc = int(pytest.main(pa + target))
+        if rc not in (0, int(pytest.ExitCode.NO_TESTS_COLLECTED)) or (not out.exists() and rc != 5):
+            tail = "\n".join(buf.getvalue().strip().splitlines()[-15:])
+            raise RuntimeError(f"collecting {suite} failed (pytest exit status {rc}):\n{tail}")
+        if not out.exists():
+            return {"tests": [], "duplicate_ids": []}
+        return json.loads(out.read_text(encoding="utf-8"))

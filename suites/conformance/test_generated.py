@@ -1,0 +1,132 @@
+"""Generated cases (profile "generated"): hypothesis draws valid descriptor sets and
+single-rule violations (``kvx_conformance.strategies``), each checked against the oracle
+like the explicit tests (status, guards, bit-exact memory).
+
+Budget: ``max_examples`` per test is the run's ``kvx_run_config.hypothesis_max_examples``:
+100 in a certification run and 10 with ``--quick`` (the plugin's defaults), or what
+``--kvx-hypothesis-examples`` says. Examples are derandomized (fixed seed, no example
+database) unless the run was given ``--kvx-seed``, so two runs of one provider draw the
+same cases. A failure prints the falsifying example: the builder, its knobs and the
+seed that rebuild the case (``kvx_conformance.generators``).
+
+A provider may answer UNSUPPORTED for a generated case when the case uses at least one
+optional feature the provider does not claim (``casebuild.case_features``).
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, seed as hyp_seed, settings
+
+from kvx_conformance import casebuild as cb, strategies as strat
+from kvx_conformance.abi import Status
+from kvx_conformance.checks import partial_gather, partial_write, verify_gather, verify_validate, verify_write
+from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, ConformanceFailure, Unsupported, conformance
+
+CL_VALID = "spec 4-7 (hypothesis-generated valid calls); R-CACHE, R-IO, R-WRITE, R-GATHER, R-CONVERT, R-FP8"
+CL_INVALID = "spec 6, 7.1 (hypothesis-generated single-rule violations)"
+
+
+def _settings(rc):
+    n = getattr(rc, "hypothesis_max_examples", None) or getattr(rc, "hypothesis_examples", None) or 100
+    run_seed = getattr(rc, "seed", None)
+    s = settings(max_examples=int(n), derandomize=run_seed is None, database=None, deadline=None, print_blob=False,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+
+    def apply(fn):
+        fn = s(fn)
+        return hyp_seed(run_seed)(fn) if run_seed is not None else fn
+    return apply
+
+
+def _check(drawn: strat.Drawn, claims, run) -> None:
+    """Run one drawn case; UNSUPPORTED is excused by an unclaimed feature of the case."""
+    feats = cb.case_features(drawn.case)
+    try:
+        run(feats[0] if feats else None)
+    except Unsupported as e:
+        if not any(f not in claims for f in feats):
+            raise ConformanceFailure(
+                "UNSUPPORTED for a generated case whose every optional feature is claimed",
+                expected="a correct result", got=f"UNSUPPORTED ({e})", clause=CL_VALID, case=repr(drawn),
+                seed=drawn.seed) from None
+    except ConformanceFailure as e:
+        raise ConformanceFailure(e.what, expected=e.expected, got=e.got, clause=e.clause, case=repr(drawn),
+                                 seed=drawn.seed) from None
+
+
+def _call(provider, drawn: strat.Drawn, opts, *, clause, feature, **kw):
+    case = drawn.case
+    if hasattr(case, "slots"):
+        if drawn.status is not None and drawn.status != Status.OK:
+            kw.setdefault("partial", partial_write(case))
+        return verify_write(provider, case, opts, clause=clause, feature=feature, **kw)
+    if hasattr(case, "table"):
+        if drawn.status is not None and drawn.status != Status.OK:
+            kw.setdefault("partial", partial_gather(case))
+        return verify_gather(provider, case, opts, clause=clause, feature=feature, **kw)
+    return verify_validate(provider, case, opts, clause=clause, feature=feature, **kw)
+
+
+def _valid_test(strategy, provider, opts, rc, claims):
+    @_settings(rc)
+    @given(drawn=strategy)
+    def inner(drawn):
+        _check(drawn, claims, lambda f: _call(provider, drawn, opts, clause=CL_VALID, feature=f, expect=Status.OK))
+
+    inner()
+
+
+@conformance("generated.valid.validate", CL_VALID, REQUIRED, "generated", "validate")
+def test_generated_validate(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
+    _valid_test(strat.validate_cases(), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+
+
+@conformance("generated.valid.write", CL_VALID, REQUIRED, "generated", "write")
+def test_generated_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
+    _valid_test(strat.write_cases(), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+
+
+@conformance("generated.valid.gather", CL_VALID, REQUIRED, "generated", "gather")
+def test_generated_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
+    _valid_test(strat.gather_cases(), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+
+
+@conformance("generated.core.write", CL_VALID + " (core features only)", REQUIRED, "generated", "write")
+def test_generated_core_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
+    _valid_test(strat.write_cases(core=True), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+
+
+@conformance("generated.core.gather", CL_VALID + " (core features only)", REQUIRED, "generated", "gather")
+def test_generated_core_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
+    _valid_test(strat.gather_cases(core=True), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+
+
+@conformance("generated.invalid.descriptor", CL_INVALID + "; R-SIZE, R-CACHE, R-IO, R-WRITE, R-GATHER", REQUIRED,
+             "generated", ("validate", "write", "gather"))
+def test_generated_invalid(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
+    opts = kvx_call_options()
+
+    @_settings(kvx_run_config)
+    @given(drawn=strat.violations(strat.REQUIRED_RULES))
+    def inner(drawn):
+        clause = f"{drawn.clause} (rule {drawn.rule})"
+        _check(drawn, kvx_claims, lambda f: _call(kvx_provider, drawn, opts, clause=clause, feature=f,
+                                                   expect=drawn.status))
+
+    inner()
+
+
+@conformance("generated.invalid.data", CL_INVALID + "; R-DATA, R-WRITE (data-dependent: OUT_OF_RANGE or "
+             "INVALID_ARGUMENT, never out of bounds)", RECOMMENDED, "generated", ("write", "gather"))
+def test_generated_data_errors(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
+    opts = kvx_call_options()
+
+    @_settings(kvx_run_config)
+    @given(drawn=strat.violations(strat.DATA_RULES))
+    def inner(drawn):
+        clause = f"{drawn.clause} (rule {drawn.rule})"
+        _check(drawn, kvx_claims, lambda f: _call(
+            kvx_provider, drawn, opts, clause=clause, feature=f, expect=drawn.status,
+            statuses=(Status.OUT_OF_RANGE, Status.INVALID_ARGUMENT)))
+
+    inner()

@@ -1,0 +1,218 @@
+"""Shared helpers of the harness / CLI tests: tiny C providers, fake suites, a CLI runner.
+
+Holds the unit tests of the pure-Python pieces (claims, waivers, verdicts, writer) too.
+The fake providers are built with ``cc -shared`` from the project's own header; the fake
+suites are written into a tmp dir and run through ``kvx-conform run --suite DIR``, so
+these tests need neither the reference provider nor the real suites.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER_DIR = REPO / "csrc" / "include"
+
+FAKE_PROVIDER_C = r"""
+#include <signal.h>
+#include <unistd.h>
+#include "kvx/kvx_abi.h"
+
+#ifndef FAKE_MAJOR
+#define FAKE_MAJOR 1
+#endif
+
+#ifdef FAKE_CRASH_ON_LOAD
+__attribute__((constructor)) static void fake_crash_on_load(void) { raise(SIGSEGV); }
+#endif
+
+/* FAKE_WRITE_MODE / FAKE_GATHER_MODE / FAKE_VERSION_MODE: 0 behave, 1 crash (SIGSEGV), 2 hang */
+#ifndef FAKE_WRITE_MODE
+#define FAKE_WRITE_MODE 0
+#endif
+#ifndef FAKE_GATHER_MODE
+#define FAKE_GATHER_MODE 0
+#endif
+#ifndef FAKE_VERSION_MODE
+#define FAKE_VERSION_MODE 0
+#endif
+
+static void fake_misbehave(int mode) {
+    if (mode == 1) raise(SIGSEGV);
+    if (mode == 2) for (;;) sleep(1);
+}
+
+#define SMALL(p) ((p).size < sizeof(p))
+#define INVALID KVX_STATUS_INVALID_ARGUMENT
+
+KVX_API kvx_status_t kvx_get_version(kvx_version_t* v) {
+    fake_misbehave(FAKE_VERSION_MODE);
+    if (!v || SMALL(*v)) return INVALID;
+    v->size = sizeof(*v);
+    v->abi_major = FAKE_MAJOR;
+    v->abi_minor = 1;
+    v->abi_patch = 0;
+    return KVX_STATUS_OK;
+}
+
+static kvx_status_t fake_cache(const kvx_cache_desc_t* c) {
+    if (!c || SMALL(*c) || SMALL(c->k) || SMALL(c->v)) return INVALID;
+    if (!c->num_blocks || !c->block_size || !c->num_kv_heads || !c->head_dim) return INVALID;
+    if (!c->k.data || !c->v.data) return INVALID;
+    return KVX_STATUS_OK;
+}
+
+KVX_API kvx_status_t kvx_validate_cache_desc(const kvx_cache_desc_t* c) { return fake_cache(c); }
+
+KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* c, const kvx_write_desc_t* d, void* stream) {
+    (void)stream;
+    fake_misbehave(FAKE_WRITE_MODE);
+    kvx_status_t st = fake_cache(c);
+    if (st) return st;
+    if (!d || SMALL(*d) || SMALL(d->io) || SMALL(d->io.key) || SMALL(d->io.value) || SMALL(d->slots)
+        || SMALL(d->k_scale_desc) || SMALL(d->v_scale_desc)) return INVALID;
+    return KVX_STATUS_OK;
+}
+
+KVX_API kvx_status_t kvx_gather_kv(const kvx_cache_desc_t* c, const kvx_gather_desc_t* d, void* stream) {
+    (void)stream;
+    fake_misbehave(FAKE_GATHER_MODE);
+    kvx_status_t st = fake_cache(c);
+    if (st) return st;
+    if (!d || SMALL(*d) || SMALL(d->io) || SMALL(d->io.key) || SMALL(d->io.value) || SMALL(d->block_table)
+        || SMALL(d->seq_lens)) return INVALID;
+    return KVX_STATUS_OK;
+}
+"""
+
+NOT_A_PROVIDER_C = "int not_kvx(void) { return 42; }\n"
+
+
+def have_cc() -> bool:
+    return shutil.which("cc") is not None
+
+
+def build_so(tmp: Path, name: str, source: str, defines: tuple[str, ...] = ()) -> Path:
+    src = tmp / f"{name}.c"
+    src.write_text(source)
+    out = tmp / f"lib{name}.so"
+    cmd = ["cc", "-shared", "-fPIC", "-O1", "-DKVX_BUILD_PROVIDER", f"-I{HEADER_DIR}", *[f"-D{d}" for d in defines],
+           "-o", str(out), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out
+
+
+def build_fake_provider(tmp: Path, name: str = "fake", *defines: str) -> Path:
+    return build_so(tmp, name, FAKE_PROVIDER_C, defines)
+
+
+def cli_env() -> dict:
+    """The environment of a CLI subprocess: this interpreter's package, no pytest autoload surprises."""
+    env = dict(os.environ)
+    # the test process found kvx_conformance through PYTHONPATH or an install; keep both working
+    import kvx_conformance
+
+    pkg_parent = str(Path(kvx_conformance.__file__).resolve().parents[1])
+    if "PYTHONPATH" in env or pkg_parent == str(REPO):
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if not any(Path(p).resolve() == REPO for p in parts) and not _installed_elsewhere():
+            parts.insert(0, str(REPO))
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    env["COLUMNS"] = "200"
+    return env
+
+
+def _installed_elsewhere() -> bool:
+    r = subprocess.run([sys.executable, "-c", "import kvx_conformance"], env={**os.environ, "PYTHONPATH": ""},
+                       capture_output=True, cwd="/")
+    return r.returncode == 0
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvx_conformance.cli", *map(str, args)], cwd=cwd,
+                          env=cli_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def write_suite(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+# ----------------------------------------------------------------------------- unit tests of the pure parts
+
+from kvx_conformance.claims import Claims, InputFileError, Waiver, load_claims, load_expectations  # noqa: E402
+from kvx_conformance.results import ResultsWriter, TestRecord, load_results, summarize  # noqa: E402
+
+
+def _rec(id, outcome, level="required", profile="core", message=""):
+    return TestRecord(id=id, nodeid=f"t.py::{id}", clause="7.1", level=level, profile=profile, entry=[],
+                      feature=None, outcome=outcome, message=message)
+
+
+def test_claims_yaml_and_json_and_errors(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("profiles: [core, tables]\nfeatures: [ragged]\n")
+    c = load_claims(y)
+    assert c.profiles == ("core", "tables") and c.features == {"ragged"}
+    j = tmp_path / "c.json"
+    j.write_text(json.dumps({"features": ["fp8"]}))
+    assert load_claims(j).profiles == ("core",)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("features: [warp_drive]\n")
+    with pytest.raises(InputFileError, match="unknown feature.*warp_drive"):
+        load_claims(bad)
+    with pytest.raises(InputFileError, match="not found"):
+        load_claims(tmp_path / "missing.yaml")
+
+
+def test_expectations_and_glob_waivers(tmp_path):
+    e = tmp_path / "e.yaml"
+    e.write_text("waivers:\n  - {id: 'write.x[S32]', reason: r1}\n  - {id: 'gather.*', reason: r2}\n")
+    ws = load_expectations(e)
+    assert ws[0].matches("write.x[S32]") and not ws[0].matches("write.x[S64]")
+    assert ws[1].matches("gather.oob[S64]") and not ws[1].matches("write.gather")
+    e.write_text("- {id: a}\n")
+    with pytest.raises(InputFileError, match="needs a 'reason'"):
+        load_expectations(e)
+
+
+def test_verdicts_per_profile():
+    tests = [_rec("a", "pass"), _rec("b", "unsupported"), _rec("c", "fail", level="recommended"),
+             _rec("d", "pass", profile="tables"), _rec("e", "crash", profile="tables"),
+             _rec("f", "unsupported", profile="fp8"), _rec("g", "fail", profile="layouts")]
+    s = summarize(tests, Claims(("core", "tables")), [Waiver("g", "known")], quick=False, partial=False,
+                  complete=True)
+    p = s["profiles"]
+    assert p["core"]["verdict"] == "certified" and p["core"]["warnings"] == ["c"]
+    assert p["tables"]["verdict"] == "not certified" and p["tables"]["blocking"] == ["e"]
+    assert p["fp8"]["verdict"] == "unsupported"
+    assert p["layouts"]["verdict"] == "certified" and p["layouts"]["waived"] == ["g"]
+    assert s["verdict"] == "not certified" and s["certifying"]
+    assert any("recommended" in w for w in s["warnings"])
+    s2 = summarize(tests, Claims(("core",)), [], quick=True, partial=False, complete=True)
+    assert s2["verdict"] == "not certifying (quick)" and s2["claimed_profiles_certified"]
+
+
+def test_writer_is_readable_at_every_step(tmp_path):
+    w = ResultsWriter(tmp_path, {"provider": {"path": "x"}}, every_tests=2, every_seconds=1e9)
+    assert load_results(tmp_path / "results.json")["complete"] is False
+    for i in range(5):
+        w.add(_rec(f"t{i}", "pass"))
+    doc = load_results(tmp_path / "results.json")
+    assert doc["finished"] == 4 and not doc["complete"]  # rewritten every 2 tests
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 5  # appended at once
+    w.total = 5
+    doc = w.close()
+    assert doc["complete"] and doc["finished"] == 5 and doc["verdict"] == "certified"
