@@ -510,7 +510,7 @@ def _read_crash_detail(state_dir: Path, worker: str | None, nodeid: str) -> tupl
     head = next((ln.strip() for ln in seg if ln.startswith(("Fatal Python error", "Timeout ("))), "")
     blocks, cur = [], []
     for ln in seg:
-        if ln.startswith(("Thread 0x", "Current thread")):
+        if ln.startswith(("Thread 0x", "Current thread", "Stack (")):
             cur = []
             blocks.append(cur)
         elif ln.strip().startswith("File ") and blocks:
@@ -544,7 +544,8 @@ class _Controller:
         self.breaker_hits: dict[str, list[str]] = {}
         self.tripped: dict[str, dict] = {}
         self.t0 = time.monotonic()
-        self._last_progress = 0.0
+        self._last_progress = self.t0
+        self._last_line = ""
         self._progress_shown = False
         mode = config.getoption("kvx_progress")
         self.progress_mode = mode
@@ -765,7 +766,10 @@ class _Controller:
                 self._last_progress = now
         elif force or done == total or now - self._last_progress >= 10 or (
                 total >= 20 and done % max(1, total // 10) == 0):
-            tr.write_line(self.progress_line())
+            line = self.progress_line()
+            if line.split("  ")[0] != self._last_line.split("  ")[0]:  # not the same counts again
+                tr.write_line(line)
+            self._last_line = line
             self._last_progress = now
 
     # -- end of the run

@@ -122,9 +122,10 @@ struct RecordingStore {
   }
 };
 
-/* data_race mutant: stages through one static buffer shared by all calls. */
-constexpr size_t kStageCapacity = 1u << 16;
-Staged g_stage[KVX_MUT(DATA_RACE) ? kStageCapacity : 1];
+/* data_race mutant: stages through one static buffer shared by all calls
+ * (a single unused element in every other build). */
+constexpr size_t kStageCapacity = KVX_MUT(DATA_RACE) ? size_t{1} << 16 : 1;
+Staged g_stage[kStageCapacity];
 
 struct SharedStagingStore {
   size_t count = 0;
