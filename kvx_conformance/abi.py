@@ -1,6 +1,12 @@
-"""ctypes mirror of ``csrc/include/kvx/kvx_abi.h`` (KVX ABI v1.1).
+"""ctypes mirror of ``csrc/include/kvx/kvx_abi.h`` (KVX ABI v1.1, and the 1.2 FP4 extension).
 
-Every struct and enum of the header, field for field. ``tests/test_abi_layout.py``
+Every struct and enum of the header, field for field. The classes named as the C
+typedefs (``kvx_cache_desc_t`` ...) are the v1.1 structs: the harness sends those to
+every provider. KVX 1.2 appends one field to each top-level struct; the
+``*_v1_2`` subclasses add it (ctypes appends a subclass's fields to its base's), and
+:data:`STRUCTS_V1_2` maps each C typedef name to its 1.2 layout. The FP4 suite and
+the accuracy runner use the 1.2 structs, and only with a provider that reports ABI
+minor 2 or more (or to check that a 1.1 provider refuses them cleanly). ``tests/test_abi_layout.py``
 holds this module against the ABI probe compiled from the header (size, alignment
 and offset of every field, every enumerator value) and against the published v1.1
 layout table.
@@ -11,7 +17,7 @@ import ctypes
 import enum
 
 ABI_VERSION_MAJOR = 1
-ABI_VERSION_MINOR = 1
+ABI_VERSION_MINOR = 2  # the header's; V1_1_SIZES stay the minimum every provider accepts
 ABI_VERSION_PATCH = 0
 MAX_TENSOR_DIMS = 5
 
@@ -37,6 +43,8 @@ class DType(enum.IntEnum):
     U32 = 8
     U64 = 9
     U8 = 10
+    F4_E2M1 = 11  # KVX 1.2: packed two per byte, element 2i in the low nibble
+    UE8M0 = 12  # KVX 1.2: exponent byte, 2**(b - 127), 0xFF NaN
 
 
 class Memory(enum.IntEnum):
@@ -64,6 +72,15 @@ class TableFormat(enum.IntEnum):
 class TableFlags(enum.IntFlag):
     NONE = 0
     KVCACHEINDEX = 1
+
+
+class Fp4Format(enum.IntEnum):
+    """KVX 1.2 ``kvx_fp4_format_t``."""
+
+    NONE = 0
+    NVFP4 = 1
+    MXFP4 = 2
+    MXFP4_OCP = 3
 
 
 class ScaleGranularity(enum.IntEnum):
@@ -217,6 +234,48 @@ class kvx_gather_desc_t(_Sized):
     ]
 
 
+# ---------------------------------------------------------------------------- KVX 1.2
+
+
+class kvx_fp4_cache_ext_t(_Sized):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("format", c_enum),
+        ("k_scales", kvx_tensor_desc_t),
+        ("v_scales", kvx_tensor_desc_t),
+        ("k_global", kvx_scale_desc_t),
+        ("v_global", kvx_scale_desc_t),
+    ]
+
+
+class kvx_fp4_io_scales_t(_Sized):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("key_scales", kvx_tensor_desc_t),
+        ("value_scales", kvx_tensor_desc_t),
+    ]
+
+
+class kvx_cache_desc_v1_2_t(kvx_cache_desc_t):
+    _fields_ = [("fp4", kvx_fp4_cache_ext_t)]
+
+
+class kvx_write_desc_v1_2_t(kvx_write_desc_t):
+    _fields_ = [("fp4", kvx_fp4_io_scales_t)]
+
+
+class kvx_gather_desc_v1_2_t(kvx_gather_desc_t):
+    _fields_ = [("fp4", kvx_fp4_io_scales_t)]
+
+
+def all_fields(cls: type[ctypes.Structure]) -> list[tuple]:
+    """Every field of a ctypes struct in memory order, base classes' first."""
+    out: list[tuple] = []
+    for klass in reversed(cls.__mro__):
+        out.extend(klass.__dict__.get("_fields_", []))
+    return out
+
+
 #: Every public struct, by its C typedef name.
 STRUCTS: dict[str, type[ctypes.Structure]] = {
     cls.__name__: cls
@@ -235,6 +294,16 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     )
 }
 
+#: The KVX 1.2 layout of every struct (the header's default build), by C typedef name.
+STRUCTS_V1_2: dict[str, type[ctypes.Structure]] = {
+    **STRUCTS,
+    "kvx_cache_desc_t": kvx_cache_desc_v1_2_t,
+    "kvx_write_desc_t": kvx_write_desc_v1_2_t,
+    "kvx_gather_desc_t": kvx_gather_desc_v1_2_t,
+    "kvx_fp4_cache_ext_t": kvx_fp4_cache_ext_t,
+    "kvx_fp4_io_scales_t": kvx_fp4_io_scales_t,
+}
+
 #: Every enum, by its C typedef name, with the prefix of its enumerators.
 ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
     "kvx_status_t": (Status, "KVX_STATUS_"),
@@ -244,6 +313,7 @@ ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
     "kvx_block_table_format_t": (TableFormat, "KVX_BLOCK_TABLE_"),
     "kvx_block_table_flags_t": (TableFlags, "KVX_BLOCK_TABLE_FLAG_"),
     "kvx_scale_granularity_t": (ScaleGranularity, "KVX_SCALE_"),
+    "kvx_fp4_format_t": (Fp4Format, "KVX_FP4_"),
 }
 
 #: Element size in bytes of each dtype that has one.
@@ -267,3 +337,6 @@ INDEX_DTYPES = (DType.S32, DType.S64)
 
 #: The v1.1 sizeof of every struct; a provider must refuse anything smaller.
 V1_1_SIZES = {name: ctypes.sizeof(cls) for name, cls in STRUCTS.items()}
+
+#: The KVX 1.2 sizeof of every struct (top-level ones are larger than in v1.1).
+V1_2_SIZES = {name: ctypes.sizeof(cls) for name, cls in STRUCTS_V1_2.items()}

@@ -278,6 +278,22 @@ def _agree(exp: Result, expect: int | None, case) -> None:
         )
 
 
+def away_from_run_memory(case, memory: Memory):
+    """The case with every memory-type override that names the run's own memory type
+    turned into HOST. The generators break memory rules by naming DEVICE or UNIFIED
+    (a mismatch on a HOST run); on a DEVICE or UNIFIED run that value would match the
+    run's memory and the case would not break its rule any more."""
+    if memory == Memory.HOST or not getattr(case, "c_overrides", None):
+        return case
+    ov = case.c_overrides
+    bad = [k for k, v in ov.items() if k.endswith(".memory") and v is not None and int(v) == int(memory)]
+    if not bad:
+        return case
+    import dataclasses
+
+    return dataclasses.replace(case, c_overrides={**ov, **{k: int(Memory.HOST) for k in bad}})
+
+
 def verify_validate(
     provider, case: ValidateCase, opts: execute.CallOptions | None = None, *, clause: str,
     feature: str | None = None, statuses: Iterable[int] | None = None, expect: int | None = None,
@@ -288,6 +304,7 @@ def verify_validate(
     agree (else :class:`OracleDisagrees`, a harness fault, not the provider's).
     """
     opts = opts or execute.CallOptions()
+    case = away_from_run_memory(case, opts.memory)
     exp = _oracle().expected_validate(case, opts.memory)
     _agree(exp, expect, case)
     got = execute.run_validate(provider, case, opts)
@@ -306,6 +323,7 @@ def verify_write(
     data-dependent error status (and with OK on DEVICE memory, R-DEVICE-STATUS).
     """
     opts = opts or execute.CallOptions()
+    case = away_from_run_memory(case, opts.memory)
     exp = _oracle().expected_write(case, opts.memory)
     _agree(exp, expect, case)
     got = execute.run_write(provider, case, opts)
@@ -319,6 +337,7 @@ def verify_gather(
 ) -> Result:
     """Run ``kvx_gather_kv``; status, guards, untouched cache and outputs bit-exact."""
     opts = opts or execute.CallOptions()
+    case = away_from_run_memory(case, opts.memory)
     exp = _oracle().expected_gather(case, opts.memory)
     _agree(exp, expect, case)
     got = execute.run_gather(provider, case, opts)
@@ -360,9 +379,20 @@ def repaired_gather(case: GatherCase) -> GatherCase:
     indptr = None if t.indptr is None else np.asarray(t.indptr, np.int64).copy()
     if t.format == TableFormat.RAGGED and indptr is not None and len(indptr) == t.seq_count + 1:
         ranges = np.maximum(np.diff(indptr), 0)
-        ok = (indptr[:-1] >= 0) & (indptr[1:] <= len(idx))
+        ok = (indptr[:-1] >= 0) & (indptr[1:] <= min(len(idx), t.n_indices))
         lens = np.where(ok, np.minimum(lens, ranges), 0)
         idx[(idx < 0) | (idx >= nb)] = 0
+        # A skipping provider reads each sequence's own range [indptr[s], indptr[s+1]),
+        # also where the indptr as a whole is malformed (not non-decreasing, or not
+        # ending at indices_count): rebuild a well-formed table of those ranges, so
+        # that the oracle answers the valid part instead of the malformed-indptr error.
+        take = np.minimum(lens, max(int(case.max_seq_len), 0))
+        parts = [idx[int(indptr[s]): int(indptr[s]) + int(take[s])] for s in range(t.seq_count)]
+        idx = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        indptr = np.concatenate([[0], np.cumsum(take)]).astype(np.int64)
+        lens = np.where(lens > take, take, lens)
+        table = dataclasses.replace(t, indices=idx, indptr=indptr, indices_count=None, indptr_count=None)
+        return dataclasses.replace(case, table=table, seq_lens=dataclasses.replace(case.seq_lens, lengths=lens))
     elif t.format == TableFormat.KV_OFFSETS:
         u = idx & 0xFFFFFFFF
         bad = u == 0xFFFFFFFF

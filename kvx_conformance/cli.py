@@ -19,11 +19,11 @@ COMMANDS: dict[str, str] = {
     "list": "kvx_conformance.runner:ListCommand",
     "info": "kvx_conformance.cli:InfoCommand",
     "report": "kvx_conformance.report:ReportCommand",
-    # "bench": "kvx_conformance.bench.cli",
-    # "accuracy": "kvx_conformance.accuracy.cli",
-    # "model-eval": "kvx_conformance.model.cli",
-    # "compare": "kvx_conformance.compare",
-    # "verify": "kvx_conformance.verify",
+    "bench": "kvx_conformance.bench.cli:BenchCommand",
+    "accuracy": "kvx_conformance.accuracy.cli",
+    "model-eval": "kvx_conformance.model.cli:ModelEvalCommand",
+    "compare": "kvx_conformance.bench.compare:CompareCommand",
+    "verify": "kvx_conformance.verify:VerifyCommand",
 }
 
 EPILOG = """\

@@ -49,5 +49,17 @@ def mutant_names() -> list[str]:
     return sorted(p.name[len("libkvx_mutant_"):-3] for p in d.glob("libkvx_mutant_*.so"))
 
 
-def abi_probe() -> Path:
-    return native_dir() / "kvx_abi_probe"
+def testing_provider(mode: str) -> Path:
+    """A hostile / malformed test provider (csrc/testing/kvx_testing.c): segv_on_gather,
+    hang_on_gather, major2, no_entry_points."""
+    return native_dir() / f"libkvx_testing_{mode}.so"
+
+
+def reference_provider_v1_1() -> Path:
+    """The reference built against the v1.1 header (reports ABI 1.1, no FP4 extension)."""
+    return native_dir() / "libkvx_reference_v1_1.so"
+
+
+def abi_probe(minor: int = 2) -> Path:
+    """The ABI probe of the header's default (1.2) build, or of its v1.1 build."""
+    return native_dir() / ("kvx_abi_probe_v1_1" if minor == 1 else "kvx_abi_probe")

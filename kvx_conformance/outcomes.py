@@ -43,7 +43,8 @@ PROFILES = {
     "concurrency": "threads on disjoint regions, lifetime after return, streams",
     "generated": "hypothesis-generated valid cases and single-rule violations",
     "engines": "engine-shaped scenarios (vLLM, TGI, TensorRT-LLM, FlashInfer, ppl.nn)",
-    "fp4": "KVX 1.2 FP4 extension (NVFP4 / MXFP4)",
+    "fp4": "KVX 1.2 FP4 extension (NVFP4 / MXFP4), compatible tier",
+    "fp4_exact": "KVX 1.2 FP4 extension, exact tier: codes, scales and decodes bit-identical to the reference codec",
 }
 
 #: Features a provider may answer UNSUPPORTED for (spec 4.2 SHOULD, 4.3 optional, 4.4 MAY, 10).

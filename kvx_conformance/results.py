@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .claims import Claims, Waiver, match_waivers
+from .engines import summarize_engines
 from .outcomes import PROFILES, Outcome
 
 SCHEMA_VERSION = "1.0"
@@ -36,6 +37,7 @@ VERDICT_PARTIAL = "not certifying (partial selection)"
 class TestRecord:
     """One finished test (the elements of ``results.json``'s ``tests``)."""
 
+    __test__ = False  # not a pytest test class
     id: str
     nodeid: str
     clause: str
@@ -172,6 +174,7 @@ def summarize(
         "counts": counts,
         "warnings": warnings,
         "waivers": waiver_rows,
+        "engines": summarize_engines(tests),
     }
 
 

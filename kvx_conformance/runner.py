@@ -145,6 +145,9 @@ class RunCommand:
                        help="progress display (default auto: one rewritten line on a terminal)")
         p.add_argument("--pytest-args", default="", metavar="ARGS",
                        help="extra pytest arguments, one shell-quoted string (debugging)")
+        p.add_argument("--bench", choices=["quick", "standard", "full"], metavar="PRESET",
+                       help="after the conformance run, run the bandwidth benchmarks of PRESET (quick, standard, "
+                            "full) into DIR/bench (kvx-conform bench; the exit status stays the certification's)")
         return p
 
     @staticmethod
@@ -305,7 +308,12 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         rc = int(pytest.ExitCode.INTERRUPTED)
     elapsed = time.monotonic() - t0
-    return finish_run(out, rc, args, claims, elapsed)
+    status = finish_run(out, rc, args, claims, elapsed)
+    if getattr(args, "bench", None):
+        from .bench.cli import bench_after_run
+
+        bench_after_run(args, info.path, memory, out / "bench")
+    return status
 
 
 def finish_run(out: Path, rc: int, args: argparse.Namespace, claims, elapsed: float) -> int:
@@ -389,6 +397,11 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
         lines.append(f"  {name:<12} {p['verdict']:<14} {p['required_passed']}/{p['required']} required passed"
                      f"{', ' + str(len(p['warnings'])) + ' warning(s)' if p.get('warnings') else ''}"
                      f"{', ' + str(len(p['waived'])) + ' waived' if p.get('waived') else ''}  {claimed}")
+    if doc.get("engines"):
+        lines.append("== engines (works with the engine's caches?)")
+        for e in doc["engines"].values():
+            lines.append(f"  {e['name']:<12} {e['works']:<7} {e['passed']}/{e['scenarios']} scenarios passed"
+                         f"{'; not in: ' + ', '.join(e['where_not']) if e.get('where_not') else ''}")
     c = doc.get("counts", {})
     lines.append("== " + "  ".join(f"{k} {v}" for k, v in c.items()))
     verdict = str(doc.get("verdict", "?")).upper()

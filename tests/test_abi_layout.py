@@ -78,11 +78,22 @@ def _published_layout() -> dict[str, dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def probe() -> dict:
-    exe = native.abi_probe()
+def _run_probe(minor: int) -> dict:
+    exe = native.abi_probe(minor)
     assert exe.exists(), f"ABI probe missing at {exe}: the package build must produce it"
     return json.loads(subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout)
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict:
+    """The header's v1.1 build (KVX_ABI_TARGET_MINOR=1): must be the published layout."""
+    return _run_probe(1)
+
+
+@pytest.fixture(scope="module")
+def probe_v1_2() -> dict:
+    """The header's default build (KVX 1.2, FP4 extension appended)."""
+    return _run_probe(2)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -113,22 +124,43 @@ def test_header_constants(probe):
     assert probe["constants"] == {"KVX_MAX_TENSOR_DIMS": 5, "KVX_ABI_VERSION_MAJOR": 1, "KVX_ABI_VERSION_MINOR": 1}
 
 
-@pytest.mark.parametrize("name", sorted(abi.STRUCTS))
-def test_ctypes_mirror_matches_probe(probe, name):
-    cls = abi.STRUCTS[name]
-    got = probe["structs"][name]
+def _check_mirror(cls, got: dict, name: str) -> None:
     assert ctypes.sizeof(cls) == got["size"]
     assert ctypes.alignment(cls) == got["align"]
-    assert [f[0] for f in cls._fields_] == [f["name"] for f in got["fields"]]
+    assert [f[0] for f in abi.all_fields(cls)] == [f["name"] for f in got["fields"]]
     for f in got["fields"]:
         member = getattr(cls, f["name"])
         assert (member.offset, member.size) == (f["offset"], f["size"]), f"{name}.{f['name']}"
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED_ENUMS))
-def test_ctypes_enums_match_probe(probe, name):
+@pytest.mark.parametrize("name", sorted(abi.STRUCTS))
+def test_ctypes_mirror_matches_probe(probe, name):
+    _check_mirror(abi.STRUCTS[name], probe["structs"][name], name)
+
+
+@pytest.mark.parametrize("name", sorted(abi.STRUCTS_V1_2))
+def test_ctypes_v1_2_mirror_matches_probe(probe_v1_2, name):
+    _check_mirror(abi.STRUCTS_V1_2[name], probe_v1_2["structs"][name], name)
+
+
+def test_v1_2_only_appends(probe, probe_v1_2):
+    """KVX 1.2 keeps every v1.1 field where it was and appends only to top-level structs."""
+    for name, old in probe["structs"].items():
+        new = probe_v1_2["structs"][name]
+        assert new["fields"][: len(old["fields"])] == old["fields"], name
+        if new["size"] != old["size"]:
+            assert name in ("kvx_cache_desc_t", "kvx_write_desc_t", "kvx_gather_desc_t"), name
+            assert [f["name"] for f in new["fields"][len(old["fields"]):]] == ["fp4"], name
+            assert new["fields"][len(old["fields"])]["offset"] == old["size"], name
+    for name, old in probe["enums"].items():
+        assert probe_v1_2["enums"][name]["values"].items() >= old["values"].items(), name
+    assert probe_v1_2["constants"]["KVX_ABI_VERSION_MINOR"] == 2
+
+
+@pytest.mark.parametrize("name", sorted(abi.ENUMS))
+def test_ctypes_enums_match_probe(probe_v1_2, name):
     cls, prefix = abi.ENUMS[name]
-    assert {prefix + n: int(m.value) for n, m in cls.__members__.items()} == probe["enums"][name]["values"]
+    assert {prefix + n: int(m.value) for n, m in cls.__members__.items()} == probe_v1_2["enums"][name]["values"]
 
 
 def test_header_compiles_as_cxx_and_c(tmp_path):

@@ -230,6 +230,34 @@ def test_format_table(quick_rows):
     assert format_table([]) == "(no accuracy rows)"
 
 
-def test_provider_path_is_refused_until_it_exists():
+def test_provider_roundtrip_refuses_what_a_provider_cannot_store():
+    from kvx_conformance.accuracy import provider_roundtrip
+
+    x = np.ones((16, 1, 32), np.float32)
     with pytest.raises(ProviderAccuracyUnavailable):
-        run_accuracy(provider=object(), quick=True)
+        provider_roundtrip(object(), "nvfp4", x)  # no kvx_get_version: no FP4 extension
+    with pytest.raises(ProviderAccuracyUnavailable):
+        provider_roundtrip(object(), "bf16", x)  # not an FP4 format
+
+
+
+def test_provider_rows_match_the_oracle_for_the_reference():
+    """Through the reference provider the FP4 rows are the oracle's figures (bit-exact codec);
+    every other method is measured by the oracle, one row per (method, distribution)."""
+    from kvx_conformance import native
+    from kvx_conformance.accuracy import BenchConfig
+    from kvx_conformance.loader import load_provider
+
+    cfg = BenchConfig(tokens=256, kv_heads=2, q_heads=4, head_dim=64, block_size=16, num_seqs=2, decode_steps=1,
+                      logit_queries=4)
+    prov = run_accuracy(provider=load_provider(native.reference_provider()), config=cfg)
+    orc = run_accuracy(config=cfg)
+    assert [(r["method"], r["distribution"]) for r in prov] == [(r["method"], r["distribution"]) for r in orc]
+    for p, o in zip(prov, orc):
+        fp4 = p["method"] in ("nvfp4", "mxfp4_16", "mxfp4_32_ocp")
+        assert p["path"] == ("provider" if fp4 else "oracle"), p
+        for k in ("rel_rmse", "snr_db", "cosine", "max_abs_err", "attn_rel_err"):
+            assert p[k] == o[k], (p["method"], p["distribution"], k, p[k], o[k])
+    # a provider without the FP4 extension: everything through the oracle
+    rows = run_accuracy(provider=load_provider(native.reference_provider_v1_1()), config=cfg)
+    assert {r["path"] for r in rows} == {"oracle"} and len(rows) == len(orc)

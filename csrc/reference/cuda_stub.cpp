@@ -13,4 +13,8 @@ kvx_status_t cuda_write(const WritePlan&, void*) { return KVX_STATUS_UNSUPPORTED
 
 kvx_status_t cuda_gather(const GatherPlan&, void*) { return KVX_STATUS_UNSUPPORTED; }
 
+kvx_status_t cuda_fp4_write(const WritePlan&, void*) { return KVX_STATUS_UNSUPPORTED; }
+
+kvx_status_t cuda_fp4_gather(const GatherPlan&, void*) { return KVX_STATUS_UNSUPPORTED; }
+
 }  // namespace kvx_ref

@@ -51,12 +51,30 @@ bool too_small(const T& s) {
   return s.size < sizeof(T);
 }
 
+/* Top-level structs: the minimum is the v1.1 sizeof in every build (KVX 1.2
+ * appends to them; kvx_abi.h). */
+inline uint32_t v11_size(const kvx_cache_desc_t&) { return (uint32_t)KVX_V1_1_SIZEOF_CACHE_DESC; }
+inline uint32_t v11_size(const kvx_write_desc_t&) { return (uint32_t)KVX_V1_1_SIZEOF_WRITE_DESC; }
+inline uint32_t v11_size(const kvx_gather_desc_t&) { return (uint32_t)KVX_V1_1_SIZEOF_GATHER_DESC; }
+bool too_small(const kvx_cache_desc_t& s) { return s.size < v11_size(s); }
+bool too_small(const kvx_write_desc_t& s) { return s.size < v11_size(s); }
+bool too_small(const kvx_gather_desc_t& s) { return s.size < v11_size(s); }
+
+/* The caller filled this build's whole struct (KVX 1.2 part included). */
+template <class T>
+bool has_ext(const T& s) {
+  return s.size >= sizeof(T) && sizeof(T) > v11_size(s);
+}
+
+/* Bytes from the end of what this build reads (all of T, or its v1.1 prefix
+ * when the caller's struct stops short of T) up to `size` must be zero. */
 template <class T>
 bool tail_is_zero(const T& s) {
-  if (s.size <= sizeof(T)) return true;
+  const uint32_t from = s.size >= sizeof(T) ? (uint32_t)sizeof(T) : v11_size(s);
+  if (s.size <= from) return true;
   if (s.size > kMaxTopLevelSize) return false;
   const unsigned char* p = reinterpret_cast<const unsigned char*>(&s);
-  for (uint32_t i = sizeof(T); i < s.size; ++i)
+  for (uint32_t i = from; i < s.size; ++i)
     if (p[i]) return false;
   return true;
 }
@@ -84,6 +102,25 @@ int raw(const E& e) {
   int v;
   memcpy(&v, &e, sizeof v);
   return v;
+}
+
+/* KVX 1.2: the cache carries an FP4 extension with a format set. */
+bool is_fp4_cache(const kvx_cache_desc_t& c) {
+#if KVX_ABI_VERSION_MINOR >= 2
+  return has_ext(c) && raw(c.fp4.format) != 0;
+#else
+  (void)c;
+  return false;
+#endif
+}
+
+bool is_f4_dtype(int dt) {
+#if KVX_ABI_VERSION_MINOR >= 2
+  return dt == KVX_DTYPE_F4_E2M1;
+#else
+  (void)dt;
+  return false;
+#endif
 }
 
 bool valid_memory(int m) {
@@ -133,7 +170,9 @@ bool shape_is(const kvx_tensor_desc_t& t, uint32_t nd, const int64_t* expect) {
 /* Step 2: the cache descriptor (R-CACHE, spec 4.2, 6.1, 6.2, 7.1).           */
 
 kvx_status_t cache_tensor_rules(const kvx_cache_desc_t& c, const kvx_tensor_desc_t& t, bool& unsupported) {
-  KVX_REQUIRE(valid_cache_dtype(raw(t.dtype)));
+  const bool fp4 = is_fp4_cache(c);
+  /* An FP4 cache's tensors are F4_E2M1, and F4_E2M1 needs the FP4 extension. */
+  KVX_REQUIRE(fp4 ? is_f4_dtype(raw(t.dtype)) : valid_cache_dtype(raw(t.dtype)));
   const int64_t nb = c.num_blocks, bs = c.block_size, H = c.num_kv_heads, D = c.head_dim;
   uint32_t nd;
   int64_t expect[KVX_MAX_TENSOR_DIMS];
@@ -167,16 +206,89 @@ kvx_status_t cache_tensor_rules(const kvx_cache_desc_t& c, const kvx_tensor_desc
   KVX_REQUIRE(shape_is(t, nd, expect));
   KVX_REQUIRE(t.data != nullptr);
   KVX_REQUIRE(valid_memory(raw(t.memory)));
+  if (fp4) { /* nibble addressing: contiguous head_dim pairs, NHD or HND */
+    const int layout = raw(t.layout);
+    if (layout != KVX_LAYOUT_BLOCK_NHD && layout != KVX_LAYOUT_BLOCK_HND) unsupported = true;
+    if (t.stride[3] != 1) unsupported = true;
+    for (int i = 0; i < 3; ++i)
+      if (t.shape[i] > 1 && t.stride[i] % 2) unsupported = true;
+  }
   return stride_rules(t.shape, t.stride, nd, /*zero_is_invalid=*/true, unsupported);
 }
 
-kvx_status_t cache_rules(const kvx_cache_desc_t& c) {
+#if KVX_ABI_VERSION_MINOR >= 2
+/* KVX 1.2 FP4 extension of the cache (readings "FP4 extension", docs/fp4.md). */
+int fp4_scale_dtype(int format) { return format == KVX_FP4_NVFP4 ? KVX_DTYPE_F8_E4M3 : KVX_DTYPE_UE8M0; }
+
+kvx_status_t fp4_scale_tensor_rules(const kvx_cache_desc_t& c, const kvx_tensor_desc_t& t, uint32_t bv,
+                                    bool& unsupported) {
+  KVX_REQUIRE(!too_small(t));
+  KVX_REQUIRE(raw(t.dtype) == fp4_scale_dtype(raw(c.fp4.format)));
+  const int64_t nb = c.num_blocks, bs = c.block_size, H = c.num_kv_heads, J = c.head_dim / bv;
+  const int64_t nhd[] = {nb, bs, H, J}, hnd[] = {nb, H, bs, J};
+  const int layout = raw(t.layout);
+  KVX_REQUIRE((layout == KVX_LAYOUT_BLOCK_NHD && shape_is(t, 4, nhd)) ||
+              (layout == KVX_LAYOUT_BLOCK_HND && shape_is(t, 4, hnd)));
+  KVX_REQUIRE(t.data != nullptr);
+  KVX_REQUIRE(raw(t.memory) == raw(c.k.memory));
+  return stride_rules(t.shape, t.stride, 4, /*zero_is_invalid=*/true, unsupported);
+}
+
+kvx_status_t fp4_global_rules(const kvx_scale_desc_t& sd, uint32_t num_kv_heads, ScalePlan* out) {
+  out->kind = SCALE_ONE;
+  out->ptr = nullptr;
+  KVX_REQUIRE(!too_small(sd));
+  if (sd.data == nullptr) return OK;
+  KVX_REQUIRE(raw(sd.dtype) == KVX_DTYPE_F32);
+  switch (raw(sd.granularity)) {
+    case KVX_SCALE_PER_TENSOR:
+      out->kind = SCALE_PER_TENSOR;
+      break;
+    case KVX_SCALE_PER_HEAD:
+      KVX_REQUIRE(sd.ndim == 1 && sd.shape[0] == (int64_t)num_kv_heads);
+      out->kind = SCALE_PER_HEAD;
+      break;
+    default:
+      return INVALID;
+  }
+  out->ptr = static_cast<const float*>(sd.data);
+  return OK;
+}
+
+kvx_status_t fp4_cache_rules(const kvx_cache_desc_t& c, bool& unsupported, Fp4Plan* plan) {
+  const kvx_fp4_cache_ext_t& x = c.fp4;
+  KVX_REQUIRE(!too_small(x));
+  const int format = raw(x.format);
+  KVX_REQUIRE(format == KVX_FP4_NVFP4 || format == KVX_FP4_MXFP4 || format == KVX_FP4_MXFP4_OCP);
+  const uint32_t bv = format == KVX_FP4_MXFP4_OCP ? 32u : 16u;
+  KVX_REQUIRE(c.head_dim % bv == 0); /* readings: head_dim % 16 (% 32 for OCP) */
+  KVX_TRY(fp4_scale_tensor_rules(c, x.k_scales, bv, unsupported));
+  KVX_TRY(fp4_scale_tensor_rules(c, x.v_scales, bv, unsupported));
+  Fp4Plan p{};
+  p.format = format;
+  p.block_values = bv;
+  if (format == KVX_FP4_NVFP4) {
+    KVX_TRY(fp4_global_rules(x.k_global, c.num_kv_heads, &p.k_global));
+    KVX_TRY(fp4_global_rules(x.v_global, c.num_kv_heads, &p.v_global));
+  } else {
+    p.k_global = p.v_global = ScalePlan{SCALE_ONE, nullptr}; /* MXFP4 has no global scale */
+  }
+  if (plan) *plan = p;
+  return OK;
+}
+#endif
+
+kvx_status_t cache_rules(const kvx_cache_desc_t& c, Fp4Plan* fp4 = nullptr) {
   if (!KVX_MUT(ZERO_DIMS_ACCEPTED))
     KVX_REQUIRE(c.num_blocks != 0 && c.block_size != 0 && c.num_kv_heads != 0 && c.head_dim != 0);
   bool unsupported = false;
   KVX_TRY(cache_tensor_rules(c, c.k, unsupported));
   KVX_TRY(cache_tensor_rules(c, c.v, unsupported));
   KVX_REQUIRE(raw(c.k.memory) == raw(c.v.memory));
+  if (fp4) *fp4 = Fp4Plan{};
+#if KVX_ABI_VERSION_MINOR >= 2
+  if (is_fp4_cache(c)) KVX_TRY(fp4_cache_rules(c, unsupported, fp4));
+#endif
   return verdict(OK, unsupported);
 }
 
@@ -191,8 +303,16 @@ struct IoExpect {
 };
 
 kvx_status_t io_tensor_rules(const kvx_tensor_desc_t& t, int memory, const IoExpect& e,
-                             bool& unsupported, IoTensorPlan* plan) {
-  KVX_REQUIRE(valid_cache_dtype(raw(t.dtype)));
+                             bool& unsupported, IoTensorPlan* plan, int extra_dtype = 0) {
+  KVX_REQUIRE(valid_cache_dtype(raw(t.dtype)) || (extra_dtype != 0 && raw(t.dtype) == extra_dtype));
+  if (is_f4_dtype(raw(t.dtype))) { /* nibble addressing: contiguous head_dim pairs */
+    const int nd = (int)t.ndim;
+    if (nd >= 1 && nd <= KVX_MAX_TENSOR_DIMS) {
+      if (t.stride[nd - 1] != 1) unsupported = true;
+      for (int i = 0; i + 1 < nd; ++i)
+        if (t.shape[i] > 1 && t.stride[i] % 2) unsupported = true;
+    }
+  }
   KVX_REQUIRE(raw(t.memory) == memory);
   KVX_REQUIRE(e.num_tokens == 0 || t.data != nullptr);
   const int64_t H = e.num_kv_heads, D = e.head_dim;
@@ -234,8 +354,15 @@ kvx_status_t io_rules(const kvx_cache_desc_t& c, const kvx_kv_io_desc_t& io, con
   if (KVX_MUT(ZERO_TOKENS_ERROR)) KVX_REQUIRE(io.num_tokens != 0);
   KVX_REQUIRE(io.num_kv_heads == c.num_kv_heads);
   KVX_REQUIRE(io.head_dim == c.head_dim);
-  KVX_TRY(io_tensor_rules(io.key, c.k.memory, e, unsupported, key)); /* cache memory: validated */
-  KVX_TRY(io_tensor_rules(io.value, c.k.memory, e, unsupported, value));
+  const bool fp4 = is_fp4_cache(c);
+  const int extra = fp4 ? (int)c.k.dtype : 0; /* F4_E2M1 IO: a raw FP4 transfer */
+  KVX_TRY(io_tensor_rules(io.key, c.k.memory, e, unsupported, key, extra)); /* cache memory: validated */
+  KVX_TRY(io_tensor_rules(io.value, c.k.memory, e, unsupported, value, extra));
+  if (fp4) { /* FP4: F16/BF16/F32 IO (quantize / dequantize) or F4_E2M1 on both sides (raw) */
+    const bool kraw = is_f4_dtype(raw(io.key.dtype)), vraw = is_f4_dtype(raw(io.value.dtype));
+    if (kraw != vraw || is_fp8(io.key.dtype) || is_fp8(io.value.dtype)) unsupported = true;
+    return OK;
+  }
   /* R-CONVERT: FP8 IO only with the same FP8 cache dtype (raw bytes); gather
    * from an FP8 cache only into its own dtype. */
   const kvx_dtype_t pairs[2][2] = {{io.key.dtype, c.k.dtype}, {io.value.dtype, c.v.dtype}};
@@ -315,6 +442,10 @@ kvx_status_t table_rules(const kvx_cache_desc_t& c, const kvx_block_table_t& bt,
                   want == bt.indices_count);
       KVX_REQUIRE(bt.indptr_count == 0);
       KVX_REQUIRE(c.pool.primary != nullptr);
+      if (is_fp4_cache(c)) { /* pools carry no scale pool: not an FP4 addressing mode */
+        unsupported = true;
+        return OK;
+      }
       KVX_REQUIRE(mul_u64(c.num_kv_heads, c.block_size, c.head_dim, dtype_size(c.k.dtype), &want) &&
                   want == c.pool.bytes_per_block);
       if (c.k.dtype != c.v.dtype) unsupported = true;
@@ -373,6 +504,41 @@ CacheTensorPlan cache_plan(const kvx_tensor_desc_t& t) {
   return p;
 }
 
+#if KVX_ABI_VERSION_MINOR >= 2
+/* Raw FP4 transfer (F4_E2M1 IO): the block scales travel in desc.fp4. */
+template <class Desc>
+kvx_status_t fp4_io_scales_rules(const kvx_cache_desc_t& c, const Desc& desc, const IoExpect& e, bool& unsupported,
+                                 Fp4Plan* p) {
+  KVX_REQUIRE(has_ext(desc));
+  const kvx_fp4_io_scales_t& x = desc.fp4;
+  KVX_REQUIRE(!too_small(x) && !too_small(x.key_scales) && !too_small(x.value_scales));
+  IoExpect es = e;
+  es.head_dim = c.head_dim / p->block_values;
+  const int sdt = fp4_scale_dtype(p->format);
+  KVX_TRY(io_tensor_rules(x.key_scales, c.k.memory, es, unsupported, &p->io_k_scales, KVX_DTYPE_UE8M0));
+  KVX_TRY(io_tensor_rules(x.value_scales, c.k.memory, es, unsupported, &p->io_v_scales, KVX_DTYPE_UE8M0));
+  KVX_REQUIRE(raw(x.key_scales.dtype) == sdt && raw(x.value_scales.dtype) == sdt);
+  p->raw = true;
+  return OK;
+}
+#endif
+
+/* Step 3 for an FP4 cache (after io_rules) and the scale pool plans. */
+template <class Desc>
+kvx_status_t fp4_step3(const kvx_cache_desc_t& c, const Desc& desc, const IoExpect& e, bool& unsupported,
+                       Fp4Plan* p) {
+#if KVX_ABI_VERSION_MINOR >= 2
+  if (p->format == 0) return OK;
+  p->k_scales = cache_plan(c.fp4.k_scales);
+  p->v_scales = cache_plan(c.fp4.v_scales);
+  if (is_f4_dtype(raw(desc.io.key.dtype)) && is_f4_dtype(raw(desc.io.value.dtype)))
+    return fp4_io_scales_rules(c, desc, e, unsupported, p);
+#else
+  (void)c, (void)desc, (void)e, (void)unsupported, (void)p;
+#endif
+  return OK;
+}
+
 }  // namespace
 
 /* ------------------------------------------------------------------------ */
@@ -395,13 +561,14 @@ kvx_status_t resolve_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t
   if (!tail_is_zero(*cache) || !tail_is_zero(*desc)) return UNSUPPORTED;
   /* Step 2 */
   const kvx_cache_desc_t& c = *cache;
-  KVX_TRY(cache_rules(c));
+  KVX_TRY(cache_rules(c, &plan->fp4));
   /* Step 3 */
   const kvx_kv_io_desc_t& io = desc->io;
   const kvx_slot_mapping_t& sm = desc->slots;
   bool unsupported = false;
   const IoExpect e{io.num_tokens, c.num_kv_heads, c.head_dim, /*allow_4d=*/false, 0, 0};
   KVX_TRY(io_rules(c, io, e, /*gather=*/false, unsupported, &plan->key, &plan->value));
+  KVX_TRY(fp4_step3(c, *desc, e, unsupported, &plan->fp4));
   KVX_REQUIRE(io.num_tokens == sm.token_count);
   KVX_REQUIRE(valid_index_dtype(raw(sm.dtype)));
   KVX_REQUIRE(io.num_tokens == 0 || sm.slots != nullptr);
@@ -441,7 +608,7 @@ kvx_status_t resolve_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc
   if (!tail_is_zero(*cache) || !tail_is_zero(*desc)) return UNSUPPORTED;
   /* Step 2 */
   const kvx_cache_desc_t& c = *cache;
-  KVX_TRY(cache_rules(c));
+  KVX_TRY(cache_rules(c, &plan->fp4));
   /* Step 3 */
   const kvx_kv_io_desc_t& io = desc->io;
   const kvx_seq_lens_t& sl = desc->seq_lens;
@@ -455,6 +622,7 @@ kvx_status_t resolve_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc
   const IoExpect e{io.num_tokens, c.num_kv_heads, c.head_dim, /*allow_4d=*/true,
                    (uint64_t)bt.seq_count * bt.beam_width, desc->max_seq_len};
   KVX_TRY(io_rules(c, io, e, /*gather=*/true, unsupported, &plan->key, &plan->value));
+  KVX_TRY(fp4_step3(c, *desc, e, unsupported, &plan->fp4));
   KVX_TRY(verdict(OK, unsupported));
 
   plan->memory = c.k.memory;

@@ -358,7 +358,9 @@ void gather_rows(const GatherPlan& p, Store& store) {
 
 }  // namespace
 
+
 kvx_status_t host_write(const WritePlan& p) {
+  if (p.fp4.format) return host_fp4_write(p); /* KVX 1.2 FP4 cache: host_fp4.cpp */
   const kvx_status_t st = prescan_write(p);
   if (st != OK) return st;
   if (KVX_MUT(LATE_WRITE)) { /* spec 7.2 lifetime: writes again after returning */
@@ -376,6 +378,7 @@ kvx_status_t host_write(const WritePlan& p) {
 }
 
 kvx_status_t host_gather(const GatherPlan& p) {
+  if (p.fp4.format) return host_fp4_gather(p); /* KVX 1.2 FP4 cache: host_fp4.cpp */
   const kvx_status_t st = prescan_gather(p);
   if (st != OK) return st;
   if (KVX_MUT(DATA_RACE)) { /* spec 7.2: shared scratch across calls */
@@ -388,5 +391,10 @@ kvx_status_t host_gather(const GatherPlan& p) {
   gather_rows(p, store);
   return OK;
 }
+
+/* The pre-scan alone (kvx_plan.h): used by host_fp4.cpp and by the CUDA backend on
+ * UNIFIED memory (host-readable metadata: UNIFIED answers the host's statuses). */
+kvx_status_t host_prescan_write(const WritePlan& p) { return prescan_write(p); }
+kvx_status_t host_prescan_gather(const GatherPlan& p) { return prescan_gather(p); }
 
 }  // namespace kvx_ref

@@ -53,6 +53,24 @@ struct ScalePlan {
   const float* ptr;
 };
 
+/* KVX 1.2 FP4 cache (fp4.h, host_fp4.cpp, cuda/move_fp4.cu). format 0: not
+ * an FP4 cache, everything else here unused. Data tensors (k_cache/v_cache of
+ * the plan, dtype F4_E2M1) are addressed in nibbles: element offset o lives in
+ * byte o / 2, low nibble when o is even (the front end guarantees s_dim_outer
+ * == 1, pack == 1 and even token/head/block strides). Scale tensors (one byte
+ * per `block_values` values along head_dim, dim index j = d / block_values)
+ * use the same addressing with byte elements; `raw` transfers carry codes and
+ * scales through F4_E2M1 IO tensors (nibble strides) and byte scale IO
+ * tensors (io_k_scales: row, head, j). */
+struct Fp4Plan {
+  int format; /* kvx_fp4_format_t */
+  uint32_t block_values;
+  CacheTensorPlan k_scales, v_scales;
+  ScalePlan k_global, v_global;
+  bool raw;
+  IoTensorPlan io_k_scales, io_v_scales;
+};
+
 struct WritePlan {
   kvx_memory_type_t memory;
   uint32_t num_tokens, num_kv_heads, head_dim, block_size, num_blocks;
@@ -62,6 +80,7 @@ struct WritePlan {
   kvx_dtype_t slot_dtype; /* S32 or S64 */
   int64_t invalid_slot;
   ScalePlan k_scale, v_scale;
+  Fp4Plan fp4;
 };
 
 struct GatherPlan {
@@ -83,6 +102,7 @@ struct GatherPlan {
   const void* pool_primary;
   const void* pool_secondary;
   uint64_t bytes_per_block;
+  Fp4Plan fp4;
 };
 
 /* Backends. Each returns OK or a data-dependent status (OUT_OF_RANGE,
@@ -91,12 +111,22 @@ struct GatherPlan {
 kvx_status_t host_write(const WritePlan& plan);
 kvx_status_t host_gather(const GatherPlan& plan);
 
+/* FP4 caches (plan.fp4.format != 0), host memory: host_fp4.cpp. The pre-scan
+ * of data-dependent rules is shared with host_write / host_gather. */
+kvx_status_t host_fp4_write(const WritePlan& plan);
+kvx_status_t host_fp4_gather(const GatherPlan& plan);
+kvx_status_t host_prescan_write(const WritePlan& plan);
+kvx_status_t host_prescan_gather(const GatherPlan& plan);
+
 /* CUDA backend (cuda_backend.cu when CUDA is compiled in, cuda_stub.cpp
  * otherwise: the stub answers UNSUPPORTED). `stream` is a cudaStream_t or NULL
  * (the default stream). Never synchronizes the host. */
 bool cuda_available();
 kvx_status_t cuda_write(const WritePlan& plan, void* stream);
 kvx_status_t cuda_gather(const GatherPlan& plan, void* stream);
+/* FP4 on CUDA (cuda/move_fp4.cu; UNSUPPORTED in cuda_stub.cpp). */
+kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream);
+kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream);
 
 }  // namespace kvx_ref
 

@@ -1,33 +1,51 @@
 /*
- * kvx_minimal.c -- a minimal KVX v1.1 provider, written from kvx_abi.h alone.
+ * kvx_minimal.c -- a minimal KVX v1.1 provider, written from kvx_abi.h and the spec alone.
  *
  * Copy this to start your own provider. It certifies for the "core" profile of
- * kvx-conform on host memory:
- *   - kvx_get_version, size guards on every struct it reads,
- *   - every validation rule of spec 7.1 (for all three table formats, even the two
- *     it does not execute),
- *   - caches in F16, BF16 or F32 with layouts NHD or HND and any non-negative strides,
- *     IO tensors of the cache's dtype,
- *   - PACKED block tables with S32/S64 indices, S32/S64 slots and lengths,
- *   - invalid slots as no-ops, out-of-range slots and block ids as OUT_OF_RANGE.
- * Everything else (HND_PACKED, CUSTOM, FP8, RAGGED, KV_OFFSETS, device memory,
- * dtype conversion) answers KVX_STATUS_UNSUPPORTED, which the core profile allows.
+ * kvx-conform on host memory (see kvx-claims.yaml beside it):
+ *   - kvx_get_version, size guards on every struct it reads;
+ *   - every descriptor rule of spec 7 / 7.1, in the order of docs/spec-readings.md R-ORDER
+ *     (for all three block-table formats, even the two it does not execute);
+ *   - K and V caches in F16, BF16 or F32, each in layout NHD or HND with any
+ *     non-negative strides; IO tensors of the matching cache dtype, any non-negative
+ *     strides, 3-D (write, gather) or 4-D (gather);
+ *   - PACKED block tables with S32/S64 indices, S32/S64 slots and lengths;
+ *   - invalid slots as no-ops; out-of-range slots and block ids as OUT_OF_RANGE with
+ *     nothing written (a full pre-scan before the first store).
+ * Everything else (HND_PACKED, CUSTOM, FP8, RAGGED, KV_OFFSETS, device memory, dtype
+ * conversion, negative strides, newer-minor structs with non-zero tails) answers
+ * KVX_STATUS_UNSUPPORTED, which the core profile allows for features not claimed.
  *
- * Build:  cc -O2 -shared -fPIC -I<kvx-conform>/csrc/include kvx_minimal.c -o libkvx_minimal.so
- * (or `make` / `cmake` in this folder), then:  kvx-conform run ./libkvx_minimal.so --profile core
+ * The checks run in the spec's order; within a step every INVALID_ARGUMENT check comes
+ * before any UNSUPPORTED answer, and what this provider merely cannot *execute* is
+ * refused only after the whole descriptor was found valid (so a malformed descriptor
+ * always gets INVALID_ARGUMENT, whatever features it also uses):
+ *   1. NULL pointers and size guards        2. the cache descriptor (R-CACHE)
+ *   3. IO tensors and the call's descriptor  4. memory type, then what we execute
+ *   5. data-dependent checks (slots, block ids, lengths), then the copy.
+ *
+ * Build:  make            (or: cc -O2 -shared -fPIC -I<kvx-conform>/csrc/include kvx_minimal.c -o libkvx_minimal.so)
+ * Check:  kvx-conform run ./libkvx_minimal.so --claims kvx-claims.yaml --expectations kvx-expectations.yaml
  */
 #define KVX_BUILD_PROVIDER 1
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kvx/kvx_abi.h"
 
-#define CHECK(cond, status) \
-  do {                      \
+#define INV KVX_STATUS_INVALID_ARGUMENT
+#define UNS KVX_STATUS_UNSUPPORTED
+#define OOR KVX_STATUS_OUT_OF_RANGE
+#define REQUIRE(cond, status) \
+  do {                        \
     if (!(cond)) return (status); \
   } while (0)
 
-static int elem_size(kvx_dtype_t t) {
+/* ------------------------------------------------------------------ small helpers */
+
+/* Bytes per element of a cache / IO dtype; 0 for anything else. */
+static int elem_size(int t) {
   switch (t) {
     case KVX_DTYPE_F16: case KVX_DTYPE_BF16: return 2;
     case KVX_DTYPE_F32: return 4;
@@ -36,9 +54,13 @@ static int elem_size(kvx_dtype_t t) {
   }
 }
 
-static int is_index_dtype(kvx_dtype_t t) { return t == KVX_DTYPE_S32 || t == KVX_DTYPE_S64; }
+static int is_index_dtype(int t) { return t == KVX_DTYPE_S32 || t == KVX_DTYPE_S64; }
+static int is_valid_memory(int m) { return m == KVX_MEMORY_HOST || m == KVX_MEMORY_DEVICE || m == KVX_MEMORY_UNIFIED; }
+/* The dtypes this provider stores and copies (no FP8, no conversion). */
+static int is_served_dtype(int t) { return t == KVX_DTYPE_F16 || t == KVX_DTYPE_BF16 || t == KVX_DTYPE_F32; }
 
-static int64_t read_index(const void* p, kvx_dtype_t t, uint64_t i) {
+/* Element i of an S32 (sign-extended) or S64 array. */
+static int64_t read_index(const void* p, int t, uint64_t i) {
   if (t == KVX_DTYPE_S32) {
     int32_t v;
     memcpy(&v, (const char*)p + 4 * i, 4);
@@ -49,7 +71,7 @@ static int64_t read_index(const void* p, kvx_dtype_t t, uint64_t i) {
   return v;
 }
 
-/* Tail bytes beyond what we know must be zero (a newer minor's fields we cannot honour). */
+/* Bytes past the v1.1 struct that a newer minor may have added: all zero? */
 static int tail_is_zero(const void* s, uint32_t size, size_t known) {
   const unsigned char* b = (const unsigned char*)s;
   for (size_t i = known; i < size; ++i)
@@ -57,21 +79,65 @@ static int tail_is_zero(const void* s, uint32_t size, size_t known) {
   return 1;
 }
 
-/* Offsets (in elements) of the four logical axes of a cache tensor. */
+/* The farthest element offset sum((shape-1) * |stride|) fits in int64 (no wrap, ever). */
+static int offsets_fit(uint32_t nd, const int64_t* shape, const int64_t* stride) {
+  uint64_t far = 0;
+  for (uint32_t i = 0; i < nd; ++i) {
+    if (shape[i] <= 0) return 1; /* an empty tensor addresses nothing */
+  }
+  for (uint32_t i = 0; i < nd; ++i) {
+    uint64_t n = (uint64_t)shape[i] - 1;
+    uint64_t s = stride[i] < 0 ? (uint64_t)0 - (uint64_t)stride[i] : (uint64_t)stride[i];
+    if (n == 0 || s == 0) continue;
+    if (n > ((uint64_t)INT64_MAX - far) / s) return 0;
+    far += n * s;
+  }
+  return 1;
+}
+
+static int any_negative(uint32_t nd, const int64_t* stride) {
+  for (uint32_t i = 0; i < nd; ++i)
+    if (stride[i] < 0) return 1;
+  return 0;
+}
+
+/* Element strides of the four logical axes of a cache tensor this provider executes. */
 typedef struct {
   int64_t block, token, head, dim;
-} axes_t;
+  int es; /* bytes per element */
+} cache_axes_t;
 
-static kvx_status_t check_tensor(const kvx_cache_desc_t* c, const kvx_tensor_desc_t* t, axes_t* ax) {
-  CHECK(t->size >= sizeof(kvx_tensor_desc_t), KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(elem_size(t->dtype) != 0, KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(t->data != NULL, KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(t->memory >= KVX_MEMORY_HOST && t->memory <= KVX_MEMORY_UNIFIED, KVX_STATUS_INVALID_ARGUMENT);
+/* Element strides of an IO tensor: row (outer, inner) and head / dim. */
+typedef struct {
+  int64_t outer, inner, head, dim; /* 3-D: row r at r*outer (inner unused); 4-D: s*outer + t*inner */
+  int ndim, es;
+} io_axes_t;
+
+/* ------------------------------------------------------------------ step 1: size guards */
+
+static kvx_status_t sizes_cache(const kvx_cache_desc_t* c) {
+  REQUIRE(c != NULL, INV);
+  REQUIRE(c->size >= sizeof(kvx_cache_desc_t), INV);
+  REQUIRE(c->k.size >= sizeof(kvx_tensor_desc_t) && c->v.size >= sizeof(kvx_tensor_desc_t), INV);
+  return KVX_STATUS_OK;
+}
+
+static kvx_status_t sizes_io(const kvx_kv_io_desc_t* io) {
+  REQUIRE(io->size >= sizeof(kvx_kv_io_desc_t), INV);
+  REQUIRE(io->key.size >= sizeof(kvx_tensor_desc_t) && io->value.size >= sizeof(kvx_tensor_desc_t), INV);
+  return KVX_STATUS_OK;
+}
+
+/* ------------------------------------------------------------------ step 2: the cache */
+
+/* Structural rules of one cache tensor: INVALID_ARGUMENT only. Sets *neg on a negative stride. */
+static kvx_status_t check_cache_tensor(const kvx_cache_desc_t* c, const kvx_tensor_desc_t* t, int* neg) {
+  REQUIRE(elem_size(t->dtype) != 0, INV);
   int64_t want[5];
   uint32_t nd;
-  switch (t->layout) {
+  switch ((int)t->layout) {
     case KVX_LAYOUT_BLOCK_NHD:
-    case KVX_LAYOUT_BLOCK_CUSTOM:
+    case KVX_LAYOUT_BLOCK_CUSTOM: /* CUSTOM: logical order, any strides */
       nd = 4; want[0] = c->num_blocks; want[1] = c->block_size; want[2] = c->num_kv_heads; want[3] = c->head_dim;
       break;
     case KVX_LAYOUT_BLOCK_HND:
@@ -79,95 +145,139 @@ static kvx_status_t check_tensor(const kvx_cache_desc_t* c, const kvx_tensor_des
       break;
     case KVX_LAYOUT_BLOCK_HND_PACKED: {
       nd = 5;
-      CHECK(t->ndim == 5, KVX_STATUS_INVALID_ARGUMENT);
+      REQUIRE(t->ndim == 5, INV);
       int64_t pack = t->shape[4];
-      CHECK(pack > 0 && c->head_dim % pack == 0, KVX_STATUS_INVALID_ARGUMENT); /* spec 7.1 */
+      REQUIRE(pack > 0 && c->head_dim % pack == 0, INV); /* spec 7.1 */
       want[0] = c->num_blocks; want[1] = c->num_kv_heads; want[2] = c->head_dim / pack;
       want[3] = c->block_size; want[4] = pack;
       break;
     }
     default:
-      return KVX_STATUS_INVALID_ARGUMENT;
+      return INV;
   }
-  CHECK(t->ndim == nd, KVX_STATUS_INVALID_ARGUMENT);
-  int64_t far = 0;
-  for (uint32_t i = 0; i < nd; ++i) {
-    CHECK(t->shape[i] == want[i], KVX_STATUS_INVALID_ARGUMENT); /* spec 7.1: shapes match */
-    if (t->stride[i] < 0) return KVX_STATUS_UNSUPPORTED;
-    CHECK(t->stride[i] > 0 || t->shape[i] == 1, KVX_STATUS_INVALID_ARGUMENT); /* aliasing */
-    /* overflow-safe farthest offset */
-    if (t->stride[i] && (t->shape[i] - 1) > (INT64_MAX - far) / t->stride[i]) return KVX_STATUS_INVALID_ARGUMENT;
-    far += (t->shape[i] - 1) * t->stride[i];
-  }
-  /* What this provider executes: */
-  if (t->layout == KVX_LAYOUT_BLOCK_NHD) {
-    ax->block = t->stride[0]; ax->token = t->stride[1]; ax->head = t->stride[2]; ax->dim = t->stride[3];
-  } else if (t->layout == KVX_LAYOUT_BLOCK_HND) {
-    ax->block = t->stride[0]; ax->head = t->stride[1]; ax->token = t->stride[2]; ax->dim = t->stride[3];
+  REQUIRE(t->ndim == nd, INV);
+  for (uint32_t i = 0; i < nd; ++i) REQUIRE(t->shape[i] == want[i], INV); /* spec 4.2 */
+  REQUIRE(t->data != NULL, INV);
+  REQUIRE(is_valid_memory(t->memory), INV);
+  for (uint32_t i = 0; i < nd; ++i) REQUIRE(t->stride[i] != 0 || t->shape[i] <= 1, INV); /* aliasing */
+  REQUIRE(offsets_fit(nd, t->shape, t->stride), INV);
+  if (any_negative(nd, t->stride)) *neg = 1;
+  return KVX_STATUS_OK;
+}
+
+static kvx_status_t check_cache(const kvx_cache_desc_t* c) {
+  REQUIRE(c->num_blocks && c->block_size && c->num_kv_heads && c->head_dim, INV); /* spec 7.1 */
+  int neg = 0;
+  kvx_status_t s = check_cache_tensor(c, &c->k, &neg);
+  if (s != KVX_STATUS_OK) return s;
+  s = check_cache_tensor(c, &c->v, &neg);
+  if (s != KVX_STATUS_OK) return s;
+  REQUIRE(c->k.memory == c->v.memory, INV);
+  REQUIRE(!neg, UNS); /* negative strides: not served (R-STRIDE-NEG) */
+  return KVX_STATUS_OK;
+}
+
+/* ------------------------------------------------------------------ step 3: IO and the call */
+
+/* One IO tensor: 3-D [num_tokens, H, D], or for a gather 4-D [rows_outer, rows_inner, H, D]. */
+static kvx_status_t check_io_tensor(const kvx_cache_desc_t* c, const kvx_kv_io_desc_t* io, const kvx_tensor_desc_t* t,
+                                    int gather, uint64_t rows_outer, uint64_t rows_inner, int* neg) {
+  REQUIRE(elem_size(t->dtype) != 0, INV);
+  REQUIRE(t->memory == c->k.memory, INV);
+  REQUIRE(io->num_tokens == 0 || t->data != NULL, INV);
+  if (t->ndim == 3) {
+    REQUIRE(t->shape[0] == (int64_t)io->num_tokens && t->shape[1] == (int64_t)io->num_kv_heads &&
+                t->shape[2] == (int64_t)io->head_dim, INV);
+  } else if (gather && t->ndim == 4) {
+    REQUIRE(rows_outer <= (uint64_t)INT64_MAX && t->shape[0] == (int64_t)rows_outer &&
+                t->shape[1] == (int64_t)rows_inner && t->shape[2] == (int64_t)io->num_kv_heads &&
+                t->shape[3] == (int64_t)io->head_dim, INV);
   } else {
-    return KVX_STATUS_UNSUPPORTED; /* HND_PACKED, CUSTOM */
+    return INV;
   }
-  if (t->dtype != KVX_DTYPE_F16 && t->dtype != KVX_DTYPE_BF16 && t->dtype != KVX_DTYPE_F32)
-    return KVX_STATUS_UNSUPPORTED; /* FP8 */
+  REQUIRE(offsets_fit(t->ndim, t->shape, t->stride), INV);
+  if (any_negative(t->ndim, t->stride)) *neg = 1;
   return KVX_STATUS_OK;
 }
 
-static kvx_status_t check_cache(const kvx_cache_desc_t* c, axes_t* k, axes_t* v) {
-  CHECK(c != NULL, KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(c->size >= sizeof(kvx_cache_desc_t), KVX_STATUS_INVALID_ARGUMENT);
-  if (!tail_is_zero(c, c->size, sizeof(kvx_cache_desc_t))) return KVX_STATUS_UNSUPPORTED;
-  CHECK(c->k.size >= sizeof(kvx_tensor_desc_t) && c->v.size >= sizeof(kvx_tensor_desc_t), KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(c->num_blocks && c->block_size && c->num_kv_heads && c->head_dim, KVX_STATUS_INVALID_ARGUMENT); /* 7.1 */
-  /* Structural checks of both tensors first, then what we can execute. */
-  kvx_status_t sk = check_tensor(c, &c->k, k);
-  kvx_status_t sv = check_tensor(c, &c->v, v);
-  if (sk == KVX_STATUS_INVALID_ARGUMENT || sv == KVX_STATUS_INVALID_ARGUMENT) return KVX_STATUS_INVALID_ARGUMENT;
-  CHECK(c->k.memory == c->v.memory, KVX_STATUS_INVALID_ARGUMENT);
-  if (sk != KVX_STATUS_OK) return sk;
-  if (sv != KVX_STATUS_OK) return sv;
-  if (c->k.dtype != c->v.dtype || c->k.layout != c->v.layout) return KVX_STATUS_UNSUPPORTED;
-  if (c->k.memory != KVX_MEMORY_HOST) return KVX_STATUS_UNSUPPORTED;
+static kvx_status_t check_io(const kvx_cache_desc_t* c, const kvx_kv_io_desc_t* io, int gather, uint64_t rows_outer,
+                             uint64_t rows_inner) {
+  REQUIRE(io->num_kv_heads == c->num_kv_heads && io->head_dim == c->head_dim, INV);
+  int neg = 0;
+  kvx_status_t s = check_io_tensor(c, io, &io->key, gather, rows_outer, rows_inner, &neg);
+  if (s != KVX_STATUS_OK) return s;
+  s = check_io_tensor(c, io, &io->value, gather, rows_outer, rows_inner, &neg);
+  if (s != KVX_STATUS_OK) return s;
+  REQUIRE(!neg, UNS);
   return KVX_STATUS_OK;
 }
 
-/* IO tensors: [num_tokens, H, D] (or [S, T, H, D] for a gather), any strides. */
-static kvx_status_t check_io(const kvx_cache_desc_t* c, const kvx_kv_io_desc_t* io, int64_t st[2][3], int gather,
-                             uint32_t rows_outer, uint32_t rows_inner) {
-  CHECK(io->size >= sizeof(kvx_kv_io_desc_t), KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(io->num_kv_heads == c->num_kv_heads && io->head_dim == c->head_dim, KVX_STATUS_INVALID_ARGUMENT);
-  const kvx_tensor_desc_t* ts[2] = {&io->key, &io->value};
+/* A write's scale descriptor: read only for an FP8 cache tensor and when data is set (R-FP8). */
+static kvx_status_t check_scale(const kvx_cache_desc_t* c, const kvx_scale_desc_t* s, int cache_dtype) {
+  if ((cache_dtype != KVX_DTYPE_F8_E4M3 && cache_dtype != KVX_DTYPE_F8_E5M2) || s->data == NULL) return KVX_STATUS_OK;
+  REQUIRE(s->dtype == KVX_DTYPE_F32, INV);
+  switch ((int)s->granularity) {
+    case KVX_SCALE_PER_TENSOR: return KVX_STATUS_OK;
+    case KVX_SCALE_PER_HEAD:
+      REQUIRE(s->ndim == 1 && s->shape[0] == (int64_t)c->num_kv_heads, INV);
+      return KVX_STATUS_OK;
+    case KVX_SCALE_PER_BLOCK:
+    case KVX_SCALE_PER_BLOCK_HEAD: return UNS;
+    default: return INV;
+  }
+}
+
+/* ------------------------------------------------------------------ step 4: what we execute */
+
+static kvx_status_t served_cache(const kvx_cache_desc_t* c, cache_axes_t* ak, cache_axes_t* av) {
+  REQUIRE(c->k.memory == KVX_MEMORY_HOST, UNS); /* host memory only */
+  REQUIRE(tail_is_zero(c, c->size, sizeof(kvx_cache_desc_t)), UNS);
+  const kvx_tensor_desc_t* ts[2] = {&c->k, &c->v};
+  cache_axes_t* as[2] = {ak, av};
   for (int i = 0; i < 2; ++i) {
     const kvx_tensor_desc_t* t = ts[i];
-    CHECK(t->size >= sizeof(kvx_tensor_desc_t), KVX_STATUS_INVALID_ARGUMENT);
-    CHECK(elem_size(t->dtype) != 0, KVX_STATUS_INVALID_ARGUMENT);
-    CHECK(t->memory == c->k.memory, KVX_STATUS_INVALID_ARGUMENT);
-    CHECK(io->num_tokens == 0 || t->data != NULL, KVX_STATUS_INVALID_ARGUMENT);
-    if (t->ndim == 3) {
-      CHECK(t->shape[0] == io->num_tokens && t->shape[1] == io->num_kv_heads && t->shape[2] == io->head_dim,
-            KVX_STATUS_INVALID_ARGUMENT);
-      st[i][0] = t->stride[0]; st[i][1] = t->stride[1]; st[i][2] = t->stride[2];
-    } else if (gather && t->ndim == 4) {
-      CHECK(t->shape[0] == rows_outer && t->shape[1] == rows_inner && t->shape[2] == io->num_kv_heads &&
-                t->shape[3] == io->head_dim, KVX_STATUS_INVALID_ARGUMENT);
-      /* rows fold into one token axis only when [S, T] is contiguous in rows */
-      if (rows_outer > 1 && t->stride[0] != (int64_t)rows_inner * t->stride[1]) return KVX_STATUS_UNSUPPORTED;
-      st[i][0] = t->stride[1]; st[i][1] = t->stride[2]; st[i][2] = t->stride[3];
+    cache_axes_t* a = as[i];
+    REQUIRE(is_served_dtype(t->dtype), UNS); /* no FP8 */
+    a->es = elem_size(t->dtype);
+    if (t->layout == KVX_LAYOUT_BLOCK_NHD) {
+      a->block = t->stride[0]; a->token = t->stride[1]; a->head = t->stride[2]; a->dim = t->stride[3];
+    } else if (t->layout == KVX_LAYOUT_BLOCK_HND) {
+      a->block = t->stride[0]; a->head = t->stride[1]; a->token = t->stride[2]; a->dim = t->stride[3];
     } else {
-      return KVX_STATUS_INVALID_ARGUMENT;
+      return UNS; /* HND_PACKED, CUSTOM */
     }
-    for (int j = 0; j < 3; ++j)
-      if (st[i][j] < 0) return KVX_STATUS_UNSUPPORTED;
-    if (t->dtype != c->k.dtype) return KVX_STATUS_UNSUPPORTED; /* no dtype conversion here */
   }
   return KVX_STATUS_OK;
 }
 
-static void copy_row(char* dst, int64_t dst_dim, const char* src, int64_t src_dim, int es, uint32_t d) {
-  for (uint32_t i = 0; i < d; ++i) memcpy(dst + (size_t)(i * dst_dim) * es, src + (size_t)(i * src_dim) * es, es);
+/* IO tensor -> axes; its dtype must be the cache tensor's (no conversion here). */
+static kvx_status_t served_io(const kvx_tensor_desc_t* t, int cache_dtype, io_axes_t* a) {
+  REQUIRE((int)t->dtype == cache_dtype, UNS);
+  a->ndim = (int)t->ndim;
+  a->es = elem_size(t->dtype);
+  if (t->ndim == 3) {
+    a->outer = t->stride[0]; a->inner = 0; a->head = t->stride[1]; a->dim = t->stride[2];
+  } else {
+    a->outer = t->stride[0]; a->inner = t->stride[1]; a->head = t->stride[2]; a->dim = t->stride[3];
+  }
+  return KVX_STATUS_OK;
 }
 
+/* Element offset of token row (s, t) of a gather output; row n of a write input is (0, n). */
+static int64_t io_row(const io_axes_t* a, uint64_t s, uint64_t t, uint64_t rows_inner) {
+  if (a->ndim == 3) return (int64_t)(s * rows_inner + t) * a->outer;
+  return (int64_t)s * a->outer + (int64_t)t * a->inner;
+}
+
+static void copy_head(char* dst, int64_t dst_dim, const char* src, int64_t src_dim, int es, uint32_t d) {
+  for (uint32_t i = 0; i < d; ++i)
+    memcpy(dst + (ptrdiff_t)((int64_t)i * dst_dim * es), src + (ptrdiff_t)((int64_t)i * src_dim * es), (size_t)es);
+}
+
+/* ------------------------------------------------------------------ entry points */
+
 KVX_API kvx_status_t kvx_get_version(kvx_version_t* v) {
-  CHECK(v != NULL && v->size >= sizeof(kvx_version_t), KVX_STATUS_INVALID_ARGUMENT);
+  REQUIRE(v != NULL && v->size >= sizeof(kvx_version_t), INV);
   v->size = sizeof(kvx_version_t);
   v->abi_major = KVX_ABI_VERSION_MAJOR;
   v->abi_minor = KVX_ABI_VERSION_MINOR;
@@ -176,115 +286,159 @@ KVX_API kvx_status_t kvx_get_version(kvx_version_t* v) {
 }
 
 KVX_API kvx_status_t kvx_validate_cache_desc(const kvx_cache_desc_t* c) {
-  axes_t k, v;
-  return check_cache(c, &k, &v);
+  kvx_status_t s = sizes_cache(c);
+  if (s == KVX_STATUS_OK) s = check_cache(c);
+  if (s == KVX_STATUS_OK) {
+    cache_axes_t ak, av;
+    s = served_cache(c, &ak, &av);
+  }
+  return s;
 }
 
 KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* c, const kvx_write_desc_t* w, void* stream) {
-  (void)stream;
-  axes_t ak, av;
-  CHECK(c != NULL && w != NULL, KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(c->size >= sizeof(kvx_cache_desc_t) && w->size >= sizeof(kvx_write_desc_t), KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(w->slots.size >= sizeof(kvx_slot_mapping_t), KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(w->k_scale_desc.size >= sizeof(kvx_scale_desc_t) && w->v_scale_desc.size >= sizeof(kvx_scale_desc_t),
-        KVX_STATUS_INVALID_ARGUMENT);
-  kvx_status_t s = check_cache(c, &ak, &av);
+  (void)stream; /* host memory: the call is synchronous */
+  /* 1. */
+  REQUIRE(c != NULL && w != NULL, INV);
+  kvx_status_t s = sizes_cache(c);
   if (s != KVX_STATUS_OK) return s;
-  if (!tail_is_zero(w, w->size, sizeof(kvx_write_desc_t))) return KVX_STATUS_UNSUPPORTED;
-  int64_t io[2][3];
-  s = check_io(c, &w->io, io, 0, 0, 0);
-  if (s != KVX_STATUS_OK) return s;
-  CHECK(w->slots.token_count == w->io.num_tokens, KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(is_index_dtype(w->slots.dtype), KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(w->io.num_tokens == 0 || w->slots.slots != NULL, KVX_STATUS_INVALID_ARGUMENT);
+  REQUIRE(w->size >= sizeof(kvx_write_desc_t), INV);
+  if ((s = sizes_io(&w->io)) != KVX_STATUS_OK) return s;
+  REQUIRE(w->slots.size >= sizeof(kvx_slot_mapping_t), INV);
+  REQUIRE(w->k_scale_desc.size >= sizeof(kvx_scale_desc_t) && w->v_scale_desc.size >= sizeof(kvx_scale_desc_t), INV);
+  /* 2. */
+  if ((s = check_cache(c)) != KVX_STATUS_OK) return s;
+  /* 3. IO tensors, then the write's own rules (INVALID_ARGUMENT first, then UNSUPPORTED) */
+  kvx_status_t io_status = check_io(c, &w->io, 0, 0, 0);
+  if (io_status == INV) return INV;
+  REQUIRE(w->slots.token_count == w->io.num_tokens, INV);
+  REQUIRE(is_index_dtype(w->slots.dtype), INV);
+  REQUIRE(w->io.num_tokens == 0 || w->slots.slots != NULL, INV);
+  kvx_status_t sk = check_scale(c, &w->k_scale_desc, c->k.dtype), sv = check_scale(c, &w->v_scale_desc, c->v.dtype);
+  if (sk == INV || sv == INV) return INV;
+  if (io_status != KVX_STATUS_OK) return io_status;
+  if (sk != KVX_STATUS_OK) return sk;
+  if (sv != KVX_STATUS_OK) return sv;
+  /* 4. */
+  cache_axes_t ak, av;
+  io_axes_t ik, iv;
+  if ((s = served_cache(c, &ak, &av)) != KVX_STATUS_OK) return s;
+  REQUIRE(tail_is_zero(w, w->size, sizeof(kvx_write_desc_t)), UNS);
+  if ((s = served_io(&w->io.key, c->k.dtype, &ik)) != KVX_STATUS_OK) return s;
+  if ((s = served_io(&w->io.value, c->v.dtype, &iv)) != KVX_STATUS_OK) return s;
+  /* 5. Pre-scan: an out-of-range slot fails the call before anything is written. */
+  const uint32_t n_tok = w->io.num_tokens;
   const uint64_t nslots = (uint64_t)c->num_blocks * c->block_size;
-  /* Pre-scan: an out-of-range slot fails the call before anything is written. */
-  for (uint32_t n = 0; n < w->io.num_tokens; ++n) {
+  for (uint32_t n = 0; n < n_tok; ++n) {
+    int64_t slot = read_index(w->slots.slots, w->slots.dtype, n);
+    if (slot < 0 || slot == w->slots.invalid_slot) continue; /* spec 5.2: a no-op */
+    REQUIRE((uint64_t)slot < nslots, OOR);
+  }
+  for (uint32_t n = 0; n < n_tok; ++n) {
     int64_t slot = read_index(w->slots.slots, w->slots.dtype, n);
     if (slot < 0 || slot == w->slots.invalid_slot) continue;
-    if ((uint64_t)slot >= nslots) return KVX_STATUS_OUT_OF_RANGE;
-  }
-  const int es = elem_size(c->k.dtype);
-  for (uint32_t n = 0; n < w->io.num_tokens; ++n) {
-    int64_t slot = read_index(w->slots.slots, w->slots.dtype, n);
-    if (slot < 0 || slot == w->slots.invalid_slot) continue; /* spec 5.2: no-op */
     int64_t b = slot / c->block_size, t = slot % c->block_size;
     for (uint32_t h = 0; h < c->num_kv_heads; ++h) {
-      char* kd = (char*)c->k.data + (size_t)(b * ak.block + t * ak.token + h * ak.head) * es;
-      char* vd = (char*)c->v.data + (size_t)(b * av.block + t * av.token + h * av.head) * es;
-      const char* ks = (const char*)w->io.key.data + (size_t)(n * io[0][0] + h * io[0][1]) * es;
-      const char* vs = (const char*)w->io.value.data + (size_t)(n * io[1][0] + h * io[1][1]) * es;
-      copy_row(kd, ak.dim, ks, io[0][2], es, c->head_dim);
-      copy_row(vd, av.dim, vs, io[1][2], es, c->head_dim);
+      char* kd = (char*)c->k.data + (b * ak.block + t * ak.token + (int64_t)h * ak.head) * ak.es;
+      char* vd = (char*)c->v.data + (b * av.block + t * av.token + (int64_t)h * av.head) * av.es;
+      const char* ks = (const char*)w->io.key.data + (io_row(&ik, 0, n, 0) + (int64_t)h * ik.head) * ik.es;
+      const char* vs = (const char*)w->io.value.data + (io_row(&iv, 0, n, 0) + (int64_t)h * iv.head) * iv.es;
+      copy_head(kd, ak.dim, ks, ik.dim, ak.es, c->head_dim);
+      copy_head(vd, av.dim, vs, iv.dim, av.es, c->head_dim);
     }
   }
   return KVX_STATUS_OK;
 }
 
+/* Spec 5.1 / 7.1 block-table rules for every format (INVALID_ARGUMENT), then UNSUPPORTED ones. */
+static kvx_status_t check_table(const kvx_cache_desc_t* c, const kvx_block_table_t* bt) {
+  const uint64_t S = bt->seq_count, M = bt->max_blocks_per_seq;
+  REQUIRE(bt->indices_count == 0 || bt->indices != NULL, INV);
+  switch ((int)bt->format) {
+    case KVX_BLOCK_TABLE_PACKED:
+      REQUIRE(is_index_dtype(bt->index_dtype), INV);
+      REQUIRE(bt->indices_count == S * M && bt->indptr_count == 0 && bt->beam_width == 1, INV);
+      return KVX_STATUS_OK;
+    case KVX_BLOCK_TABLE_RAGGED:
+      REQUIRE(is_index_dtype(bt->index_dtype) && is_index_dtype(bt->indptr_dtype), INV);
+      REQUIRE(bt->indptr != NULL && bt->indptr_count == S + 1 && bt->beam_width == 1, INV);
+      return KVX_STATUS_OK;
+    case KVX_BLOCK_TABLE_KV_OFFSETS: {
+      REQUIRE(bt->index_dtype == KVX_DTYPE_S32 && (bt->flags & KVX_BLOCK_TABLE_FLAG_KVCACHEINDEX), INV);
+      REQUIRE((c->block_size & (c->block_size - 1)) == 0, INV);
+      REQUIRE(bt->beam_width >= 1 && bt->indptr_count == 0, INV);
+      const uint64_t rows = S * bt->beam_width * 2; /* < 2^65 cannot happen: both factors are 32-bit */
+      REQUIRE(M == 0 || rows <= UINT64_MAX / M, INV);
+      REQUIRE((uint64_t)bt->indices_count == rows * M, INV);
+      REQUIRE(c->pool.primary != NULL, INV);
+      REQUIRE((uint64_t)c->pool.bytes_per_block ==
+                  (uint64_t)c->num_kv_heads * c->block_size * c->head_dim * (uint64_t)elem_size(c->k.dtype), INV);
+      REQUIRE(c->k.dtype == c->v.dtype, UNS);
+      return KVX_STATUS_OK;
+    }
+    default:
+      return INV;
+  }
+}
+
 KVX_API kvx_status_t kvx_gather_kv(const kvx_cache_desc_t* c, const kvx_gather_desc_t* g, void* stream) {
   (void)stream;
-  axes_t ak, av;
-  CHECK(c != NULL && g != NULL, KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(c->size >= sizeof(kvx_cache_desc_t) && g->size >= sizeof(kvx_gather_desc_t), KVX_STATUS_INVALID_ARGUMENT);
+  /* 1. */
+  REQUIRE(c != NULL && g != NULL, INV);
+  kvx_status_t s = sizes_cache(c);
+  if (s != KVX_STATUS_OK) return s;
+  REQUIRE(g->size >= sizeof(kvx_gather_desc_t), INV);
   const kvx_block_table_t* bt = &g->block_table;
-  CHECK(bt->size >= sizeof(kvx_block_table_t) && g->seq_lens.size >= sizeof(kvx_seq_lens_t), KVX_STATUS_INVALID_ARGUMENT);
-  kvx_status_t s = check_cache(c, &ak, &av);
-  if (s != KVX_STATUS_OK) return s;
-  if (!tail_is_zero(g, g->size, sizeof(kvx_gather_desc_t))) return KVX_STATUS_UNSUPPORTED;
-  /* Spec 5.1 / 7.1 table rules, for every format. */
-  const uint64_t S = bt->seq_count, M = bt->max_blocks_per_seq;
-  switch (bt->format) {
-    case KVX_BLOCK_TABLE_PACKED:
-      CHECK(is_index_dtype(bt->index_dtype), KVX_STATUS_INVALID_ARGUMENT);
-      CHECK(bt->indices_count == S * M && bt->indptr_count == 0 && bt->beam_width == 1, KVX_STATUS_INVALID_ARGUMENT);
-      CHECK(bt->indices_count == 0 || bt->indices != NULL, KVX_STATUS_INVALID_ARGUMENT);
-      break;
-    case KVX_BLOCK_TABLE_RAGGED:
-      CHECK(is_index_dtype(bt->index_dtype) && is_index_dtype(bt->indptr_dtype), KVX_STATUS_INVALID_ARGUMENT);
-      CHECK(bt->indptr != NULL && bt->indptr_count == S + 1 && bt->beam_width == 1, KVX_STATUS_INVALID_ARGUMENT);
-      return KVX_STATUS_UNSUPPORTED;
-    case KVX_BLOCK_TABLE_KV_OFFSETS:
-      CHECK(bt->index_dtype == KVX_DTYPE_S32 && (bt->flags & KVX_BLOCK_TABLE_FLAG_KVCACHEINDEX), KVX_STATUS_INVALID_ARGUMENT);
-      CHECK((c->block_size & (c->block_size - 1)) == 0, KVX_STATUS_INVALID_ARGUMENT);
-      CHECK(bt->beam_width >= 1 && bt->indptr_count == 0, KVX_STATUS_INVALID_ARGUMENT);
-      CHECK(bt->indices_count == S * bt->beam_width * 2 * M, KVX_STATUS_INVALID_ARGUMENT);
-      return KVX_STATUS_UNSUPPORTED;
-    default:
-      return KVX_STATUS_INVALID_ARGUMENT;
-  }
-  CHECK(g->seq_lens.seq_count == bt->seq_count && is_index_dtype(g->seq_lens.dtype), KVX_STATUS_INVALID_ARGUMENT);
-  CHECK(S == 0 || g->seq_lens.lengths != NULL, KVX_STATUS_INVALID_ARGUMENT);
-  CHECK((uint64_t)g->io.num_tokens == S * g->max_seq_len, KVX_STATUS_INVALID_ARGUMENT);
-  int64_t io[2][3];
-  s = check_io(c, &g->io, io, 1, bt->seq_count, g->max_seq_len);
-  if (s != KVX_STATUS_OK) return s;
-  /* Pre-scan lengths and block ids. */
+  if (bt->format == KVX_BLOCK_TABLE_KV_OFFSETS) REQUIRE(c->pool.size >= sizeof(kvx_pool_desc_t), INV);
+  if ((s = sizes_io(&g->io)) != KVX_STATUS_OK) return s;
+  REQUIRE(bt->size >= sizeof(kvx_block_table_t) && g->seq_lens.size >= sizeof(kvx_seq_lens_t), INV);
+  /* 2. */
+  if ((s = check_cache(c)) != KVX_STATUS_OK) return s;
+  /* 3. the table, the counts, the IO tensors */
+  const uint64_t S = bt->seq_count, M = bt->max_blocks_per_seq, L = g->max_seq_len;
+  kvx_status_t table_status = check_table(c, bt);
+  if (table_status == INV) return INV;
+  const uint64_t beams = bt->format == KVX_BLOCK_TABLE_KV_OFFSETS ? bt->beam_width : 1;
+  const uint64_t rows_outer = S * beams;
+  REQUIRE(L == 0 || rows_outer <= UINT64_MAX / L, INV); /* then num_tokens (32-bit) cannot match */
+  REQUIRE((uint64_t)g->io.num_tokens == rows_outer * L, INV);
+  REQUIRE(g->seq_lens.seq_count == bt->seq_count && is_index_dtype(g->seq_lens.dtype), INV);
+  REQUIRE(S == 0 || g->seq_lens.lengths != NULL, INV);
+  kvx_status_t io_status = check_io(c, &g->io, 1, rows_outer, L);
+  if (io_status != KVX_STATUS_OK) return io_status;
+  if (table_status != KVX_STATUS_OK) return table_status;
+  /* 4. */
+  cache_axes_t ak, av;
+  io_axes_t ik, iv;
+  if ((s = served_cache(c, &ak, &av)) != KVX_STATUS_OK) return s;
+  REQUIRE(tail_is_zero(g, g->size, sizeof(kvx_gather_desc_t)), UNS);
+  REQUIRE(bt->format == KVX_BLOCK_TABLE_PACKED, UNS); /* RAGGED, KV_OFFSETS */
+  if ((s = served_io(&g->io.key, c->k.dtype, &ik)) != KVX_STATUS_OK) return s;
+  if ((s = served_io(&g->io.value, c->v.dtype, &iv)) != KVX_STATUS_OK) return s;
+  /* 5. Pre-scan lengths and block ids; nothing is written when one is wrong. */
   for (uint64_t q = 0; q < S; ++q) {
     int64_t len = read_index(g->seq_lens.lengths, g->seq_lens.dtype, q);
-    CHECK(len >= 0, KVX_STATUS_INVALID_ARGUMENT);
-    uint64_t n = (uint64_t)len < g->max_seq_len ? (uint64_t)len : g->max_seq_len;
+    REQUIRE(len >= 0, INV);
+    uint64_t n = (uint64_t)len < L ? (uint64_t)len : L;
     uint64_t blocks = (n + c->block_size - 1) / c->block_size;
-    CHECK(blocks <= M, KVX_STATUS_OUT_OF_RANGE);
+    REQUIRE(blocks <= M, OOR);
     for (uint64_t j = 0; j < blocks; ++j) {
       int64_t id = read_index(bt->indices, bt->index_dtype, q * M + j);
-      CHECK(id >= 0 && (uint64_t)id < c->num_blocks, KVX_STATUS_OUT_OF_RANGE);
+      REQUIRE(id >= 0 && (uint64_t)id < c->num_blocks, OOR);
     }
   }
-  const int es = elem_size(c->k.dtype);
   for (uint64_t q = 0; q < S; ++q) {
     int64_t len = read_index(g->seq_lens.lengths, g->seq_lens.dtype, q);
-    uint64_t n = (uint64_t)len < g->max_seq_len ? (uint64_t)len : g->max_seq_len;
+    uint64_t n = (uint64_t)len < L ? (uint64_t)len : L;
     for (uint64_t t = 0; t < n; ++t) {
       int64_t b = read_index(bt->indices, bt->index_dtype, q * M + t / c->block_size);
       int64_t off = (int64_t)(t % c->block_size);
-      int64_t row = (int64_t)(q * g->max_seq_len + t);
       for (uint32_t h = 0; h < c->num_kv_heads; ++h) {
-        const char* ks = (const char*)c->k.data + (size_t)(b * ak.block + off * ak.token + h * ak.head) * es;
-        const char* vs = (const char*)c->v.data + (size_t)(b * av.block + off * av.token + h * av.head) * es;
-        char* kd = (char*)g->io.key.data + (size_t)(row * io[0][0] + h * io[0][1]) * es;
-        char* vd = (char*)g->io.value.data + (size_t)(row * io[1][0] + h * io[1][1]) * es;
-        copy_row(kd, io[0][2], ks, ak.dim, es, c->head_dim);
-        copy_row(vd, io[1][2], vs, av.dim, es, c->head_dim);
+        const char* ks = (const char*)c->k.data + (b * ak.block + off * ak.token + (int64_t)h * ak.head) * ak.es;
+        const char* vs = (const char*)c->v.data + (b * av.block + off * av.token + (int64_t)h * av.head) * av.es;
+        char* kd = (char*)g->io.key.data + (io_row(&ik, q, t, L) + (int64_t)h * ik.head) * ik.es;
+        char* vd = (char*)g->io.value.data + (io_row(&iv, q, t, L) + (int64_t)h * iv.head) * iv.es;
+        copy_head(kd, ik.dim, ks, ak.dim, ak.es, c->head_dim);
+        copy_head(vd, iv.dim, vs, av.dim, av.es, c->head_dim);
       }
     }
   }

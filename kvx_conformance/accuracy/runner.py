@@ -1,8 +1,12 @@
 """Accuracy benchmark: every KV storage method on every synthetic distribution, one row each.
 
-``run_accuracy()`` measures the numpy oracle's codecs (``path = "oracle"``). Measuring
-a provider needs its FP4 cache (KVX 1.2 "fp4" profile: write quantizes, gather
-dequantizes); that path is :func:`provider_roundtrip`, which a later phase fills in.
+``run_accuracy()`` measures the numpy oracle's codecs (``path = "oracle"``). With a
+provider, the FP4 methods (NVFP4, MXFP4-16, OCP MXFP4-32) are measured through it
+(KVX 1.2 "fp4" profile: :func:`provider_roundtrip` writes into its FP4 cache, which
+quantizes, and gathers back into F32, which dequantizes; ``path = "provider"``); a
+method the provider does not support (every non-FP4 method: KVX has no cache dtype
+for them; FP4 on a v1.1 provider or one answering UNSUPPORTED) is measured through
+the oracle (``path = "oracle"``).
 """
 from __future__ import annotations
 
@@ -55,20 +59,60 @@ ROW_KEYS: tuple[str, ...] = (
 
 
 class ProviderAccuracyUnavailable(NotImplementedError):
-    """The provider path of the accuracy benchmark is not there yet."""
+    """The provider cannot store this method (no KVX 1.2 FP4 extension, UNSUPPORTED, or not an FP4 method)."""
 
 
-def provider_roundtrip(provider: Any, method_name: str, x: np.ndarray) -> np.ndarray:
-    """Phase-2 hook: write ``x [tokens, kv_heads, head_dim]`` into ``provider``'s cache stored
-    as ``method_name`` (kvx write), read it back with a dequantizing gather, return FP32.
+class ProviderAccuracyError(RuntimeError):
+    """The provider failed an FP4 write or gather it claims to support (a status other than OK/UNSUPPORTED)."""
 
-    Needs the KVX 1.2 FP4 extension (FP4 dtypes, scale pool) in the ABI mirror and the
-    provider; until then every provider is refused rather than measured by the oracle.
+
+#: Accuracy methods a provider's FP4 cache can store, by KVX 1.2 format name.
+PROVIDER_FORMATS = {"nvfp4": "nvfp4", "mxfp4_16": "mxfp4", "mxfp4_32_ocp": "mxfp4_ocp"}
+
+
+def provider_roundtrip(provider: Any, method_name: str, x: np.ndarray, memory: Any = None,
+                       block_size: int = 16) -> np.ndarray:
+    """Write ``x [tokens, kv_heads, head_dim]`` (FP32) into ``provider``'s FP4 cache stored as
+    ``method_name`` (kvx_write_kv quantizes), gather it back into F32 (kvx_gather_kv
+    dequantizes) and return it. The blocks are shuffled physical blocks; NVFP4 uses the
+    per-tensor global scale of ``quant.nvfp4`` (``amax / (6 * 448)``), so a conforming
+    provider reproduces the oracle's figures.
+
+    Raises :class:`ProviderAccuracyUnavailable` for a method or provider without an FP4
+    cache (the caller falls back to the oracle) and :class:`ProviderAccuracyError` for a
+    provider that answers anything but OK or UNSUPPORTED.
     """
-    raise ProviderAccuracyUnavailable(
-        f"accuracy through a provider ({method_name!r}) needs the KVX 1.2 FP4 extension, which the harness "
-        "does not drive yet; run without a provider for the oracle figures"
-    )
+    from .. import fp4exec as fx
+    from ..abi import DType, Memory, Status
+    from ..reference_impl import fp4 as oracle_fp4
+
+    fmt_name = PROVIDER_FORMATS.get(method_name)
+    if fmt_name is None:
+        raise ProviderAccuracyUnavailable(f"{method_name!r} is not an FP4 format: no KVX cache dtype stores it")
+    if fx.provider_minor(provider) < 2:
+        raise ProviderAccuracyUnavailable(f"provider has no KVX 1.2 FP4 extension (ABI minor "
+                                          f"{fx.provider_minor(provider)}) for {method_name!r}")
+    mem = Memory.HOST if memory is None else Memory(memory)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    T, H, D = x.shape
+    fmt = fx.FORMATS[fmt_name]
+    g = oracle_fp4.nvfp4_global_scale(x) if fmt_name == "nvfp4" else None
+    nb = -(-T // block_size)
+    blocks = np.random.default_rng(T * 31 + D).permutation(nb).astype(np.int64)
+    cache = fx.new_cache(fmt, nb, block_size, H, D, k_global=g, v_global=g)
+    t = np.arange(T, dtype=np.int64)
+    slots = blocks[t // block_size] * block_size + t % block_size
+    w = fx.run_write(provider, cache, x, x, slots, memory=mem)
+    if w.status == Status.UNSUPPORTED:
+        raise ProviderAccuracyUnavailable(f"provider answered UNSUPPORTED for a {fmt_name} cache write")
+    if w.status != Status.OK or w.violations:
+        raise ProviderAccuracyError(f"{fmt_name} write: status {Status(w.status).name}, {w.violations}")
+    r = fx.run_gather(provider, w.cache, blocks[None, :].astype(np.int32), [T], T, DType.F32, memory=mem)
+    if r.status == Status.UNSUPPORTED:
+        raise ProviderAccuracyUnavailable(f"provider answered UNSUPPORTED for a {fmt_name} dequantizing gather")
+    if r.status != Status.OK or r.violations:
+        raise ProviderAccuracyError(f"{fmt_name} gather: status {Status(r.status).name}, {r.violations}")
+    return r.out["k"].reshape(T, H, D)
 
 
 def _seq_lens(tokens: int, num_seqs: int, rng: np.random.Generator) -> np.ndarray:
@@ -106,7 +150,7 @@ def _rows_for(
     cfg: BenchConfig,
     dist: str,
     path: str,
-    roundtrip_of: Callable[[quant.QuantMethod], Callable[[np.ndarray], np.ndarray]],
+    roundtrip_of: Callable[[quant.QuantMethod], Callable[[np.ndarray], np.ndarray] | None],
 ) -> list[dict]:
     ks = sample(dist, cfg.tokens, cfg.kv_heads, cfg.head_dim, cfg.seed, stream=0)
     vs = sample(dist, cfg.tokens, cfg.kv_heads, cfg.head_dim, cfg.seed, stream=1)
@@ -120,6 +164,9 @@ def _rows_for(
     rows = []
     for m in quant.METHODS:
         rt = roundtrip_of(m)
+        m_path = path
+        if rt is None:  # the provider does not store this method: the oracle measures it
+            rt, m_path = m.roundtrip, "oracle"
         k_hat = np.asarray(rt(k), dtype=np.float32)
         v_hat = np.asarray(rt(v), dtype=np.float32)
         got = np.stack([k_hat, v_hat]).astype(np.float64)
@@ -128,7 +175,7 @@ def _rows_for(
             "method": m.name,
             "label": m.label,
             "distribution": dist,
-            "path": path,
+            "path": m_path,
             "rel_rmse": metrics.rel_rmse(both, got),
             "snr_db": metrics.snr_db(both, got),
             "cosine": metrics.cosine(both, got),
@@ -149,24 +196,36 @@ def _rows_for(
     return rows
 
 
-def run_accuracy(provider: Any = None, quick: bool = False, config: BenchConfig | None = None) -> list[dict]:
+def provider_methods(provider: Any, memory: Any = None) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    """The methods ``provider`` stores (probed with one small round trip each), as round-trip functions."""
+    out = {}
+    probe = np.random.default_rng(0).standard_normal((32, 1, 32)).astype(np.float32)
+    for name in PROVIDER_FORMATS:
+        try:
+            provider_roundtrip(provider, name, probe, memory)
+        except ProviderAccuracyUnavailable:
+            continue
+        out[name] = functools.partial(provider_roundtrip, provider, name, memory=memory)
+    return out
+
+
+def run_accuracy(provider: Any = None, quick: bool = False, config: BenchConfig | None = None,
+                 memory: Any = None) -> list[dict]:
     """One row per (method, distribution) with the keys in :data:`ROW_KEYS`.
 
-    Oracle rows always; with a provider, the same rows measured through it follow
-    (``path = "provider"``), which raises :class:`ProviderAccuracyUnavailable` until
-    :func:`provider_roundtrip` exists.
+    Without a provider every row is the oracle's. With one, the FP4 methods it stores
+    are measured through it (``path = "provider"``) and every other method through the
+    oracle (``path = "oracle"``); still one row per (method, distribution).
     """
     cfg = config or (QUICK if quick else FULL)
-    provider_rows: list[dict] = []
-    if provider is not None:  # measured first, so a provider that cannot be measured fails fast
-        for dist in DISTRIBUTIONS:
-            provider_rows += _rows_for(
-                cfg, dist, "provider", lambda m: functools.partial(provider_roundtrip, provider, m.name)
-            )
+    through = provider_methods(provider, memory) if provider is not None else {}
     rows: list[dict] = []
     for dist in DISTRIBUTIONS:
-        rows += _rows_for(cfg, dist, "oracle", lambda m: m.roundtrip)
-    return rows + provider_rows
+        if through:
+            rows += _rows_for(cfg, dist, "provider", lambda m: through.get(m.name))
+        else:
+            rows += _rows_for(cfg, dist, "oracle", lambda m: m.roundtrip)
+    return rows
 
 
 def _fmt(x: float, spec: str) -> str:

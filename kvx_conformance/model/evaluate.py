@@ -5,47 +5,69 @@ every attention reads K/V back from the provider's paged cache, so each format's
 rounding reaches every score. Per cache format the row gives the perplexity, its
 delta against the BF16 cache, top-1 next-token agreement with the BF16 run, the
 mean KL divergence from the BF16 distribution, and the path the K/V took:
-``provider`` (the provider's write/gather in that cache dtype) or ``oracle-fp4``
-(the reference FP4 codec round trip applied before the provider's F32 write, as the
-v1.1 ABI has no FP4 cache dtype).
+``provider`` (the provider's write/gather in that cache dtype), ``provider-fp4``
+(the provider's KVX 1.2 FP4 cache) or ``oracle-fp4`` (the reference FP4 codec round
+trip before the provider's F32 write, for a provider without the FP4 extension).
+
+With ``check=True`` every format also runs on a plain contiguous cache of the same
+format (:class:`~.kv_store.ContiguousKVStore`), and the row records whether the
+logits are bit-identical (``paged_equals_contiguous``): the paged path adds nothing
+but the cache dtype's rounding.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from .decoder import Decoder, log_softmax
-from .kv_store import FORMATS, CacheFormat
+from .kv_store import FORMATS, ContiguousKVStore
 from .paged_kv import BLOCK_SIZE, PagedKVStore, blocks_needed
-from .text import TOPICS, eval_text, text_id
-from .tokenizer import encode
-from .weights import load_weights, package_versions
 
 EVAL_FORMATS = ("F32", "BF16", "FP8-E4M3", "NVFP4", "MXFP4")
 BASELINE = "BF16"
 QUICK_TOKENS = 128
 FULL_TOKENS = 512
 CHUNK = 64
+#: what every row holds (the issue's four first)
+ROW_KEYS = ("cache", "perplexity", "delta", "top1_agreement", "kl_vs_bf16", "top1_accuracy", "path",
+            "tokens", "scored", "chunk", "block_size", "memory", "seconds", "provider", "model", "text")
 
 
 def eval_tokens(n: int) -> np.ndarray:
+    from .text import eval_text
+    from .tokenizer import encode
+
     ids = np.asarray(encode(eval_text()), dtype=np.int64)
     if n > len(ids):
         raise ValueError(f"the evaluation text has {len(ids)} tokens, {n} asked")
     return ids[:n]
 
 
-def score_format(provider, fmt: CacheFormat, ids: np.ndarray, chunk: int = CHUNK, seed: int = 0) -> np.ndarray:
-    """Log-probabilities ``[len(ids) - 1, vocab]`` of each next token, K/V through a paged cache."""
-    w = load_weights()
-    store = PagedKVStore(provider, w.config, fmt, num_blocks=blocks_needed([len(ids)]) + 4, seed=seed)
-    dec = Decoder(w)
+def _run(store, weights, ids: np.ndarray, chunk: int) -> np.ndarray:
+    dec = Decoder(weights)
     logits = []
     for a in range(0, len(ids), chunk):
         logits.append(dec.step(store, [0], [ids[a:a + chunk]], all_logits=True).logits[0])
-    return log_softmax(np.concatenate(logits)[:-1])
+    return np.concatenate(logits)
+
+
+def score_format(provider, fmt, ids: np.ndarray, chunk: int = CHUNK, seed: int = 0, weights=None,
+                 memory="host", fp4_path: str = "auto") -> tuple[np.ndarray, PagedKVStore]:
+    """Logits ``[len(ids), vocab]`` with K/V through a paged cache, and the store used."""
+    from ..abi import Memory
+
+    if weights is None:
+        from .weights import load_weights
+
+        weights = load_weights()
+    store = PagedKVStore(provider, weights.config, fmt, num_blocks=blocks_needed([len(ids)]) + 4, seed=seed,
+                         memory=Memory[str(memory).upper()], fp4_path=fp4_path)
+    logits = _run(store, weights, ids, chunk)
+    store.check_guards()
+    return logits, store
 
 
 def run_model_eval(
@@ -54,54 +76,98 @@ def run_model_eval(
     tokens: int | None = None,
     formats: tuple[str, ...] = EVAL_FORMATS,
     chunk: int = CHUNK,
+    memory: str = "host",
+    fp4_path: str = "auto",
+    check: bool = False,
+    synthetic: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """One row per cache format (see the module docstring); the BF16 row is the baseline.
 
-    ``provider_path`` None means the bundled reference provider. Raises
+    ``provider_path`` None means the bundled reference provider. ``synthetic``: random
+    weights with the model's shapes and random tokens (no model package needed; the
+    perplexities then say nothing). Raises
     :class:`~kvx_conformance.model.weights.ModelUnavailable` without the model packages.
     """
     from ..loader import load_provider
     from ..native import reference_provider
 
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"unknown cache format(s) {unknown}; known: {', '.join(FORMATS)}")
+    say = progress or (lambda _msg: None)
     n = tokens or (QUICK_TOKENS if quick else FULL_TOKENS)
+    if n < 2:
+        raise ValueError("at least 2 tokens are needed to score a next token")
     path = Path(provider_path) if provider_path is not None else reference_provider()
     provider = load_provider(path)
-    ids = eval_tokens(n)
+    t0 = time.perf_counter()
+    if synthetic:
+        from .weights import synthetic_weights
+
+        weights = synthetic_weights()
+        ids = np.random.default_rng(1).integers(0, weights.config.vocab_size, size=n)
+        model_label, text_label = weights.source, f"uniform random token ids (default_rng(1), {n} tokens)"
+    else:
+        from .text import TOPICS, eval_text, text_id
+        from .weights import load_weights, package_versions
+
+        weights = load_weights()
+        ids = eval_tokens(n)
+        model_label = f"SmolLM2-135M-Instruct Q4_1 GGUF ({_versions_label(package_versions())})"
+        text_label = f"pydoc_data.topics {'+'.join(TOPICS)} sha256:{text_id(eval_text())}"
+    say(f"model-eval: model loaded in {time.perf_counter() - t0:.1f} s ({model_label}); {n} tokens, chunks of {chunk}")
     targets = ids[1:]
     names = list(dict.fromkeys([BASELINE, *formats]))
-    scored: dict[str, tuple[np.ndarray, float]] = {}
-    for name in names:
+    scored: dict[str, dict] = {}
+    for i, name in enumerate(names, 1):
         t0 = time.perf_counter()
-        scored[name] = (score_format(provider, FORMATS[name], ids, chunk), time.perf_counter() - t0)
-    base_lp, _ = scored[BASELINE]
+        logits, store = score_format(provider, FORMATS[name], ids, chunk, weights=weights, memory=memory,
+                                     fp4_path=fp4_path)
+        entry = {"lp": log_softmax(logits[:-1]), "path": store.path, "seconds": time.perf_counter() - t0,
+                 "fp4_refusal": store.fp4_refusal}
+        if check:
+            plain = _run(ContiguousKVStore(weights.config.n_layers, FORMATS[name]), weights, ids, chunk)
+            entry["paged_equals_contiguous"] = bool(np.array_equal(logits.view(np.uint32), plain.view(np.uint32)))
+            entry["max_abs_logit_diff"] = float(np.max(np.abs(logits - plain)))
+        scored[name] = entry
+        extra = f", paged == contiguous: {entry['paged_equals_contiguous']}" if check else ""
+        say(f"model-eval: [{i}/{len(names)}] {name} cache ({store.path}, {memory} memory) {entry['seconds']:.1f} s{extra}")
+    base_lp = scored[BASELINE]["lp"]
     base_top1 = base_lp.argmax(axis=-1)
     base_ppl = float(np.exp(-base_lp[np.arange(len(targets)), targets].mean()))
     base_p = np.exp(base_lp)
-    text = eval_text()
-    versions = package_versions()
     rows = []
     for name in formats:
-        lp, secs = scored[name]
+        e = scored[name]
+        lp = e["lp"]
         nll = -lp[np.arange(len(targets)), targets]
         ppl = float(np.exp(nll.mean()))
         top1 = lp.argmax(axis=-1)
-        rows.append({
+        row = {
             "cache": name,
-            "path": FORMATS[name].path,
             "perplexity": ppl,
             "delta": ppl - base_ppl,
             "top1_agreement": float(np.mean(top1 == base_top1)),
             "kl_vs_bf16": float(np.mean(np.sum(base_p * (base_lp - lp), axis=-1))),
             "top1_accuracy": float(np.mean(top1 == targets)),
+            "path": e["path"],
             "tokens": int(len(ids)),
             "scored": int(len(targets)),
             "chunk": chunk,
             "block_size": BLOCK_SIZE,
-            "seconds": round(secs, 2),
+            "memory": str(memory).lower(),
+            "seconds": round(e["seconds"], 2),
             "provider": path.name,
-            "model": f"SmolLM2-135M-Instruct Q4_1 GGUF ({_versions_label(versions)})",
-            "text": f"pydoc_data.topics {'+'.join(TOPICS)} sha256:{text_id(text)}",
-        })
+            "model": model_label,
+            "text": text_label,
+        }
+        if e["fp4_refusal"]:
+            row["fp4_provider_refusal"] = e["fp4_refusal"]
+        if check:
+            row["paged_equals_contiguous"] = e["paged_equals_contiguous"]
+            row["max_abs_logit_diff"] = e["max_abs_logit_diff"]
+        rows.append(row)
     return rows
 
 
@@ -111,14 +177,20 @@ def _versions_label(versions: dict[str, str]) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """A plain-text table of :func:`run_model_eval` rows (one line per cache format)."""
-    head = f"{'cache':<10} {'path':<11} {'ppl':>9} {'delta':>9} {'top1 agr':>9} {'KL':>9} {'top1 acc':>9} {'tokens':>7}"
+    check = any("paged_equals_contiguous" in r for r in rows)
+    head = (f"{'cache':<10} {'path':<12} {'ppl':>9} {'delta':>9} {'top1 agr':>9} {'KL':>9} {'top1 acc':>9} "
+            f"{'tokens':>7}" + ("  paged==contig" if check else ""))
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(
-            f"{r['cache']:<10} {r['path']:<11} {r['perplexity']:>9.4f} {r['delta']:>+9.4f} "
-            f"{r['top1_agreement']:>9.2%} {r['kl_vs_bf16']:>9.2e} {r['top1_accuracy']:>9.2%} {r['tokens']:>7}"
-        )
+        line = (f"{r['cache']:<10} {r['path']:<12} {r['perplexity']:>9.4f} {r['delta']:>+9.4f} "
+                f"{r['top1_agreement']:>9.2%} {r['kl_vs_bf16']:>9.2e} {r['top1_accuracy']:>9.2%} {r['tokens']:>7}")
+        if check:
+            line += f"  {'yes' if r.get('paged_equals_contiguous') else 'NO'}"
+        lines.append(line)
     if rows:
         r = rows[0]
-        lines.append(f"baseline BF16 cache; provider {r['provider']}; {r['text']}; {r['model']}")
+        lines.append(f"baseline BF16 cache; provider {r['provider']} ({r['memory']} memory); {r['text']}; {r['model']}")
+        for r in rows:
+            if r.get("fp4_provider_refusal"):
+                lines.append(f"{r['cache']}: oracle codec used because {r['fp4_provider_refusal']}")
     return "\n".join(lines)

@@ -5,7 +5,10 @@ A :class:`CacheFormat` says what a cache entry becomes after a write and a read:
 - FP8 E4M3: ``x / scale`` clamped to +-448 and rounded (readings R-FP8), read back
   as ``code * scale``; one static F32 scale per tensor (per layer, K and V apart);
 - NVFP4 / MXFP4: the FP4 codec round trip of ``kvx_conformance.reference_impl.fp4``
-  applied before an F32 write (the v1.1 ABI has no FP4 cache: path "oracle-fp4").
+  (16-value blocks along ``head_dim``). A provider with the KVX 1.2 FP4 extension holds
+  the codes in its own FP4 cache (path "provider-fp4"); otherwise the round trip is
+  applied before an F32 write (path "oracle-fp4"). Both give the same values when the
+  provider's codec is exact (the contiguous store below models both).
 
 Static scales are calibrated on the first write into each layer, as engines that
 compute KV scales on their first forward pass do: FP8 ``amax / 448``, NVFP4's
@@ -30,11 +33,7 @@ FP8_E4M3_MAX = 448.0
 class CacheFormat:
     name: str
     dtype: DType  # dtype of the cache tensors handed to the provider
-    fp4: str | None = None  # "nvfp4" | "mxfp4": oracle round trip before an F32 write
-
-    @property
-    def path(self) -> str:
-        return "provider" if self.fp4 is None else "oracle-fp4"
+    fp4: str | None = None  # "nvfp4" | "mxfp4": an FP4 cache (the provider's, or the oracle codec + F32)
 
     @property
     def gather_dtype(self) -> DType:

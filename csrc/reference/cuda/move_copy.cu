@@ -98,7 +98,24 @@ GridEntry g_grid[64];
 int g_grid_n = 0;
 }  // namespace
 
+static int resident_blocks(const void* kernel);
+
 int grid_for(const void* kernel, unsigned long long total_items) {
+  const int cap = resident_blocks(kernel);
+  const unsigned long long per_block = (unsigned long long)kThreads * kUnroll;
+  const unsigned long long want = (total_items + per_block - 1) / per_block;
+  return (int)(want < (unsigned long long)cap ? (want ? want : 1) : cap);
+}
+
+int grid_for_warps(const void* kernel, unsigned long long tasks) {
+  const int cap = resident_blocks(kernel);
+  const unsigned long long per_block = kThreads / 32;
+  const unsigned long long want = (tasks + per_block - 1) / per_block;
+  return (int)(want < (unsigned long long)cap ? (want ? want : 1) : cap);
+}
+
+/* SMs x resident blocks per SM of `kernel` on the current device (cached). */
+static int resident_blocks(const void* kernel) {
   int dev = 0;
   cudaGetDevice(&dev);
   int cap = 0;
@@ -114,9 +131,7 @@ int grid_for(const void* kernel, unsigned long long total_items) {
       if (g_grid_n < 64) g_grid[g_grid_n++] = GridEntry{kernel, dev, cap};
     }
   }
-  const unsigned long long per_block = (unsigned long long)kThreads * kUnroll;
-  const unsigned long long want = (total_items + per_block - 1) / per_block;
-  return (int)(want < (unsigned long long)cap ? (want ? want : 1) : cap);
+  return cap;
 }
 
 }  // namespace kvx_cuda

@@ -120,7 +120,7 @@ struct ConvOp {
     if constexpr (kScaled) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        x[i] = __fdiv_rn(x[i], scale);
+        if (scale != 1.0f) x[i] = __fdiv_rn(x[i], scale); /* x / 1 is x: no division for unscaled caches */
         special |= x[i] != x[i];
       }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -181,55 +181,117 @@ __device__ __forceinline__ long long chunk_io_off(const Job& jb, uint32_t row, u
          ((long long)row * jb.io_token + (long long)h * jb.io_head + (long long)c * Op::V);
 }
 
+/* One warp per (job, group of TG rows): the row's cache location (slot, or the
+ * gather metadata) is resolved once per lane, then the lanes sweep the row's
+ * H * C chunks, kUnroll independent 16-byte loads in flight per lane. Lane l
+ * takes row (l mod TG) of the group and chunks l / TG, + 32 / TG, ...: with
+ * TG > 1 (HND_PACKED) neighbouring lanes move the same chunk of consecutive
+ * tokens, contiguous in the cache when the tokens share a block. */
+template <class Op>
+__device__ __forceinline__ char* fast_row(const MoveParams& p, uint32_t task, uint32_t tasks, uint32_t groups,
+                                          uint32_t ti, const Job** jbp, char** iorow) {
+  if (task >= tasks) return nullptr;
+  const uint32_t j = task >= groups ? 1u : 0u;
+  const Job& jb = p.job[j];
+  *jbp = &jb;
+  const uint32_t r = ((task - j * groups) << p.lg_tg) + ti;
+  Item it;
+  it.job = &jb;
+  it.live = r < p.row_count;
+  it.row = p.row_begin + r;
+  it.h = it.c = 0;
+  if (!it.live) return nullptr;
+  *iorow = jb.io + (long long)jb.io_esize * ((long long)it.row * jb.io_token);
+  if (p.kind == KIND_WRITE) return write_cache_row(p, jb, write_slot_load(p, it));
+  return gather_cache_row(p, jb, gather_meta_load(p, it));
+}
+
+/* Streaming (evict-first) accesses: every byte is touched once. */
+template <class T>
+__device__ __forceinline__ T ld_stream(const char* p) {
+  if constexpr (sizeof(T) == 16) {
+    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
+    return *reinterpret_cast<const T*>(&v);
+  } else {
+    return *reinterpret_cast<const T*>(p);
+  }
+}
+template <class T>
+__device__ __forceinline__ void st_stream(char* p, const T& v) {
+  if constexpr (sizeof(T) == 16) {
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  } else if constexpr (sizeof(T) == 8) {
+    __stcs(reinterpret_cast<uint2*>(p), *reinterpret_cast<const uint2*>(&v));
+  } else {
+    *reinterpret_cast<T*>(p) = v;
+  }
+}
+
+/* One warp per (job, group of TG rows) task, two tasks per iteration: each
+ * lane resolves its row's cache location (slot, or the gather metadata) for
+ * both tasks, then the lanes sweep the rows' H * C chunks with 2 x kUnroll
+ * independent 16-byte loads in flight per lane. Lane l takes row (l mod TG) of
+ * a group and chunks l / TG, + 32 / TG, ...: with TG > 1 (HND_PACKED)
+ * neighbouring lanes move the same chunk of consecutive tokens, contiguous in
+ * the cache when the tokens share a block. */
 template <class Op>
 __global__ void __launch_bounds__(kThreads) move_fast(const __grid_constant__ MoveParams p) {
-  const uint32_t total = p.items_per_job * p.njobs;
-  const uint32_t stride = gridDim.x * kThreads;
+  constexpr int kTasks = 2;
+  const uint32_t C = p.fd_c.div;
+  const uint32_t HC = p.fd_h.div * C;
+  const uint32_t groups = (p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
+  const uint32_t tasks = groups * p.njobs;
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t ti = lane & ((1u << p.lg_tg) - 1u);
+  const uint32_t q_first = lane >> p.lg_tg;
+  const uint32_t q_step = 32u >> p.lg_tg;
+  const uint32_t warps = gridDim.x * (kThreads / 32);
   const bool gather = p.kind != KIND_WRITE;
-  for (uint32_t base = blockIdx.x * kThreads + threadIdx.x; base < total; base += stride * kUnroll) {
-    Item it[kUnroll];
-    typename Op::InVec v[kUnroll];
-    char* dst[kUnroll];
-    if (!gather) {
-      long long slot[kUnroll];
+  for (uint32_t task0 = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5); task0 < tasks; task0 += kTasks * warps) {
+    const Job* jb[kTasks];
+    char* crow[kTasks];
+    char* iorow[kTasks];
+#pragma unroll
+    for (int t = 0; t < kTasks; ++t) {
+      jb[t] = &p.job[0];
+      iorow[t] = nullptr;
+      crow[t] = fast_row<Op>(p, task0 + t * warps, tasks, groups, ti, &jb[t], &iorow[t]);
+    }
+    if (!crow[0] && !crow[1]) continue; /* no barrier or shuffle below */
+    for (uint32_t q0 = q_first; q0 < HC; q0 += q_step * kUnroll) {
+      typename Op::InVec v[kTasks][kUnroll];
+      char* dst[kTasks][kUnroll];
+      uint32_t hh[kUnroll];
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
-        const uint32_t u = base + k * stride;
-        it[k] = decompose(p, u < total ? u : 0);
-        it[k].live &= u < total;
-        slot[k] = write_slot_load(p, it[k]);
-        if (it[k].live) v[k] = ld_vec<typename Op::InVec>(it[k].job->io + chunk_io_off<Op>(*it[k].job, it[k].row, it[k].h, it[k].c));
-      }
+        const uint32_t q = q0 + k * q_step;
+        const uint32_t h = fdiv(q, p.fd_c);
+        const uint32_t c = q - h * C;
+        hh[k] = h;
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        char* row = it[k].live ? write_cache_row(p, *it[k].job, slot[k]) : nullptr;
-        dst[k] = row ? row + chunk_cache_off<Op>(*it[k].job, it[k].h, it[k].c) : nullptr;
-      }
-    } else {
-      GatherMeta m[kUnroll];
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const uint32_t u = base + k * stride;
-        it[k] = decompose(p, u < total ? u : 0);
-        it[k].live &= u < total;
-        m[k] = gather_meta_load(p, it[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        char* row = gather_cache_row(p, *it[k].job, m[k]);
-        dst[k] = nullptr;
-        if (row) {
-          v[k] = ld_vec<typename Op::InVec>(row + chunk_cache_off<Op>(*it[k].job, it[k].h, it[k].c));
-          dst[k] = it[k].job->io + chunk_io_off<Op>(*it[k].job, it[k].row, it[k].h, it[k].c);
+        for (int t = 0; t < kTasks; ++t) {
+          dst[t][k] = nullptr;
+          if (q < HC && crow[t]) {
+            char* cp = crow[t] + chunk_cache_off<Op>(*jb[t], h, c);
+            char* ip = iorow[t] + (long long)jb[t]->io_esize * ((long long)h * jb[t]->io_head + (long long)c * Op::V);
+            if (gather) {
+              v[t][k] = ld_stream<typename Op::InVec>(cp);
+              dst[t][k] = ip;
+            } else {
+              v[t][k] = ld_stream<typename Op::InVec>(ip);
+              dst[t][k] = cp;
+            }
+          }
         }
       }
-    }
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      if (dst[k]) {
-        const float s = Op::kScaled ? load_scale(p, *it[k].job, it[k].h) : 1.0f;
-        st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, p.default_nan));
-      }
+      for (int t = 0; t < kTasks; ++t)
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k)
+          if (dst[t][k]) {
+            const float s = Op::kScaled ? load_scale(p, *jb[t], hh[k]) : 1.0f;
+            st_stream<typename Op::OutVec>(dst[t][k], Op::run(v[t][k], s, p.default_nan));
+          }
     }
   }
 }
@@ -280,7 +342,9 @@ __device__ __forceinline__ uint32_t convert_elem(uint32_t bits, int src, int dst
 
 template <class Op>
 cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
-  const int grid = grid_for((const void*)move_fast<Op>, (unsigned long long)p.items_per_job * p.njobs);
+  /* one warp per (job, row group) task */
+  const unsigned long long tasks = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
+  const int grid = grid_for_warps((const void*)move_fast<Op>, tasks * p.njobs);
   move_fast<Op><<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

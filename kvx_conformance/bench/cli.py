@@ -1,0 +1,160 @@
+"""``kvx-conform bench [PROVIDER]``: bandwidth of write/gather against the in-run roofline.
+
+Exit status: 0 every case timed and verified; 1 some case failed (refused, not
+verified against the oracle); 2 usage; 3-8 provider load errors (docs/exit-codes.md);
+10 memory type unavailable.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import sys
+import tempfile
+from pathlib import Path
+
+from .sweep import PRESETS, preset
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MEMORY_UNAVAILABLE = 0, 1, 2, 10
+
+
+def add_arguments(p: argparse.ArgumentParser, *, with_provider: bool = True) -> None:
+    if with_provider:
+        p.add_argument("provider", nargs="?", help="provider shared library (default: the bundled reference)")
+    p.add_argument("--preset", default="quick", choices=PRESETS,
+                   help="case set: quick (about a minute on CPU), standard (<= 5 min on an H100), full")
+    p.add_argument("--memory", default="auto", choices=["host", "device", "unified", "auto"],
+                   help="memory type (auto: device when torch sees a GPU, else host)")
+    p.add_argument("--output-dir", default="kvx-bench", metavar="DIR",
+                   help="where results.json and bench.html go (default ./%(default)s)")
+    p.add_argument("--reference", metavar="PATH",
+                   help="reference provider for the peer column (default: the bundled one)")
+    p.add_argument("--no-peers", action="store_true", help="time the provider only (no reference / torch / numpy)")
+    p.add_argument("--filter", action="append", default=[], metavar="GLOB",
+                   help="only cases whose id matches this glob (repeatable), e.g. 'write-nhd-*'")
+    p.add_argument("--repeats", type=int, default=11, metavar="N", help="timed rounds per measurement (device)")
+    p.add_argument("--rounds", type=int, default=7, metavar="N", help="pytest-benchmark rounds at most (host)")
+    p.add_argument("--label", metavar="TEXT", help="a label for this run (shown in the report)")
+    p.add_argument("--no-verify", action="store_true", help="skip the oracle check after timing (not recommended)")
+    p.add_argument("--quiet", action="store_true", help="no per-case lines")
+
+
+def select(cases, globs):
+    if not globs:
+        return cases
+    return [c for c in cases if any(fnmatch.fnmatch(c.id, g) or g in c.id for g in globs)]
+
+
+def resolve_memory(requested: str) -> tuple[str | None, str | None]:
+    if requested == "host":
+        return "host", None
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if requested == "auto":
+        return ("device" if gpu else "host"), None
+    if not gpu:
+        return None, f"memory type {requested} needs torch with a CUDA GPU"
+    return requested, None
+
+
+def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, dict | None]:
+    from ..loader import ProviderLoadError, load_provider
+    from .report import write_report
+    from .run import results_document, run_device, run_host, write_json
+
+    memory, err = resolve_memory(args.memory)
+    if err:
+        print(f"kvx-conform: {err}", file=sys.stderr)
+        return EXIT_MEMORY_UNAVAILABLE, None
+    try:
+        load_provider(provider)
+    except ProviderLoadError as e:
+        print(f"kvx-conform: {e}", file=sys.stderr)
+        return e.exit_code, None
+    reference = None if args.no_peers else (args.reference or _bundled())
+    cases = select(preset(args.preset, memory), args.filter)
+    if not cases:
+        print("kvx-conform: no case matched --filter", file=sys.stderr)
+        return EXIT_USAGE, None
+    if not args.quiet:
+        print(f"kvx-conform bench: {len(cases)} cases, preset {args.preset}, memory {memory}, provider {provider}")
+    if memory == "host":
+        with tempfile.TemporaryDirectory(prefix="kvx-bench-") as tmp:
+            body = run_host(provider, cases, reference_path=reference, peers=not args.no_peers, rounds=args.rounds,
+                            quiet=args.quiet, workdir=Path(tmp))
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        partial = out / "results.partial.jsonl"
+        partial.unlink(missing_ok=True)
+        body = run_device(provider, cases, reference_path=reference, peers=not args.no_peers,
+                          repeats=args.repeats, quiet=args.quiet, verify=not args.no_verify, partial=partial)
+        partial.unlink(missing_ok=True)
+    doc = results_document(preset=args.preset, memory=memory, provider_path=provider, reference_path=reference,
+                           body=body, command=["kvx-conform", *sys.argv[1:]], label=args.label)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(doc, out / "results.json")
+    write_report(doc, out / "bench.html")
+    s = doc["summary"]
+    if not args.quiet:
+        print(f"roofline     {doc['roofline']['bandwidth_Bps'] / 1e9:.0f} GB/s ({doc['roofline']['method']})"
+              if doc["roofline"].get("bandwidth_Bps") else "roofline     not measured")
+        print(f"cases        {s['timed']}/{s['cases']} timed, {len(s['verification_failures'])} failed verification")
+        if s.get("large_pct_roofline_median") is not None:
+            print(f"large cases  median {s['large_pct_roofline_median']:.1f}% of roofline, "
+                  f"min {s['large_pct_roofline_min']:.1f}%")
+        print(f"results      {out / 'results.json'}")
+        print(f"report       {out / 'bench.html'}")
+    bad = s["errors"] or s["verification_failures"]
+    return (EXIT_FAILED if bad else EXIT_OK), doc
+
+
+def _bundled() -> str | None:
+    from ..runner import default_provider
+
+    return default_provider()
+
+
+class BenchCommand:
+    name = "bench"
+
+    @staticmethod
+    def add_parser(sub) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            "bench", help="write/gather bandwidth against the in-run copy roofline; HTML report",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            description=(
+                "Time kvx_write_kv and kvx_gather_kv over a preset's sweep (tokens, layouts, dtypes, heads,\n"
+                "head_dim, block sizes, table formats) on device memory (CUDA events, CUDA-graph replay, host\n"
+                "call cost) or host memory (pytest-benchmark), beside the bundled reference and a torch/numpy\n"
+                "peer; verify every timed call's memory against the oracle; write results.json and bench.html.\n"
+                "Method and schema: docs/benchmarks.md."),
+            epilog=("examples:\n"
+                    "  kvx-conform bench --preset quick --memory host --output-dir out\n"
+                    "  kvx-conform bench ./libacme_kvx.so --preset standard --memory device --output-dir acme-bench\n"
+                    "  kvx-conform bench --preset standard --filter 'write-nhd-*'\n"
+                    "  kvx-conform compare base/results.json new/results.json --max-regression 5\n"),
+        )
+        add_arguments(p)
+        return p
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        provider = args.provider or _bundled()
+        if provider is None:
+            print("kvx-conform: no provider given and the bundled reference is not built", file=sys.stderr)
+            return 3
+        rc, _ = run_bench(args, provider, Path(args.output_dir))
+        return rc
+
+
+def bench_after_run(run_args: argparse.Namespace, provider: str, memory: str, out: Path) -> int:
+    """``kvx-conform run --bench PRESET``: the bench command with its defaults, on the run's provider and memory."""
+    p = argparse.ArgumentParser()
+    add_arguments(p, with_provider=False)
+    args = p.parse_args(["--preset", run_args.bench, "--memory", memory, "--output-dir", str(out)])
+    print(f"== bench: preset {run_args.bench}, memory {memory}")
+    rc, _ = run_bench(args, provider, out)
+    return rc

@@ -1,0 +1,385 @@
+"""Run a preset: roofline, every case on the provider and its peers, checks, results document.
+
+Device and unified memory are timed here (CUDA events, graph replay, host call cost:
+:mod:`.timing`); host memory is timed by pytest-benchmark (``suites/bench/bench_host.py``,
+driven by :func:`run_host`). Both produce the same results document (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+from .. import __version__
+from .sweep import BenchCase
+
+SCHEMA = "kvx-conform.bench/1"
+
+
+def case_seed(case: BenchCase) -> int:
+    return zlib.crc32(case.id.encode()) & 0x7FFFFFFF
+
+
+def _log(msg: str, quiet: bool = False) -> None:
+    if not quiet:
+        print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def _nvidia_smi() -> dict:
+    q = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,temperature.gpu,pstate"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if not out:
+        return {}
+    vals = [v.strip() for v in out[0].split(",")]
+    return dict(zip(q.split(","), vals))
+
+
+def environment(memory: str) -> dict:
+    env = {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
+           "cpu_count": os.cpu_count(), "hostname_hash": f"{zlib.crc32(platform.node().encode()):08x}"}
+    try:
+        import numpy
+
+        env["numpy"] = numpy.__version__
+    except ImportError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    env["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_cuda"] = torch.version.cuda
+        if memory != "host" and torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            env["gpu"] = {"name": p.name, "sm_count": p.multi_processor_count,
+                          "memory_bytes": p.total_memory, "l2_bytes": getattr(p, "L2_cache_size", None),
+                          "capability": f"{p.major}.{p.minor}"}
+            env["nvidia_smi"] = _nvidia_smi()
+            env["cuda_driver"] = env["nvidia_smi"].get("driver_version")
+    except ImportError:
+        env["torch"] = None
+    return env
+
+
+def provider_info(path: str | None) -> dict | None:
+    if not path:
+        return None
+    from ..loader import load_provider
+
+    p = load_provider(path)
+    return {"path": str(p.path), "name": p.path.name, "sha256": p.sha256, "abi_version": str(p.version())}
+
+
+# ----------------------------------------------------------------------------- one case, one impl
+
+
+def _bw(case: BenchCase, t_s: float | None) -> float | None:
+    return case.bytes_moved() / t_s if t_s else None
+
+
+def _figures(case: BenchCase, entry: dict, roofline: float | None) -> dict:
+    """Headline numbers of one implementation: device time (graph replay when it worked, else events)."""
+    src = entry.get("graph") or entry.get("events") or entry.get("host_timer")
+    if not src:
+        return entry
+    t = src["median_s"]
+    entry["time_s"] = t
+    entry["time_source"] = "graph" if entry.get("graph") else ("events" if entry.get("events") else "pytest-benchmark")
+    entry["bandwidth_Bps"] = _bw(case, t)
+    entry["bandwidth_p10_Bps"] = _bw(case, src["p90_s"])
+    entry["bandwidth_p90_Bps"] = _bw(case, src["p10_s"])
+    if roofline:
+        entry["pct_roofline"] = 100.0 * entry["bandwidth_Bps"] / roofline
+        if case.bytes_sector():
+            entry["pct_sector_roofline"] = 100.0 * case.bytes_sector() / t / roofline
+    return entry
+
+
+def _time_device(timer, fn, nsets: int) -> dict:
+    from .timing import CallFailed
+
+    out: dict = {}
+    try:
+        inner, est = timer.plan(fn, nsets)
+        out["inner_calls"] = inner
+        out["events"], out["host"] = timer.events(fn, inner)
+    except CallFailed as e:
+        return {"error": str(e)}
+    try:
+        out["graph"] = timer.graph(fn, nsets, inner)
+    except Exception as e:  # capture refused (a call that synchronizes, allocates, ...)
+        out["graph"] = None
+        out["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        import torch
+
+        torch.cuda.synchronize()
+    return out
+
+
+def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: str | None, peers: bool = True,
+               repeats: int = 11, quiet: bool = False, verify: bool = True,
+               partial: Path | None = None) -> dict:
+    """Time every case on device/unified memory. ``partial``: a JSON-lines file that gets each
+    case's record as it finishes (what is left if the run is cut short)."""
+    import torch
+
+    from ..loader import load_provider
+    from .peers import torch_peer
+    from .prepare import prepare
+    from .timing import DeviceTimer, device_copy_roofline
+
+    provider = load_provider(provider_path)
+    reference = load_provider(reference_path) if reference_path and \
+        Path(reference_path).resolve() != Path(provider_path).resolve() else None
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) or (50 << 20)
+    t0 = time.monotonic()
+    roof_start = device_copy_roofline()
+    _log(f"roofline (start): device-to-device copy {roof_start['bandwidth_Bps'] / 1e9:.0f} GB/s", quiet)
+    roof = roof_start["bandwidth_Bps"]
+    timer = DeviceTimer(repeats=repeats)
+    results = []
+    for n, case in enumerate(cases):
+        rec: dict = {"case": case.to_dict(), "impls": {}}
+        try:
+            pr = prepare(case, seed=case_seed(case), last_level_cache=l2)
+        except Exception as e:
+            rec["error"] = f"setup: {type(e).__name__}: {e}"[:300]
+            results.append(rec)
+            _log(f"[{n + 1}/{len(cases)}] {case.id}: setup failed: {rec['error']}", quiet)
+            continue
+        rec["nsets"] = pr.nsets
+        rec["working_set_bytes"] = pr.nsets * case.bytes_moved()
+        rec["l2_bytes"] = l2
+        impls = [("provider", provider)] + ([("reference", reference)] if reference else [])
+        for name, prov in impls:
+            st = pr.call(prov, 0, timer.stream.cuda_stream)
+            timer.stream.synchronize()
+            if st != 0:
+                rec["impls"][name] = {"status": int(st), "error": f"status {st} (not timed)"}
+                continue
+            e = _time_device(timer, lambda i, s, p=prov: pr.call(p, i, s), pr.nsets)
+            e["status"] = 0
+            if verify and "error" not in e:
+                e["verified"] = pr.verify()
+            rec["impls"][name] = _figures(case, e, roof)
+        if peers and case.memory == "device":
+            fn, desc = torch_peer(pr)
+            if fn is not None:
+                try:
+                    e = _time_device(timer, fn, pr.nsets)
+                    e["what"] = desc
+                    if verify and "error" not in e:
+                        e["verified"] = pr.verify()
+                    rec["impls"]["torch"] = _figures(case, e, roof)
+                except Exception as ex:
+                    rec["impls"]["torch"] = {"error": f"{type(ex).__name__}: {ex}"[:300], "what": desc}
+        rec["ratios"] = _ratios(rec["impls"])
+        results.append(rec)
+        if partial is not None:
+            with open(partial, "a", encoding="utf-8") as f:
+                f.write(json.dumps(rec, default=float) + "\n")
+        p = rec["impls"].get("provider", {})
+        tq = rec["impls"].get("torch", {})
+        ver = p.get("verified", {}).get("ok")
+        _log(f"[{n + 1}/{len(cases)}] {case.id}: "
+             + (f"{p['bandwidth_Bps'] / 1e9:8.1f} GB/s {p.get('pct_roofline', 0):5.1f}% {p['time_s'] * 1e6:9.2f} us"
+                if p.get("bandwidth_Bps") else f"{p.get('error', 'no figure')}")
+             + (f"  torch {tq['bandwidth_Bps'] / 1e9:7.1f} GB/s" if tq.get("bandwidth_Bps") else "")
+             + f"  verified={ver}", quiet)
+        del pr
+        gc.collect()
+        torch.cuda.empty_cache()
+    roof_end = device_copy_roofline()
+    _log(f"roofline (end): {roof_end['bandwidth_Bps'] / 1e9:.0f} GB/s; run {time.monotonic() - t0:.0f} s", quiet)
+    return {"roofline": {"start": roof_start, "end": roof_end, "bandwidth_Bps": roof,
+                         "method": roof_start["method"],
+                         "drift_pct": 100.0 * (roof_end["bandwidth_Bps"] - roof) / roof},
+            "cases": results, "elapsed_s": time.monotonic() - t0,
+            "timing": {"device": "CUDA events over back-to-back calls (eager), CUDA graph replay (device time), "
+                                 "host perf_counter per call", "repeats": repeats,
+                       "headline": "graph replay median when capture worked, else events median"}}
+
+
+def _ratios(impls: dict) -> dict:
+    p = impls.get("provider", {}).get("bandwidth_Bps")
+    out = {}
+    for other in ("reference", "torch", "numpy"):
+        o = impls.get(other, {}).get("bandwidth_Bps")
+        if p and o:
+            out[f"provider_over_{other}"] = p / o
+    return out
+
+
+# ----------------------------------------------------------------------------- host (pytest-benchmark)
+
+
+def run_host(provider_path: str, cases: list[BenchCase], *, reference_path: str | None, peers: bool = True,
+             rounds: int = 7, quiet: bool = False, workdir: Path) -> dict:
+    """Time host-memory cases with pytest-benchmark (suites/bench/bench_host.py) and collect its stats."""
+    import pytest
+
+    from .sweep import BenchCase as _BC  # noqa: F401
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    plan = {"provider": provider_path, "reference": reference_path if reference_path and Path(
+        reference_path).resolve() != Path(provider_path).resolve() else None,
+            "peers": peers, "rounds": rounds, "cases": [c.to_dict() for c in cases]}
+    plan_path = workdir / "bench-plan.json"
+    plan_path.write_text(json.dumps(plan), encoding="utf-8")
+    out_json = workdir / "pytest-benchmark.json"
+    out_json.unlink(missing_ok=True)
+    suite = Path(__file__).resolve().parent.parent / "suites" / "bench" / "bench_host.py"
+    if not suite.exists():
+        from .. import suites
+
+        suite = Path(suites.__file__).resolve().parent / "bench" / "bench_host.py"
+    ini = workdir / "pytest.ini"
+    ini.write_text("[pytest]\naddopts =\n", encoding="utf-8")
+    autoload_off = bool(os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"))
+    args = ["-c", str(ini), "--rootdir", str(workdir), *(["-p", "pytest_benchmark.plugin"] if autoload_off else []),
+            "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--benchmark-json", str(out_json), "--benchmark-save-data",
+            "--benchmark-disable-gc", "--benchmark-sort", "name", "-W", "ignore::DeprecationWarning",
+            str(suite)]
+    if quiet:
+        args.append("--benchmark-quiet")
+    t0 = time.monotonic()
+    env_backup = os.environ.get("KVX_BENCH_PLAN")
+    os.environ["KVX_BENCH_PLAN"] = str(plan_path)
+    try:
+        rc = int(pytest.main(args, plugins=[]))
+    finally:
+        if env_backup is None:
+            os.environ.pop("KVX_BENCH_PLAN", None)
+        else:
+            os.environ["KVX_BENCH_PLAN"] = env_backup
+    if not out_json.exists():
+        raise RuntimeError(f"pytest-benchmark wrote no results (pytest exit status {rc})")
+    pb = json.loads(out_json.read_text(encoding="utf-8"))
+    return collect_host(pb, cases, time.monotonic() - t0, rc)
+
+
+def _pb_stats(b: dict) -> dict:
+    from .timing import stats
+
+    data = b["stats"].get("data")
+    st = stats(data) if data else {"median_s": b["stats"]["median"], "p10_s": b["stats"]["q1"],
+                                   "p90_s": b["stats"]["q3"], "mean_s": b["stats"]["mean"],
+                                   "min_s": b["stats"]["min"], "max_s": b["stats"]["max"],
+                                   "cv": b["stats"]["stddev"] / b["stats"]["mean"], "rounds": b["stats"]["rounds"]}
+    st["pytest_benchmark"] = {k: b["stats"][k] for k in ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3",
+                                                          "rounds", "iterations", "ops") if k in b["stats"]}
+    return st
+
+
+def collect_host(pb: dict, cases: list[BenchCase], elapsed: float, rc: int) -> dict:
+    by_case: dict[str, dict] = {}
+    roof = None
+    for b in pb.get("benchmarks", []):
+        info = b.get("extra_info", {})
+        if info.get("kind") == "roofline":
+            st = _pb_stats(b)
+            roof = {"method": "numpy.copyto host-to-host, pytest-benchmark", "bytes_copied": info["bytes"],
+                    "bytes_moved": 2 * info["bytes"], "bandwidth_Bps": 2 * info["bytes"] / st["median_s"],
+                    "bandwidth_p10_Bps": 2 * info["bytes"] / st["p90_s"],
+                    "bandwidth_p90_Bps": 2 * info["bytes"] / st["p10_s"], "time": st, "verified": info.get("verified")}
+            continue
+        cid, impl = info.get("case"), info.get("impl")
+        if not cid:
+            continue
+        e = {"host_timer": _pb_stats(b), "status": info.get("status", 0), "verified": info.get("verified"),
+             "nsets": info.get("nsets")}
+        if info.get("what"):
+            e["what"] = info["what"]
+        by_case.setdefault(cid, {})[impl] = e
+    rbw = roof["bandwidth_Bps"] if roof else None
+    results = []
+    for c in cases:
+        rec = {"case": c.to_dict(), "impls": {}}
+        for impl, e in by_case.get(c.id, {}).items():
+            rec["nsets"] = e.pop("nsets", None)
+            rec["impls"][impl] = _figures(c, e, rbw)
+        if not rec["impls"]:
+            rec["error"] = "not timed (see the pytest-benchmark output: setup failed or the call was refused)"
+        rec["ratios"] = _ratios(rec["impls"])
+        results.append(rec)
+    return {"roofline": {"start": roof, "end": None, "bandwidth_Bps": rbw, "method": roof["method"] if roof else None,
+                         "drift_pct": None},
+            "cases": results, "elapsed_s": elapsed, "pytest_exit_status": rc,
+            "timing": {"host": "pytest-benchmark pedantic rounds of one call each (rotating input sets), "
+                               "after warm-up rounds; its statistics are kept under pytest_benchmark",
+                       "machine_info": pb.get("machine_info"), "pytest_benchmark_version": pb.get("version")}}
+
+
+# ----------------------------------------------------------------------------- document
+
+
+def results_document(*, preset: str, memory: str, provider_path: str, reference_path: str | None,
+                     body: dict, command: list[str] | None, label: str | None = None) -> dict:
+    doc = {
+        "schema": SCHEMA,
+        "harness": {"name": "kvx-conform", "version": __version__},
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "label": label,
+        "command": command,
+        "preset": preset,
+        "memory": memory,
+        "provider": provider_info(provider_path),
+        "reference": provider_info(reference_path) if reference_path else None,
+        "environment": environment(memory),
+        "bytes_moved": {
+            "write": "2*T*H*D*(io_size+cache_size) + T*8 (S64 slots) [+ 8 bytes of FP8 scales]",
+            "gather": "2*R*H*D*(cache_size+io_size) + table bytes (PACKED seqs*ceil(L/bs)*4, RAGGED R*4+(seqs+1)*4, "
+                      "KV_OFFSETS seqs*2*ceil(L/bs)*4) + seqs*4 lengths",
+            "convention": "bytes read plus bytes written, as the copy roofline counts them",
+        },
+        **body,
+    }
+    doc["summary"] = summarize(doc)
+    return doc
+
+
+def summarize(doc: dict) -> dict:
+    cases = doc.get("cases", [])
+    ok = [r for r in cases if r["impls"].get("provider", {}).get("bandwidth_Bps")]
+    failed_verify = [r["case"]["id"] for r in ok if r["impls"]["provider"].get("verified")
+                     and not r["impls"]["provider"]["verified"].get("ok")]
+    big = [r for r in ok if r["case"]["bytes_moved"] >= 256e6]
+    small = [r for r in ok if r["case"]["rows"] <= 256]
+    pct = [r["impls"]["provider"].get("pct_roofline") for r in big if r["impls"]["provider"].get("pct_roofline")]
+    return {
+        "cases": len(cases), "timed": len(ok), "errors": [r["case"]["id"] for r in cases if r.get("error") or not
+                                                          r["impls"].get("provider", {}).get("bandwidth_Bps")],
+        "verification_failures": failed_verify,
+        "large_cases": len(big),
+        "large_pct_roofline_min": min(pct) if pct else None,
+        "large_pct_roofline_median": sorted(pct)[len(pct) // 2] if pct else None,
+        "small_time_us_max": max((r["impls"]["provider"]["time_s"] * 1e6 for r in small), default=None),
+        "small_time_us_median": (sorted(r["impls"]["provider"]["time_s"] * 1e6 for r in small)[len(small) // 2]
+                                 if small else None),
+    }
+
+
+def write_json(doc: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=float), encoding="utf-8")

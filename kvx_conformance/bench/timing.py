@@ -1,0 +1,145 @@
+"""Timers. Device: CUDA events over back-to-back calls, CUDA-graph replay, host call cost.
+
+Every timer takes ``fn(i, stream)`` that issues call ``i`` (rotating over input sets)
+on ``stream`` (an int, the ``cudaStream_t``; the KVX ``stream`` argument) and returns
+a KVX status (0 = OK; torch peers return 0).
+
+- ``events``: warm-up, then ``repeats`` rounds of ``inner`` calls back to back between
+  two CUDA events; per-call time = round time / inner. Eager launches: for small calls
+  this includes the host's launch gaps.
+- ``graph``: the same ``inner`` calls captured once into a CUDA graph (torch.cuda.graphs,
+  the capture stream passed as the KVX stream), replayed ``replays`` times per round
+  between events: the device time without host gaps.
+- ``host``: the host wall time of one call (``time.perf_counter`` over ``inner`` calls,
+  no synchronization inside), i.e. what a caller's thread pays per call.
+
+Statistics (``stats``): median, p10, p90, mean, min, max and coefficient of variation
+(stdev / mean) of the per-call times of the rounds.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+
+def stats(samples_s: list[float]) -> dict:
+    xs = sorted(samples_s)
+    n = len(xs)
+
+    def q(p: float) -> float:
+        if n == 1:
+            return xs[0]
+        k = (n - 1) * p
+        lo, hi = math.floor(k), math.ceil(k)
+        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+    mean = sum(xs) / n
+    sd = statistics.stdev(xs) if n > 1 else 0.0
+    return {"median_s": q(0.5), "p10_s": q(0.1), "p90_s": q(0.9), "mean_s": mean, "min_s": xs[0],
+            "max_s": xs[-1], "cv": (sd / mean) if mean > 0 else 0.0, "rounds": n}
+
+
+class CallFailed(RuntimeError):
+    pass
+
+
+def _check(st) -> None:
+    if st not in (0, None):
+        raise CallFailed(f"call returned status {st}")
+
+
+class DeviceTimer:
+    def __init__(self, repeats: int = 11, target_round_s: float = 2e-3, max_inner: int = 256):
+        import torch
+
+        self.torch = torch
+        self.repeats = repeats
+        self.target = target_round_s
+        self.max_inner = max_inner
+        self.stream = torch.cuda.Stream()
+
+    def _events_round(self, fn, inner: int, offset: int = 0) -> tuple[float, float]:
+        t = self.torch
+        s = self.stream
+        start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        with t.cuda.stream(s):
+            start.record(s)
+            h0 = time.perf_counter()
+            for i in range(inner):
+                _check(fn(offset + i, s.cuda_stream))
+            h1 = time.perf_counter()
+            end.record(s)
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / inner, (h1 - h0) / inner
+
+    def plan(self, fn, nsets: int) -> tuple[int, float]:
+        """Warm up and pick ``inner`` (a multiple of nsets) so a round lasts about target_round_s."""
+        for i in range(max(2, nsets)):
+            _check(fn(i, self.stream.cuda_stream))
+        self.torch.cuda.synchronize()
+        est, _ = self._events_round(fn, nsets)
+        k = max(1, math.ceil(self.target / max(est * nsets, 1e-7)))
+        inner = nsets * k
+        if inner > self.max_inner:
+            inner = max(nsets, (self.max_inner // nsets) * nsets)
+        return inner, est
+
+    def events(self, fn, inner: int) -> tuple[dict, dict]:
+        dev, host = [], []
+        for r in range(self.repeats):
+            d, h = self._events_round(fn, inner)
+            dev.append(d)
+            host.append(h)
+        return stats(dev), stats(host)
+
+    def graph(self, fn, nsets: int, inner: int) -> dict:
+        t = self.torch
+        g = t.cuda.CUDAGraph()
+        s = self.stream
+        s.synchronize()
+        with t.cuda.graph(g, stream=s):
+            for i in range(nsets):
+                _check(fn(i, s.cuda_stream))
+        replays = max(1, inner // nsets)
+        g.replay()
+        t.cuda.synchronize()
+        out = []
+        for r in range(self.repeats):
+            start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            with t.cuda.stream(s):
+                start.record(s)
+                for _ in range(replays):
+                    g.replay()
+                end.record(s)
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3 / (replays * nsets))
+        del g
+        return stats(out)
+
+
+def device_copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> dict:
+    """Device-to-device copy (``torch.Tensor.copy_``) of ``nbytes``; bandwidth counts read + write."""
+    import torch
+
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    ok = bool(torch.equal(src, dst))
+    del src, dst
+    torch.cuda.empty_cache()
+    st = stats(times)
+    return {"method": "torch.Tensor.copy_ device-to-device, CUDA events", "bytes_copied": nbytes,
+            "bytes_moved": 2 * nbytes, "bandwidth_Bps": 2 * nbytes / st["median_s"],
+            "bandwidth_p10_Bps": 2 * nbytes / st["p90_s"], "bandwidth_p90_Bps": 2 * nbytes / st["p10_s"],
+            "time": st, "verified": ok}

@@ -1,0 +1,342 @@
+"""KVX 1.2 FP4 extension (readings "FP4 extension"; docs/fp4.md): profiles ``fp4`` and ``fp4_exact``.
+
+Two tiers. ``fp4`` (the "compatible" tier, required for the fp4 profile): write
+quantizes into packed E2M1 codes and a scale pool in lockstep with the block ids, each
+scale within one E4M3 step or one exponent of the oracle's, each code within one grid
+step of the oracle's code for the provider's own scale, error within 5 % of the
+oracle's, all-zero blocks exactly scale 0 / codes 0; gather dequantizes within one ulp
+of the output dtype or copies codes and scales raw; validation of the extension.
+``fp4_exact`` (the "exact" tier): codes, scales and decoded values bit-identical to
+``kvx_conformance.reference_impl.fp4``. A provider whose ABI minor is below 2, or that
+answers UNSUPPORTED, is "unsupported" for the optional feature ``fp4``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance import fp4exec as fx
+from kvx_conformance.abi import DType, Fp4Format, Layout, Status
+from kvx_conformance.loader import status_name
+from kvx_conformance.outcomes import INFORMATIONAL, REQUIRED, ConformanceFailure, Unsupported, conformance
+
+CL = "KVX 1.2 FP4 extension (readings: FP4 extension; docs/fp4.md)"
+CL_EXACT = CL + ", exact tier"
+CL_COMPAT = CL + ", compatible tier"
+FMTS = [pytest.param(f, id=fx.FORMAT_NAMES[f]) for f in (Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP)]
+IO = [pytest.param(d, id=d.name.lower()) for d in (DType.F32, DType.F16, DType.BF16)]
+LAYOUTS = [pytest.param(Layout.BLOCK_NHD, id="nhd"), pytest.param(Layout.BLOCK_HND, id="hnd")]
+TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
+NB, BS, H, D = 12, 4, 2, 64
+
+
+def _need_fp4(provider):
+    if fx.provider_minor(provider) < 2:
+        raise Unsupported(f"provider reports ABI minor {fx.provider_minor(provider)} (< 2): no FP4 extension",
+                          feature="fp4")
+
+
+def _status(st: int, want: int, what: str, clause: str, seed: int | None = None, case: str = ""):
+    if st == Status.UNSUPPORTED and want != Status.UNSUPPORTED:
+        raise Unsupported(f"{what}: UNSUPPORTED", feature="fp4")
+    if st != want:
+        raise ConformanceFailure(f"{what}: unexpected status", expected=status_name(want), got=status_name(st),
+                                 clause=clause, case=case, seed=seed)
+
+
+def _fail_if(probs: list[str], what: str, expected: str, clause: str, seed: int, case: str):
+    if probs:
+        raise ConformanceFailure(what, expected=expected, got="; ".join(probs[:6]), clause=clause, case=case, seed=seed)
+
+
+def _g(fmt, seed):
+    """Global scales: per tensor for K, per head for V (NVFP4; MXFP4 has none)."""
+    if fmt != Fp4Format.NVFP4:
+        return None, None
+    return np.float32(0.0123 * (1 + seed % 3)), [np.float32(0.002), np.float32(0.31)]
+
+
+def _data(seed: int, n: int, B: int, edges: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """K (lognormal channel scales) and V rows [n, H, D] with zero blocks, -0 and tiny/huge blocks."""
+    rng = np.random.default_rng(seed)
+    k = (rng.standard_normal((n, H, D)) * rng.lognormal(0, 1.5, (1, H, D))).astype(np.float32)
+    v = (rng.standard_normal((n, H, D)) * rng.lognormal(0, 1, (n, 1, 1))).astype(np.float32)
+    if edges:
+        k[0, 0, :B] = 0.0  # all-zero block
+        v[1, 1, B:2 * B] = -0.0  # all -0 block
+        k[2, 1, :B] *= np.float32(2.0 ** -60)  # NVFP4 scale underflow / tiny exponent
+        v[3, 0, :B] *= np.float32(2.0 ** 40)  # NVFP4 scale saturation
+        k[4, 0, 3] = -0.0
+    return k, v
+
+
+def _case(fmt, io, layout, seed, note=""):
+    return f"{fx.FORMAT_NAMES[fmt]} cache ({layout.name}), {io.name} IO, H={H} D={D} block_size={BS}{note}"
+
+
+def _write(provider, opts, fmt, io, layout, seed, key=None, value=None, n=20, slots=None, globals_=None, note=""):
+    _need_fp4(provider)
+    gk, gv = globals_ if globals_ is not None else _g(fmt, seed)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+    if key is None:
+        key, value = _data(seed, n, cache.B)
+    n = key.shape[0]
+    if slots is None:  # scattered physical blocks, one no-op slot
+        slots = np.random.default_rng(seed + 99).permutation(NB * BS)[:n].astype(np.int64)
+        slots[min(5, n - 1)] = -1
+    np_io = fx.IO_NP[io]
+    with np.errstate(over="ignore"):
+        k_io, v_io = key.astype(np_io), value.astype(np_io)
+    res = fx.run_write(provider, cache, k_io, v_io, slots, memory=opts.memory)
+    return cache, k_io.astype(np.float32), v_io.astype(np.float32), slots, res
+
+
+def _check_guards(res, clause, seed, case):
+    if res.violations:
+        raise ConformanceFailure("memory outside the described tensors was modified", expected="no change",
+                                 got="; ".join(res.violations), clause=clause, case=case, seed=seed)
+
+
+# ----------------------------------------------------------------------------- fp4 (compatible tier)
+
+
+@conformance("fp4.write.compatible", CL_COMPAT, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("io", IO)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_write_compatible(kvx_provider, kvx_call_options, fmt, io, layout):
+    seed = 10 + int(fmt) * 7 + int(io)
+    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, io, layout, seed)
+    case = _case(fmt, io, layout, seed)
+    _status(res.status, Status.OK, "FP4 write", CL_COMPAT, seed, case)
+    _check_guards(res, CL_COMPAT, seed, case)
+    want = fx.expected_write(cache, k, v, slots)
+    _fail_if(fx.compatible_write_problems(cache, res.cache, want, k, v, slots),
+             "FP4 write outside the compatible tier", "scales within one step, codes within one grid step of the "
+             "oracle's, error within 5 %, zero blocks exactly 0, other rows untouched", CL_COMPAT, seed, case)
+
+
+@conformance("fp4.write.zero_blocks", CL_COMPAT + " (an all-zero block stores scale byte 0 and codes 0)", REQUIRED,
+             "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_write_zero_blocks(kvx_provider, kvx_call_options, fmt):
+    seed = 40 + int(fmt)
+    key = np.zeros((6, H, D), np.float32)
+    key[1] = -0.0
+    key[2, :, :8] = 1.0  # one live block beside zero blocks
+    value = np.zeros((6, H, D), np.float32)
+    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed,
+                                     key=key, value=value)
+    case = _case(fmt, DType.F32, Layout.BLOCK_NHD, seed, ", zero and -0 blocks")
+    _status(res.status, Status.OK, "FP4 write of zero blocks", CL_COMPAT, seed, case)
+    want = fx.expected_write(cache, k, v, slots)
+    _fail_if(fx.compatible_write_problems(cache, res.cache, want, k, v, slots),
+             "all-zero FP4 blocks", "scale byte 0 and codes 0 (decodes to +0, never NaN)", CL_COMPAT, seed, case)
+
+
+@conformance("fp4.write.scale_pool_lockstep", CL_COMPAT + " (scale pool indexed by the data pool's block ids)",
+             REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_write_scale_pool_lockstep(kvx_provider, kvx_call_options, fmt):
+    """Every token to its own block, in reverse block order: scales must land beside their codes."""
+    seed = 50 + int(fmt)
+    n = NB
+    key, value = _data(seed, n, fx.block_values(fmt), edges=False)
+    slots = np.array([(NB - 1 - i) * BS + (i % BS) for i in range(n)], np.int64)
+    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_HND, seed,
+                                     key=key, value=value, slots=slots)
+    case = _case(fmt, DType.F32, Layout.BLOCK_HND, seed, ", token i -> block NB-1-i")
+    _status(res.status, Status.OK, "FP4 write", CL_COMPAT, seed, case)
+    want = fx.expected_write(cache, k, v, slots)
+    _fail_if(fx.compatible_write_problems(cache, res.cache, want, k, v, slots),
+             "scale pool out of step with the data pool", "scales at the physical block of their codes", CL_COMPAT,
+             seed, case)
+
+
+def _filled_cache(fmt, layout, seed):
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+    blocks = list(np.random.default_rng(seed).permutation(NB)[:8])
+    k, v = _data(seed, 8 * BS, cache.B)
+    fx.fill_cache(cache, blocks, k, v)
+    return cache, blocks
+
+
+def _gather(provider, opts, fmt, out, layout, seed, tier):
+    _need_fp4(provider)
+    cache, blocks = _filled_cache(fmt, layout, seed)
+    table = np.array([blocks[:3], blocks[3:6]], np.int32)  # non-identity, shuffled physical blocks
+    lens, msl = [11, 7], 10
+    res = fx.run_gather(provider, cache, table, lens, msl, out, memory=opts.memory)
+    case = _case(fmt, out, layout, seed, f", gather table {table.tolist()} seq_lens {lens} max_seq_len {msl}")
+    clause = CL_EXACT if tier == "exact" else CL_COMPAT
+    _status(res.status, Status.OK, "FP4 gather", clause, seed, case)
+    _check_guards(res, clause, seed, case)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = fx.expected_gather(cache, table, lens, msl, out, fx.out_init(cache, len(lens) * msl, out))
+    what = "raw FP4 gather (codes and scales)" if out == DType.F4_E2M1 else "dequantizing FP4 gather"
+    _fail_if(fx.gather_problems(res.out, want, out, tier), what,
+             "bit-identical to the oracle" if tier == "exact" or out == DType.F4_E2M1 else
+             "within one ulp of the oracle's decode; rows past the length untouched", clause, seed, case)
+
+
+@conformance("fp4.gather.dequantize", CL_COMPAT + " (decode E2M1 x scale (x g), one rounding)", REQUIRED, "fp4",
+             "gather", feature="fp4")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("out", IO)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gather_dequantize(kvx_provider, kvx_call_options, fmt, out, layout):
+    _gather(kvx_provider, kvx_call_options(), fmt, out, layout, 60 + int(fmt) + 3 * int(out), "compatible")
+
+
+@conformance("fp4.gather.raw", CL + " (F4_E2M1 IO copies codes and scales)", REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gather_raw(kvx_provider, kvx_call_options, fmt):
+    _gather(kvx_provider, kvx_call_options(), fmt, DType.F4_E2M1, Layout.BLOCK_NHD, 70 + int(fmt), "exact")
+
+
+INVALID_CASES = {
+    "head_dim_not_multiple": {"cache.head_dim": 40, "cache.k.shape[3]": 40, "cache.v.shape[3]": 40},
+    "bad_format": {"cache.fp4.format": 9},
+    "scale_dtype_mismatch": {"cache.fp4.k_scales.dtype": int(DType.F16)},
+    "scale_shape_mismatch": {"cache.fp4.v_scales.shape[3]": 3},
+    "scale_pool_null": {"cache.fp4.k_scales.data": None},
+    "ext_size_too_small": {"cache.fp4.size": 8},
+    "global_scale_bad_granularity": {"cache.fp4.k_global.granularity": 2},
+}
+
+
+@conformance("fp4.validate.invalid", CL + " (head_dim % 16 / % 32, scale pool descriptors)", REQUIRED, "fp4",
+             "write", feature="fp4")
+@pytest.mark.parametrize("name", list(INVALID_CASES))
+def test_invalid_descriptors(kvx_provider, kvx_call_options, name):
+    _need_fp4(kvx_provider)
+    seed = 80
+    fmt = Fp4Format.NVFP4
+    cache = fx.new_cache(fmt, NB, BS, H, D, k_global=np.float32(0.5))
+    key, value = _data(seed, 3, 16, edges=False)
+    res = fx.run_write(kvx_provider, cache, key, value, [1, 2, 3], memory=kvx_call_options().memory,
+                       overrides=INVALID_CASES[name])
+    case = f"NVFP4 cache with {INVALID_CASES[name]}"
+    if res.status == Status.UNSUPPORTED:
+        raise ConformanceFailure("malformed FP4 descriptor", expected="INVALID_ARGUMENT", got="UNSUPPORTED",
+                                 clause=CL, case=case, seed=seed)
+    _status(res.status, Status.INVALID_ARGUMENT, "malformed FP4 descriptor", CL, seed, case)
+    if not np.array_equal(res.cache.k_codes, cache.k_codes) or not np.array_equal(res.cache.k_scales, cache.k_scales):
+        raise ConformanceFailure("a refused call wrote the cache", expected="no change", got="cache modified",
+                                 clause=CL, case=case, seed=seed)
+
+
+@conformance("fp4.validate.f4_without_extension", CL + " (F4_E2M1 needs the 1.2 cache struct)", REQUIRED, "fp4",
+             "validate", feature="fp4")
+def test_f4_dtype_without_extension(kvx_provider, kvx_call_options):
+    """F4_E2M1 in a v1.1-sized cache (no scale pool) is INVALID_ARGUMENT for every provider."""
+    from kvx_conformance import abi
+
+    cache = fx.new_cache(Fp4Format.MXFP4, NB, BS, H, D)
+    key, value = _data(81, 2, 16, edges=False)
+    res = fx.run_write(kvx_provider, cache, key, value, [0, 5], memory=kvx_call_options().memory,
+                       cache_size=abi.V1_1_SIZES["kvx_cache_desc_t"])
+    if res.status != Status.INVALID_ARGUMENT:
+        raise ConformanceFailure("F4_E2M1 cache without the FP4 extension", expected="INVALID_ARGUMENT",
+                                 got=status_name(res.status), clause=CL, case="v1.1-sized kvx_cache_desc_t, k.dtype 11",
+                                 seed=81)
+
+
+@conformance("fp4.write.specials_isolated", CL + " (NaN/Inf: no crash, other blocks undisturbed)", INFORMATIONAL,
+             "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_specials_do_not_disturb_other_blocks(kvx_provider, kvx_call_options, fmt):
+    seed = 90 + int(fmt)
+    key, value = _data(seed, 8, fx.block_values(fmt), edges=False)
+    key[0, 0, 3], key[1, 1, 0], value[2, 0, 5] = np.nan, np.inf, -np.inf
+    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed,
+                                     key=key, value=value)
+    case = _case(fmt, DType.F32, Layout.BLOCK_NHD, seed, ", NaN and Inf in three blocks")
+    _status(res.status, Status.OK, "FP4 write with NaN/Inf", CL, seed, case)
+    want = fx.expected_write(cache, k, v, slots)
+    _fail_if(fx.compatible_write_problems(cache, res.cache, want, k, v, slots), "NaN/Inf disturbed other blocks",
+             "blocks without NaN/Inf as without them", CL, seed, case)
+
+
+# ----------------------------------------------------------------------------- fp4_exact (exact tier)
+
+
+def _exact_write(provider, opts, fmt, io, layout, seed, **kw):
+    cache, k, v, slots, res = _write(provider, opts, fmt, io, layout, seed, **kw)
+    case = _case(fmt, io, layout, seed, kw.get("note", ""))
+    _status(res.status, Status.OK, "FP4 write", CL_EXACT, seed, case)
+    _check_guards(res, CL_EXACT, seed, case)
+    want = fx.expected_write(cache, k, v, slots)
+    _fail_if(fx.exact_write_problems(res.cache, want), "FP4 write not bit-identical to the reference codec",
+             "codes and scale bytes of reference_impl.fp4", CL_EXACT, seed, case)
+
+
+@conformance("fp4_exact.write", CL_EXACT, REQUIRED, "fp4_exact", "write", feature="fp4")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("io", IO)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_exact_write(kvx_provider, kvx_call_options, fmt, io, layout):
+    _exact_write(kvx_provider, kvx_call_options(), fmt, io, layout, 110 + int(fmt) * 5 + int(io))
+
+
+def _tie_rows(fmt: Fp4Format, seed: int) -> np.ndarray:
+    """Rows whose blocks put x / scale exactly on every E2M1 tie point from +-0.25 to +-5."""
+    rng = np.random.default_rng(seed)
+    B = fx.block_values(fmt)
+    n = 8
+    x = np.empty((n, H, D // B, B), np.float32)
+    for idx in np.ndindex(x.shape[:3]):
+        unit = np.float32(2.0) ** int(rng.integers(-6, 6))
+        vals = rng.choice(np.concatenate([TIES, -TIES]), B).astype(np.float32)
+        vals[0] = np.float32(6.0) * (1 if rng.integers(2) else -1)  # amax / 6 = unit exactly
+        if fmt == Fp4Format.MXFP4_OCP:  # floor(log2 amax) - 2: make amax 4 * unit so the scale is `unit`
+            vals[0] = np.float32(4.0) * np.sign(vals[0])
+            vals = np.clip(vals, -4, 4)
+            vals[1:] = np.where(np.abs(vals[1:]) > 3.5, np.float32(3.5) * np.sign(vals[1:]), vals[1:])
+        x[idx] = vals * unit
+    return x.reshape(n, H, D)
+
+
+@conformance("fp4_exact.write.ties", CL_EXACT + " (E2M1 ties to the even code, every tie from 0.25 to 5)", REQUIRED,
+             "fp4_exact", "write", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_exact_ties(kvx_provider, kvx_call_options, fmt):
+    seed = 130 + int(fmt)
+    key = _tie_rows(fmt, seed)
+    value = -key[::-1].copy()
+    glob = (None, None)
+    if fmt == Fp4Format.NVFP4:  # power-of-two global scales keep every quotient exact
+        glob = (np.float32(2.0 ** -7), [np.float32(2.0 ** -3), np.float32(4.0)])
+        key = key * glob[0]
+        value = value * np.asarray(glob[1], np.float32)[None, :, None]
+    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed, key=key, value=value,
+                 globals_=glob, note=", every block on E2M1 tie points")
+
+
+@conformance("fp4_exact.write.edges", CL_EXACT + " (E4M3-subnormal scales, saturation, exponent boundaries, -0)",
+             REQUIRED, "fp4_exact", "write", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_exact_edges(kvx_provider, kvx_call_options, fmt):
+    seed = 140 + int(fmt)
+    rng = np.random.default_rng(seed)
+    B = fx.block_values(fmt)
+    key, value = _data(seed, 12, B)
+    kb = key.reshape(12, H, D // B, B)
+    for i in range(12):  # amax / 6 at and one ulp above powers of two; E4M3-subnormal NVFP4 scales
+        amax = np.float32(6.0) * np.float32(2.0) ** int(rng.integers(-12, 12))
+        if i % 2:
+            amax = np.nextafter(amax, np.float32(np.inf))
+        kb[i, 0, 0] = np.clip(kb[i, 0, 0], -1, 1) * amax
+        kb[i, 0, 0, 0] = amax
+        kb[i, 1, 0] *= np.float32(2.0) ** int(rng.integers(-24, -14))
+    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed,
+                 key=kb.reshape(12, H, D), value=value, note=", scale edge cases")
+
+
+@conformance("fp4_exact.gather", CL_EXACT + " ((E2M1 x s) x g in FP32, one RNE rounding)", REQUIRED, "fp4_exact",
+             "gather", feature="fp4")
+@pytest.mark.parametrize("out", IO)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_exact_gather(kvx_provider, kvx_call_options, fmt, out):
+    _gather(kvx_provider, kvx_call_options(), fmt, out, Layout.BLOCK_NHD, 150 + int(fmt) + 3 * int(out), "exact")

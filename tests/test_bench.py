@@ -1,0 +1,205 @@
+"""The bandwidth benchmarks on the host provider: results.json, report, compare gates, checks.
+
+CPU only and small: a subset of the quick preset (two cases) through the real
+``kvx-conform bench`` command (pytest-benchmark timing, oracle verification), then
+the report in headless chromium and ``kvx-conform compare`` exit codes on copies of
+that run's results.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvx_conformance.bench import compare as cmp
+from kvx_conformance.bench.prepare import prepare
+from kvx_conformance.bench.run import SCHEMA, case_seed
+from kvx_conformance.bench.sweep import PRESETS, BenchCase, preset
+from kvx_conformance.cli import main as cli_main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from browser import chromium, open_headless  # noqa: E402
+
+FILTERS = ["write-nhd-f16-t16-h8-*", "gather-hnd-f16-t16-h8-*"]
+REPRO = "KVX_CONFORM_NATIVE_DIR=... .venv/bin/python -m pytest tests/test_bench.py"
+
+
+def _native_ok() -> bool:
+    try:
+        from kvx_conformance.native import reference_provider
+
+        return reference_provider().exists()
+    except Exception:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _native_ok(), reason="the bundled reference provider is not built")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    cmd = [sys.executable, "-m", "kvx_conformance.cli", "bench", "--preset", "quick", "--memory", "host",
+           "--output-dir", str(out), "--rounds", "3", "--quiet"]
+    for f in FILTERS:
+        cmd += ["--filter", f]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONHASHSEED": "0"})
+    assert p.returncode == 0, f"expected exit 0 from {' '.join(cmd)}, got {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    doc = json.loads((out / "results.json").read_text())
+    return out, doc
+
+
+def test_quick_results_json_is_valid_and_verified(quick_run):
+    out, doc = quick_run
+    assert doc["schema"] == SCHEMA
+    assert doc["preset"] == "quick" and doc["memory"] == "host"
+    assert doc["provider"]["sha256"] and len(doc["provider"]["sha256"]) == 64
+    roof = doc["roofline"]
+    assert roof["bandwidth_Bps"] > 0 and roof["start"]["verified"] is True, roof
+    ids = [r["case"]["id"] for r in doc["cases"]]
+    want = [c.id for c in preset("quick", "host") if any(c.id.startswith(f.rstrip("*")) for f in FILTERS)]
+    assert ids == want, f"expected cases {want}, got {ids}"
+    for r in doc["cases"]:
+        c = BenchCase.from_dict(r["case"])
+        p = r["impls"]["provider"]
+        # pytest-benchmark's own statistics are kept, and ours are derived from its rounds
+        pb = p["host_timer"]["pytest_benchmark"]
+        assert pb["rounds"] >= 3 and p["host_timer"]["rounds"] == pb["rounds"], p["host_timer"]
+        assert p["host_timer"]["p10_s"] <= p["host_timer"]["median_s"] <= p["host_timer"]["p90_s"]
+        assert p["bandwidth_Bps"] == pytest.approx(c.bytes_moved() / p["time_s"])
+        assert p["pct_roofline"] == pytest.approx(100 * p["bandwidth_Bps"] / roof["bandwidth_Bps"])
+        v = p["verified"]
+        assert v["ok"] and v["rows_checked"] == v["rows_total"] == c.rows * len(v["sets_checked"]), \
+            f"{c.id}: expected every row verified, got {p['verified']}"
+        peer = r["impls"]["numpy"]
+        assert peer["bandwidth_Bps"] > 0 and peer["verified"]["ok"], peer
+        assert r["ratios"]["provider_over_numpy"] == pytest.approx(p["bandwidth_Bps"] / peer["bandwidth_Bps"])
+    assert doc["summary"]["timed"] == len(ids) and not doc["summary"]["verification_failures"]
+
+
+def test_bytes_moved_formulas():
+    w = BenchCase("write", "nhd", "f16", "f16", tokens=100, heads=8, head_dim=128)
+    assert w.bytes_moved() == 2 * 100 * 8 * 128 * (2 + 2) + 100 * 8
+    q = BenchCase("write", "nhd", "fp8_e4m3", "f16", tokens=10, heads=2, head_dim=64)
+    assert q.bytes_moved() == 2 * 10 * 2 * 64 * (2 + 1) + 10 * 8 + 8
+    g = BenchCase("gather", "hnd", "f32", "f32", tokens=4096, heads=8, head_dim=128, table="packed", seq_len=1000)
+    seqs, L = 4, 1000
+    assert (g.seqs, g.sl, g.rows) == (seqs, L, 4000)
+    assert g.bytes_moved() == 2 * 4000 * 8 * 128 * 8 + seqs * 63 * 4 + seqs * 4
+    r = BenchCase("gather", "hnd", "f16", "f16", tokens=512, table="ragged", seq_len=256)
+    assert r.bytes_moved() == 2 * 512 * 8 * 128 * 4 + 512 * 4 + 3 * 4 + 2 * 4
+    hp = BenchCase("write", "hnd_packed", "f16", "f16", tokens=64, table="random")
+    assert hp.pack == 8 and hp.bytes_sector() == 2 * 64 * 1024 * 2 + 2 * 64 * 1024 * 2 * 2 + 64 * 8
+    assert BenchCase("write", "hnd_packed", "f16", "f16", tokens=64, table="prefill").bytes_sector() is None
+
+
+def test_presets_cover_the_axes():
+    std = preset("standard", "device")
+    assert {c.tokens for c in std} >= {1, 256, 4096, 65536, 262144}
+    assert {c.layout for c in std} == {"nhd", "hnd", "hnd_packed"}
+    assert {"f16", "bf16", "f32", "fp8_e4m3"} <= {c.dtype for c in std}
+    assert {c.heads for c in std} == {1, 8, 32} and {c.head_dim for c in std} == {64, 128, 256}
+    assert {c.block_size for c in std} == {16, 32, 64, 128}
+    assert {c.table for c in std if c.op == "gather"} == {"packed", "ragged", "kv_offsets"}
+    assert len({c.id for c in std}) == len(std)
+    assert set(PRESETS) == {"quick", "standard", "full"}
+    assert all(c.tokens <= 65536 for c in preset("full", "host"))
+
+
+@pytest.mark.parametrize("mutant,case", [
+    ("block_offset_off_by_one", BenchCase("write", "nhd", "f16", tokens=64, memory="host")),
+    ("v_into_k", BenchCase("write", "hnd", "f16", tokens=64, memory="host")),
+    ("block_offset_off_by_one", BenchCase("gather", "nhd", "f16", tokens=64, table="packed", memory="host")),
+])
+def test_verification_catches_a_wrong_provider(mutant, case):
+    from kvx_conformance.loader import load_provider
+    from kvx_conformance.native import mutant_provider, reference_provider
+
+    seed = case_seed(case)
+    pr = prepare(case, seed=seed, nsets=2)
+    bad = load_provider(mutant_provider(mutant))
+    for i in range(pr.nsets):
+        assert pr.call(bad, i) == 0
+    v = pr.verify()
+    assert not v["ok"] and v["problems"], f"expected the oracle check to fail for mutant {mutant} on {case.id} " \
+                                          f"(seed {seed}), got {v}; repro: {REPRO}"
+    good = prepare(case, seed=seed, nsets=2)
+    ref = load_provider(reference_provider())
+    for i in range(good.nsets):
+        assert good.call(ref, i) == 0
+    assert good.verify()["ok"], f"expected the reference to verify on {case.id} (seed {seed})"
+
+
+def _slower(doc: dict, case_index: int, factor: float) -> dict:
+    d = copy.deepcopy(doc)
+    p = d["cases"][case_index]["impls"]["provider"]
+    p["bandwidth_Bps"] *= factor
+    p["pct_roofline"] *= factor
+    return d
+
+
+def test_compare_detects_a_regression_and_sets_the_exit_code(quick_run, tmp_path, capsys):
+    out, doc = quick_run
+    base = out / "results.json"
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(doc))
+    assert cli_main(["compare", str(base), str(same), "--max-regression", "5"]) == cmp.EXIT_OK
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(_slower(doc, 1, 0.8)))
+    rc = cli_main(["compare", str(base), str(slow), "--max-regression", "5"])
+    text = capsys.readouterr().out
+    assert rc == cmp.EXIT_GATE, f"expected exit {cmp.EXIT_GATE} for a 20% drop, got {rc}\n{text}"
+    assert "REGRESSION" in text and doc["cases"][1]["case"]["id"] in text
+    # a 20% drop passes a 25% allowance; gates limited to large cases ignore these small ones
+    assert cli_main(["compare", str(base), str(slow), "--max-regression", "25"]) == cmp.EXIT_OK
+    assert cli_main(["compare", str(base), str(slow), "--max-regression", "5", "--min-bytes", "1e12"]) == cmp.EXIT_OK
+    lowest = min(r["impls"]["provider"]["pct_roofline"] for r in doc["cases"])
+    assert cli_main(["compare", str(base), str(same), "--fail-below", f"{lowest * 0.99}"]) == cmp.EXIT_OK
+    assert cli_main(["compare", str(base), str(same), "--fail-below", f"{lowest * 1.01}"]) == cmp.EXIT_GATE
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something-else/1"}')
+    assert cli_main(["compare", str(base), str(bad)]) == cmp.EXIT_BAD_INPUT
+
+
+def test_agreement_reports_the_spread(quick_run):
+    _, doc = quick_run
+    a = cmp.agreement(doc, _slower(doc, 0, 0.98), min_bytes=0)
+    assert a["cases"] == len(doc["cases"]) and a["within"], a
+    assert a["max_diff_pct"] == pytest.approx(100 * 0.02 / 0.99, rel=1e-6)
+    b = cmp.agreement(doc, _slower(doc, 0, 0.9), min_bytes=0)
+    assert not b["within"] and b["rows"][0]["id"] == doc["cases"][0]["case"]["id"], b
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(chromium() is None, reason="no chromium installed (.ci/run installs it)")
+def test_report_opens_in_headless_chromium_without_errors(quick_run, tmp_path):
+    from kvx_conformance.bench.report import write_report
+
+    out, doc = quick_run
+    html = (out / "bench.html").read_text()
+    for section in ("Summary", "Bandwidth against tokens", "Small-batch latency", "Percent of the copy roofline",
+                    "Provider, reference and the peer", "Environment", "Method"):
+        assert section in html, f"expected section {section!r} in bench.html"
+    assert "http://" not in html and "https://" not in html and "<script" not in html.lower()
+    # the report as `bench` wrote it, re-rendered with a second run: every section plus the agreement table
+    two = tmp_path / "two.html"
+    write_report(doc, two, second=_slower(doc, 0, 0.99), second_label="run 2")
+    assert "Run-to-run agreement" in two.read_text()
+    r = open_headless(two)
+    assert r.checked, f"expected the page to load in chromium (rc {r.returncode}):\n{r.stderr_tail}"
+    assert r.console == [], f"expected no console messages, got {r.console}"
+    assert r.images >= 4 and r.broken == 0, f"expected 4+ decoded plots, got {r.images} images, {r.broken} broken"
+
+
+def test_run_accepts_bench_option():
+    from kvx_conformance.cli import build_parser
+
+    args = build_parser().parse_args(["run", "--bench", "quick", "--memory", "host"])
+    assert args.bench == "quick"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--bench", "huge"])

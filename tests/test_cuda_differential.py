@@ -1,0 +1,186 @@
+"""The CUDA face of the bundled reference: its CUDA backend against the numpy oracle
+and against its own host backend, on DEVICE and UNIFIED memory.
+
+Randomized valid write / gather cases over every layout, dtype, index dtype and
+table format (the generators of ``test_oracle_differential``) run three ways: on
+HOST memory (host backend), on DEVICE memory and on UNIFIED memory (CUDA
+backend). Each result must equal the oracle's bit for bit, status included, and
+no guard byte may change. Every data-dependent rule violation (R-ORDER step 5)
+runs on both GPU memory types: UNIFIED must answer exactly the host's status and
+write nothing; DEVICE may answer OK instead (R-DEVICE-STATUS) but then every
+element must hold its initial value or the value of the call's valid part, and
+the guards must hold.
+
+Runs where the reference was built with CUDA and torch sees a GPU (the device
+machine); skips elsewhere. Repro of a failing seed: the message names the
+generator call; run it with ``CallOptions(memory=Memory.DEVICE)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance import buffers, checks, generators
+from kvx_conformance.abi import Memory, Status
+from kvx_conformance.cases import GatherCase, Result, WriteCase
+from kvx_conformance.dtypes import bits_view
+from kvx_conformance.execute import CallOptions, run_gather, run_write
+from kvx_conformance.reference_impl import RULES, expected
+
+CASES = {"write": 240, "gather": 240}
+CHUNKS = 4
+GEN = {"write": generators.random_write_case, "gather": generators.random_gather_case}
+RUN = {"write": run_write, "gather": run_gather}
+STREAM = {"write": 4101, "gather": 4202}
+DATA_RULES = sorted(r for r, rc in RULES.items() if rc.step == 5 and r in generators.RULES)
+MEMORIES = {"device": Memory.DEVICE, "unified": Memory.UNIFIED}
+
+
+@pytest.fixture(scope="module")
+def provider():
+    from kvx_conformance.loader import load_provider
+    from kvx_conformance.native import NativeBuildMissing, have_cuda, reference_provider
+
+    try:
+        path = reference_provider()
+    except NativeBuildMissing as e:
+        pytest.skip(str(e))
+    if not path.exists():
+        pytest.skip(f"reference provider not built: {path}")
+    if not have_cuda():
+        pytest.skip("the reference provider was built without its CUDA backend (no nvcc)")
+    why = buffers.memory_available(Memory.DEVICE)
+    if why:
+        pytest.skip(why)
+    return load_provider(path)
+
+
+_STREAMS: list = []
+
+
+def _stream() -> int:
+    """A non-default CUDA stream (R-STREAM: the call must honor it; the read-back waits for the device)."""
+    if not _STREAMS:
+        import torch
+
+        _STREAMS.append(torch.cuda.Stream())
+    return _STREAMS[0].cuda_stream
+
+
+def _status(code: int) -> str:
+    try:
+        return Status(code).name
+    except ValueError:
+        return str(code)
+
+
+def compare(exp: Result, got: Result) -> str:
+    """'' when identical (status, every element's bits, guards), else what differs."""
+    problems = []
+    if got.status != exp.status:
+        problems.append(f"status: expected {_status(exp.status)} ({exp.rule or 'OK'}), got {_status(got.status)}")
+    for name, want in exp.arrays.items():
+        have = got.arrays.get(name)
+        a, b = bits_view(want), bits_view(have)
+        if a.shape != b.shape:
+            problems.append(f"{name}: {b.shape[0]} elements, expected {a.shape[0]}")
+            continue
+        bad = np.nonzero(a != b)[0]
+        if bad.size:
+            problems.append(
+                f"{name}: {bad.size} element(s) differ, first at {bad[:6].tolist()}: expected bits "
+                f"{[hex(int(x)) for x in a[bad[:6]]]}, got {[hex(int(x)) for x in b[bad[:6]]]}"
+            )
+    problems += got.guard_violations
+    return "; ".join(problems)
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+@pytest.mark.parametrize("kind", ["write", "gather"])
+@pytest.mark.parametrize("mem", sorted(MEMORIES))
+def test_cuda_matches_oracle_and_host(provider, mem, kind, chunk):
+    """Valid random cases: CUDA on `mem` == oracle == host backend (R-WRITE, R-GATHER, R-CONVERT)."""
+    memory = MEMORIES[mem]
+    mismatches, compared = [], 0
+    seeds = range(chunk, CASES[kind], CHUNKS)
+    for seed in seeds:
+        case = GEN[kind](np.random.default_rng([seed, STREAM[kind]]), seed=seed)
+        exp = expected(case, memory)
+        host = RUN[kind](provider, case)
+        got = RUN[kind](provider, case, CallOptions(memory=memory, stream=_stream() if seed % 2 else None))
+        if exp.status == Status.UNSUPPORTED or got.status == Status.UNSUPPORTED:
+            # R-IO: an unfoldable 4-D output may be refused; it must then write nothing.
+            if got.status == Status.UNSUPPORTED and host.status == Status.UNSUPPORTED:
+                diff = compare(checks.untouched(case), Result(int(Status.OK), got.arrays, got.guard_violations))
+                if diff:
+                    mismatches.append((seed, case, "UNSUPPORTED but memory changed: " + diff))
+                continue
+        compared += 1
+        diff = compare(exp, got)
+        hdiff = compare(host, got)
+        if diff or hdiff:
+            mismatches.append((seed, case, f"vs oracle: {diff or 'same'}; vs host backend: {hdiff or 'same'}"))
+    report = "\n".join(
+        f"- seed {seed}: {diff}\n    case: {case.describe()}\n    repro: generators.{GEN[kind].__name__}("
+        f"np.random.default_rng([{seed}, {STREAM[kind]}]), seed={seed}) with CallOptions(memory=Memory.{memory.name})"
+        for seed, case, diff in mismatches[:8]
+    )
+    assert not mismatches, (
+        f"{len(mismatches)} of {len(seeds)} {kind} cases on {memory.name} memory differ (clause R-WRITE/R-GATHER; "
+        f"expected the oracle's bits):\n{report}"
+    )
+    assert compared >= 0.75 * len(seeds), f"only {compared} of {len(seeds)} compared"
+
+
+def _partial(case):
+    if isinstance(case, WriteCase):
+        return checks.partial_write(case)()
+    return checks.partial_gather(case)()
+
+
+@pytest.mark.parametrize("rule_id", DATA_RULES)
+@pytest.mark.parametrize("mem", sorted(MEMORIES))
+def test_data_rule_violations(provider, mem, rule_id):
+    """Data-dependent errors: UNIFIED answers the host's status and writes nothing; DEVICE
+    may answer OK with only the valid part written (R-DEVICE-STATUS); never a guard byte."""
+    memory = MEMORIES[mem]
+    rc = generators.RULES[rule_id]
+    failures = []
+    for seed, profile in [(s, "CORE") for s in range(4)] + [(s, "FULL") for s in range(2)]:
+        v = generators.random_invalid_case(np.random.default_rng([seed, 4313]), rule_id, seed=seed,
+                                           profile=getattr(generators, profile))
+        case = v.case
+        run = run_write if isinstance(case, WriteCase) else run_gather
+        exp = expected(case, memory)
+        got = run(provider, case, CallOptions(memory=memory))
+        host = run(provider, case)
+        where = (f"- {profile} seed {seed}: case {case.describe()}\n    repro: generators.random_invalid_case("
+                 f"np.random.default_rng([{seed}, 4313]), {rule_id!r}, profile=generators.{profile})")
+        if host.status == Status.UNSUPPORTED and got.status == Status.UNSUPPORTED:
+            # R-IO / R-ORDER: an unfoldable 4-D output is refused (step 3) before data checks
+            diff = compare(checks.untouched(case), Result(int(Status.OK), got.arrays, got.guard_violations))
+            if diff:
+                failures.append(f"{where}\n    UNSUPPORTED but memory changed: {diff}")
+            continue
+        if host.status != exp.status:
+            failures.append(f"{where}\n    host backend answered {_status(host.status)}, oracle {_status(exp.status)}")
+        if got.guard_violations:
+            failures.append(f"{where}\n    guards: {'; '.join(got.guard_violations)}")
+            continue
+        if memory == Memory.DEVICE and got.status == Status.OK and exp.status != Status.OK:
+            part = _partial(case)
+            init = checks.untouched(case)
+            for key, g in got.arrays.items():
+                ok = (bits_view(g) == bits_view(init.arrays[key])) | (bits_view(g) == bits_view(part.arrays[key]))
+                if not ok.all():
+                    failures.append(f"{where}\n    {key}: {int((~ok).sum())} element(s) neither initial nor the "
+                                    "valid part's value (R-DEVICE-STATUS)")
+            continue
+        diff = compare(exp, got)
+        if diff:
+            failures.append(f"{where}\n    {diff}")
+    assert not failures, (
+        f"rule {rule_id} ({rc.clause}) on {memory.name} memory: expected {_status(rc.status)}"
+        f"{' or OK with the valid part' if memory == Memory.DEVICE else ''} and no write outside:\n"
+        + "\n".join(failures)
+    )
