@@ -46,10 +46,8 @@ KILLERS_SCHEMA = 1
 SWEEP_TIMEOUT_S = 20.0
 #: hypothesis examples per generated test in sweep runs (a failing property also shrinks: keep it small)
 SWEEP_HYPOTHESIS_EXAMPLES = 10
-#: per-test timeout of check runs
-CHECK_TIMEOUT_S = 10.0
-#: breaker threshold used by check runs of crashing mutants (as low as possible: fast)
-CHECK_BREAKER = 1
+#: per-test timeout of check runs (in-process runs: a timeout ends the process, keep it generous)
+CHECK_TIMEOUT_S = 60.0
 
 
 def repo_root() -> Path:
@@ -101,8 +99,8 @@ def _load_tests(results: Path) -> dict[str, dict]:
 
 def pick_killers(caught: list[dict], k: int = KILLERS_PER_MUTANT) -> list[str]:
     """A few catching tests: deterministic failures first, required before the rest, the
-    conformance suites before the engine scenarios and the generated (hypothesis) tests, fast
-    ones first, at most one per base id."""
+    conformance suites before the engine scenarios and the generated (hypothesis) tests (those
+    only when nothing else catches it), fast ones first, at most one per base id."""
     rank_outcome = {"fail": 0, "crash": 1, "timeout": 2}
     rank_level = {"required": 0, "recommended": 1, "informational": 2}
 
@@ -112,7 +110,8 @@ def pick_killers(caught: list[dict], k: int = KILLERS_PER_MUTANT) -> list[str]:
 
     chosen: list[str] = []
     bases: set[str] = set()
-    for t in sorted(caught, key=key):
+    plain = [t for t in caught if t.get("profile") not in ("engines", "generated")]
+    for t in sorted(plain or caught, key=key):
         if base_id(t["id"]) in bases:
             continue
         chosen.append(t["id"])
@@ -273,12 +272,12 @@ def render_matrix(doc: dict) -> str:
 
 
 def _pytest_args(provider: str, out: Path, ids: list[str], files: list[str], root: Path,
-                 timeout_s: float) -> list[str]:
+                 timeout_s: float, examples: int) -> list[str]:
     pa = ["-c", str(out / "pytest.ini"), "--rootdir", str(root), "-p", "kvx_conformance.plugin",
           "-p", "no:cacheprovider", "-p", "no:faulthandler", "--timeout", f"{timeout_s:g}",
           "--timeout-method", "thread", "-qq", "--no-summary", "-W", "ignore::pytest.PytestUnknownMarkWarning",
           "--kvx-provider", provider, "--kvx-memory", "host", "--kvx-output-dir", str(out),
-          "--kvx-progress", "none"]
+          "--kvx-progress", "none", "--kvx-hypothesis-examples", str(examples)]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         pa += ["-p", "pytest_timeout"]
     for tid in ids:
@@ -287,7 +286,8 @@ def _pytest_args(provider: str, out: Path, ids: list[str], files: list[str], roo
 
 
 def run_selected(provider: str, ids: list[str], nodefiles: list[str], out: Path,
-                 timeout_s: float = CHECK_TIMEOUT_S) -> dict[str, dict]:
+                 timeout_s: float = CHECK_TIMEOUT_S,
+                 examples: int = SWEEP_HYPOTHESIS_EXAMPLES) -> dict[str, dict]:
     """Run the tests ``ids`` on ``provider`` *in this process* (pytest + the kvx plugin,
     no xdist) and return id -> record from the results.json the plugin wrote.
 
@@ -304,7 +304,7 @@ def run_selected(provider: str, ids: list[str], nodefiles: list[str], out: Path,
     files = sorted({str(root / f.split("::")[0]) for f in nodefiles}) or [str(root)]
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        rc = int(pytest.main(_pytest_args(provider, out, ids, files, root, timeout_s)))
+        rc = int(pytest.main(_pytest_args(provider, out, ids, files, root, timeout_s, examples)))
     res = out / "results.json"
     if not res.exists():
         raise RuntimeError(f"pytest exit {rc} wrote no results for {provider}:\n{buf.getvalue()[-2000:]}")
@@ -316,12 +316,14 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
     doc = json.loads(killers_path.read_text(encoding="utf-8"))
     known = doc.get("mutants", {})
     report: dict = {"mutants": {}, "reference": {}}
+    examples = int(doc.get("sweep_hypothesis_examples") or SWEEP_HYPOTHESIS_EXAMPLES)
     listing = _collection_index()
     entries = {n: known.get(n) for n in names}
     union = sorted({k for e in entries.values() if e for k in e.get("killers", [])})
     if union:
+        print(f"check: reference: {len(union)} killer tests", file=sys.stderr, flush=True)
         ref = run_selected(str(native.reference_provider()), union, [listing.get(k, "") for k in union],
-                           work / "reference")
+                           work / "reference", examples=examples)
         report["reference"] = {k: (ref.get(k) or {}).get("outcome", "not run") for k in union}
     for name in names:
         e = entries[name]
@@ -331,7 +333,7 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
             r["problems"].append("missing from killers.json")
             continue
         if e.get("caught_by_preflight"):
-            rc, _, tail = cli_run(str(native.mutant_provider(name)), work / name, ["-n", "1"], CHECK_TIMEOUT_S)
+            rc, _, tail = cli_run(str(native.mutant_provider(name)), work / name, ["-n", "1"], 10.0)
             r["preflight_exit"] = rc
             r["killers"] = ["(preflight)"]
             if rc in (0, 1):
@@ -343,14 +345,15 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
             r["problems"].append("no killer recorded: no test catches this mutant")
             continue
         lib = str(native.mutant_provider(name))
+        print(f"check: {name}: {kill}", file=sys.stderr, flush=True)
         crashing = any(o in ("crash", "timeout") for o in (e.get("killer_outcomes") or {}).values())
         if crashing:
             # the real CLI, worker processes: the crash or hang costs a worker, not us
-            extra = ["-n", "1", "--breaker", str(CHECK_BREAKER * 100)]
+            extra = ["-n", "1", "--breaker", "100", "--pytest-args", f"--kvx-hypothesis-examples {examples}"]
             for k in kill:
                 extra += ["--id", k]
-            rc, _, tail = cli_run(lib, work / name, extra, CHECK_TIMEOUT_S if not any(
-                o == "timeout" for o in e["killer_outcomes"].values()) else 3.0)
+            hangs = any(o == "timeout" for o in e["killer_outcomes"].values())
+            rc, _, tail = cli_run(lib, work / name, extra, 3.0 if hangs else 10.0)
             try:
                 got = _load_tests(work / name / "results.json")
                 verdict = json.loads((work / name / "results.json").read_text())["verdict"]
@@ -359,7 +362,7 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
                 continue
             r["via"] = "kvx-conform run (subprocess)"
         else:
-            got = run_selected(lib, kill, [listing.get(k, "") for k in kill], work / name)
+            got = run_selected(lib, kill, [listing.get(k, "") for k in kill], work / name, examples=examples)
             verdict = json.loads((work / name / "results.json").read_text())["verdict"]
             r["via"] = "pytest + kvx plugin (batch)"
         r["verdict"] = verdict

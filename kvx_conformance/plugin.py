@@ -85,6 +85,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "kvx(id, clause, level, profile, entry, feature): kvx-conform test metadata (outcomes.conformance)"
     )
     config.addinivalue_line("markers", "slow: left out of --quick runs")
+    config.addinivalue_line(
+        "markers", "kvx_memory_types(*names): collected only for runs on these memory types "
+        "(e.g. 'device', 'unified'); a test that has no meaning on the run's memory is not run and not counted")
     is_worker = hasattr(config, "workerinput")
     if not is_worker:
         ctl = _Controller(config)
@@ -358,7 +361,9 @@ class _Worker:
             meta = item_meta(item, self._timeout)
             item.stash[_META] = meta
             item.user_properties.append(("kvx.meta", json.dumps(meta)))
-            selected = (not profiles or meta["profile"] in profiles) and \
+            mem_mark = item.get_closest_marker("kvx_memory_types")
+            applicable = mem_mark is None or self.rc.memory.name.lower() in mem_mark.args
+            selected = applicable and (not profiles or meta["profile"] in profiles) and \
                 (not id_patterns or any(p.matches(meta["id"]) for p in id_patterns)) and \
                 not (self.rc.quick and meta["slow"])
             (keep if selected else drop).append(item)

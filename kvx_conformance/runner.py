@@ -192,6 +192,19 @@ def _header_lines(info, memory: str, args, workers: int, notes: list[str]) -> li
     return lines
 
 
+def keyword_error(expr: str) -> str | None:
+    """A one-line message when ``expr`` is not a valid pytest ``-k`` expression, else None."""
+    from _pytest.mark.expression import Expression  # pytest's own -k parser (its error type varies by version)
+
+    try:
+        Expression.compile(expr)
+    except Exception as e:  # noqa: BLE001 - SyntaxError in pytest >= 8.4, ParseError before
+        why = getattr(e, "msg", None) or getattr(e, "message", None) or str(e)
+        return (f"-k {expr!r} is not a pytest -k expression ({why}); "
+                "use words joined by 'and' / 'or' / 'not', or --id with '*' globs for stable ids")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from .preflight import run_preflight
 
@@ -206,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.timeout <= 0:
         _err("--timeout must be positive")
+        return EXIT_USAGE
+    if args.keyword and (bad := keyword_error(args.keyword)):
+        _err(bad)
         return EXIT_USAGE
     try:
         claims = load_claims(args.claims)

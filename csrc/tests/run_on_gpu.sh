@@ -61,7 +61,7 @@ do_bench() {
 }
 
 do_suites() {
-  for mem in device unified; do
+  for mem in ${SUITE_MEMORIES:-device unified}; do
     step "kvx-conform run --memory $mem"
     local t0=$SECONDS
     $BIN/kvx-conform run --memory $mem -n ${WORKERS:-8} --progress none --output-dir "$LOG/suite-$mem" \

@@ -48,6 +48,15 @@ def _nvidia_smi() -> dict:
     return dict(zip(q.split(","), vals))
 
 
+def _nvcc_version() -> str | None:
+    try:
+        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln for ln in out.splitlines() if "release" in ln]
+    return lines[0].strip() if lines else None
+
+
 def environment(memory: str) -> dict:
     env = {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
            "cpu_count": os.cpu_count(), "hostname_hash": f"{zlib.crc32(platform.node().encode()):08x}"}
@@ -77,6 +86,7 @@ def environment(memory: str) -> dict:
                           "capability": f"{p.major}.{p.minor}"}
             env["nvidia_smi"] = _nvidia_smi()
             env["cuda_driver"] = env["nvidia_smi"].get("driver_version")
+            env["nvcc"] = _nvcc_version()
     except ImportError:
         env["torch"] = None
     return env
@@ -264,15 +274,14 @@ def run_host(provider_path: str, cases: list[BenchCase], *, reference_path: str 
     if quiet:
         args.append("--benchmark-quiet")
     t0 = time.monotonic()
-    env_backup = os.environ.get("KVX_BENCH_PLAN")
+    # pytest-benchmark turns itself off inside an xdist worker (PYTEST_XDIST_WORKER): this session is not one
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("PYTEST_XDIST") or k == "KVX_BENCH_PLAN"}
     os.environ["KVX_BENCH_PLAN"] = str(plan_path)
     try:
         rc = int(pytest.main(args, plugins=[]))
     finally:
-        if env_backup is None:
-            os.environ.pop("KVX_BENCH_PLAN", None)
-        else:
-            os.environ["KVX_BENCH_PLAN"] = env_backup
+        os.environ.pop("KVX_BENCH_PLAN", None)
+        os.environ.update(saved)
     if not out_json.exists():
         raise RuntimeError(f"pytest-benchmark wrote no results (pytest exit status {rc})")
     pb = json.loads(out_json.read_text(encoding="utf-8"))

@@ -241,11 +241,9 @@ def test_null_stream(kvx_provider, kvx_call_options, op):
 
 @conformance("stream.non_null", "spec 7 (stream parameters are opaque CUDA/HIP streams); R-STREAM", REQUIRED,
              "concurrency", ("write", "gather"))
+@pytest.mark.kvx_memory_types("device", "unified")  # a stream means nothing to host memory: not run there
 @pytest.mark.parametrize("op", ["write", "gather"])
 def test_non_null_stream(kvx_provider, kvx_call_options, op):
-    opts0 = kvx_call_options()
-    if opts0.memory == Memory.HOST:
-        pytest.skip("host memory: a stream is meaningful only for DEVICE or UNIFIED runs")
     import torch
 
     stream = torch.cuda.Stream()

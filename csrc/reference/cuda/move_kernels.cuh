@@ -206,37 +206,16 @@ __device__ __forceinline__ char* fast_row(const MoveParams& p, uint32_t task, ui
   return gather_cache_row(p, jb, gather_meta_load(p, it));
 }
 
-/* Streaming (evict-first) accesses: every byte is touched once. */
-template <class T>
-__device__ __forceinline__ T ld_stream(const char* p) {
-  if constexpr (sizeof(T) == 16) {
-    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
-    return *reinterpret_cast<const T*>(&v);
-  } else {
-    return *reinterpret_cast<const T*>(p);
-  }
-}
-template <class T>
-__device__ __forceinline__ void st_stream(char* p, const T& v) {
-  if constexpr (sizeof(T) == 16) {
-    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
-  } else if constexpr (sizeof(T) == 8) {
-    __stcs(reinterpret_cast<uint2*>(p), *reinterpret_cast<const uint2*>(&v));
-  } else {
-    *reinterpret_cast<T*>(p) = v;
-  }
-}
-
-/* One warp per (job, group of TG rows) task, two tasks per iteration: each
- * lane resolves its row's cache location (slot, or the gather metadata) for
- * both tasks, then the lanes sweep the rows' H * C chunks with 2 x kUnroll
- * independent 16-byte loads in flight per lane. Lane l takes row (l mod TG) of
- * a group and chunks l / TG, + 32 / TG, ...: with TG > 1 (HND_PACKED)
- * neighbouring lanes move the same chunk of consecutive tokens, contiguous in
- * the cache when the tokens share a block. */
+/* One warp per (job, group of TG rows) task: each lane resolves its row's cache
+ * location once (slot, or the gather metadata), then the lanes sweep the row's
+ * H * C chunks with kUnroll independent 16-byte loads in flight per lane. Lane l
+ * takes row (l mod TG) of the group and chunks l / TG, + 32 / TG, ...: with
+ * TG > 1 (HND_PACKED) neighbouring lanes move the same chunk of consecutive
+ * tokens, contiguous in the cache when the tokens share a block.
+ * (Measured on an H100, docs/cuda-reference.md: two tasks per iteration and
+ * evict-first hints were slower, FP8 and HND_PACKED most.) */
 template <class Op>
 __global__ void __launch_bounds__(kThreads) move_fast(const __grid_constant__ MoveParams p) {
-  constexpr int kTasks = 2;
   const uint32_t C = p.fd_c.div;
   const uint32_t HC = p.fd_h.div * C;
   const uint32_t groups = (p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
@@ -247,51 +226,41 @@ __global__ void __launch_bounds__(kThreads) move_fast(const __grid_constant__ Mo
   const uint32_t q_step = 32u >> p.lg_tg;
   const uint32_t warps = gridDim.x * (kThreads / 32);
   const bool gather = p.kind != KIND_WRITE;
-  for (uint32_t task0 = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5); task0 < tasks; task0 += kTasks * warps) {
-    const Job* jb[kTasks];
-    char* crow[kTasks];
-    char* iorow[kTasks];
-#pragma unroll
-    for (int t = 0; t < kTasks; ++t) {
-      jb[t] = &p.job[0];
-      iorow[t] = nullptr;
-      crow[t] = fast_row<Op>(p, task0 + t * warps, tasks, groups, ti, &jb[t], &iorow[t]);
-    }
-    if (!crow[0] && !crow[1]) continue; /* no barrier or shuffle below */
+  for (uint32_t task = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5); task < tasks; task += warps) {
+    const Job* jb = &p.job[0];
+    char* iorow = nullptr;
+    char* crow = fast_row<Op>(p, task, tasks, groups, ti, &jb, &iorow);
+    if (!crow) continue; /* no barrier or shuffle below */
     for (uint32_t q0 = q_first; q0 < HC; q0 += q_step * kUnroll) {
-      typename Op::InVec v[kTasks][kUnroll];
-      char* dst[kTasks][kUnroll];
+      typename Op::InVec v[kUnroll];
+      char* dst[kUnroll];
       uint32_t hh[kUnroll];
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         const uint32_t q = q0 + k * q_step;
-        const uint32_t h = fdiv(q, p.fd_c);
-        const uint32_t c = q - h * C;
-        hh[k] = h;
-#pragma unroll
-        for (int t = 0; t < kTasks; ++t) {
-          dst[t][k] = nullptr;
-          if (q < HC && crow[t]) {
-            char* cp = crow[t] + chunk_cache_off<Op>(*jb[t], h, c);
-            char* ip = iorow[t] + (long long)jb[t]->io_esize * ((long long)h * jb[t]->io_head + (long long)c * Op::V);
-            if (gather) {
-              v[t][k] = ld_stream<typename Op::InVec>(cp);
-              dst[t][k] = ip;
-            } else {
-              v[t][k] = ld_stream<typename Op::InVec>(ip);
-              dst[t][k] = cp;
-            }
+        dst[k] = nullptr;
+        if (q < HC) {
+          const uint32_t h = fdiv(q, p.fd_c);
+          const uint32_t c = q - h * C;
+          hh[k] = h;
+          char* cp = crow + chunk_cache_off<Op>(*jb, h, c);
+          char* ip = iorow + (long long)jb->io_esize * ((long long)h * jb->io_head + (long long)c * Op::V);
+          if (gather) {
+            v[k] = ld_vec<typename Op::InVec>(cp);
+            dst[k] = ip;
+          } else {
+            v[k] = ld_vec<typename Op::InVec>(ip);
+            dst[k] = cp;
           }
         }
       }
 #pragma unroll
-      for (int t = 0; t < kTasks; ++t)
-#pragma unroll
-        for (int k = 0; k < kUnroll; ++k)
-          if (dst[t][k]) {
-            const float s = Op::kScaled ? load_scale(p, *jb[t], hh[k]) : 1.0f;
-            st_stream<typename Op::OutVec>(dst[t][k], Op::run(v[t][k], s, p.default_nan));
-          }
+      for (int k = 0; k < kUnroll; ++k) {
+        if (dst[k]) {
+          const float s = Op::kScaled ? load_scale(p, *jb, hh[k]) : 1.0f;
+          st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, p.default_nan));
+        }
+      }
     }
   }
 }
