@@ -73,8 +73,7 @@ else
   say "installing kvx-conform from $spec into $venv"
   "${KVX_PYTHON:-python3}" -m venv ${venv_args[@]+"${venv_args[@]}"} "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  # pyyaml: claims and expectations files are usually YAML (JSON needs nothing extra)
-  "$venv/bin/python" -m pip install -q "$spec" pyyaml
+  "$venv/bin/python" -m pip install -q "$spec"
   kvx=$venv/bin/kvx-conform
 fi
 say "$("$kvx" --version)"

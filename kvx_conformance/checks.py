@@ -23,6 +23,7 @@ import numpy as np
 
 from . import execute
 from .abi import Layout, Memory, Status
+from .casebuild import case_features
 from .cases import GatherCase, Result, ValidateCase, WriteCase
 from .descriptors import IOLayout, TensorLayout
 from .dtypes import bits_view
@@ -215,14 +216,19 @@ def _oracle():
     return reference_impl
 
 
-def _unsupported(got: Result, case, feature: str | None, clause: str) -> None:
+def _unsupported(got: Result, case, feature: str | tuple[str, ...] | None, clause: str) -> None:
     """An UNSUPPORTED answer must have written nothing; then it is the feature's to excuse."""
     check_guards(got, clause=clause, case=case)
     if not isinstance(case, ValidateCase):
         check_arrays(got, untouched(case), case, clause=clause,
                      what="the provider answered UNSUPPORTED but modified memory")
     label = getattr(case, "label", "") or type(case).__name__
-    raise Unsupported(f"provider answered UNSUPPORTED for {label}", feature)
+    # the test's feature plus every optional feature the case exercises: the answer is
+    # excused when any of them is unclaimed (plugin), so a claimed feature is not blamed
+    # for a refusal of something else the case combines it with
+    given = (feature,) if isinstance(feature, str) else tuple(feature)
+    features = tuple(dict.fromkeys(given + tuple(case_features(case))))
+    raise Unsupported(f"provider answered UNSUPPORTED for {label}", features)
 
 
 def _judge(
@@ -232,7 +238,7 @@ def _judge(
     opts: execute.CallOptions,
     *,
     clause: str,
-    feature: str | None,
+    feature: str | tuple[str, ...] | None,
     statuses: Iterable[int] | None,
     partial: Callable[[], Result] | None,
 ) -> Result:
@@ -296,7 +302,7 @@ def away_from_run_memory(case, memory: Memory):
 
 def verify_validate(
     provider, case: ValidateCase, opts: execute.CallOptions | None = None, *, clause: str,
-    feature: str | None = None, statuses: Iterable[int] | None = None, expect: int | None = None,
+    feature: str | tuple[str, ...] | None = None, statuses: Iterable[int] | None = None, expect: int | None = None,
 ) -> Result:
     """Run ``kvx_validate_cache_desc`` and hold its status to the oracle's.
 
@@ -313,7 +319,7 @@ def verify_validate(
 
 def verify_write(
     provider, case: WriteCase, opts: execute.CallOptions | None = None, *, clause: str,
-    feature: str | None = None, statuses: Iterable[int] | None = None,
+    feature: str | tuple[str, ...] | None = None, statuses: Iterable[int] | None = None,
     partial: Callable[[], Result] | None = None, expect: int | None = None,
 ) -> Result:
     """Run ``kvx_write_kv``; status, guards and the whole cache bit-exact against the oracle.
@@ -332,7 +338,7 @@ def verify_write(
 
 def verify_gather(
     provider, case: GatherCase, opts: execute.CallOptions | None = None, *, clause: str,
-    feature: str | None = None, statuses: Iterable[int] | None = None,
+    feature: str | tuple[str, ...] | None = None, statuses: Iterable[int] | None = None,
     partial: Callable[[], Result] | None = None, expect: int | None = None,
 ) -> Result:
     """Run ``kvx_gather_kv``; status, guards, untouched cache and outputs bit-exact."""

@@ -111,7 +111,10 @@ def pick_killers(caught: list[dict], k: int = KILLERS_PER_MUTANT) -> list[str]:
     chosen: list[str] = []
     bases: set[str] = set()
     plain = [t for t in caught if t.get("profile") not in ("engines", "generated")]
-    for t in sorted(plain or caught, key=key):
+    ranked = sorted(plain or caught, key=key)
+    if ranked and ranked[0]["outcome"] in ("crash", "timeout"):
+        k = 1  # nothing fails cleanly: one crash / timeout is proof enough, and each costs a worker
+    for t in ranked:
         if base_id(t["id"]) in bases:
             continue
         chosen.append(t["id"])

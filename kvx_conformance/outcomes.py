@@ -72,9 +72,11 @@ OPTIONAL_FEATURES = {
 
 
 class Unsupported(Exception):
-    """The provider answered UNSUPPORTED for ``feature`` (a key of OPTIONAL_FEATURES or None)."""
+    """The provider answered UNSUPPORTED for a case using ``feature``: a key of OPTIONAL_FEATURES,
+    a tuple of them (the answer is acceptable when any of them is unclaimed), or None (required
+    behaviour: never acceptable)."""
 
-    def __init__(self, message: str, feature: str | None = None):
+    def __init__(self, message: str, feature: str | tuple[str, ...] | None = None):
         super().__init__(message)
         self.feature = feature
 

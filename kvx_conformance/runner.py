@@ -285,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
         repro_extra += ["--suite", args.suite]
     if args.timeout != DEFAULT_TIMEOUT:
         repro_extra += ["--timeout", f"{args.timeout:g}"]
+    if args.claims:  # an UNSUPPORTED answer fails only for a claimed feature: the repro needs the claims
+        repro_extra += ["--claims", str(Path(args.claims).resolve())]
     pa = [
         "-c", str(out / "pytest.ini"), "--rootdir", str(root),
         "-p", "kvx_conformance.plugin", *_plugin_autoload_args(),

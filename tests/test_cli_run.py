@@ -29,6 +29,9 @@ import pytest
 from kvx_conformance import loader, native
 from kvx_conformance.certificate import suite_root
 
+sys.path.insert(0, str(Path(__file__).parent))
+from schema_doc import undocumented  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = suite_root("kvx_conformance.suites")
 CONFORMANCE = SUITES / "conformance"
@@ -146,6 +149,8 @@ def check_breaker_run(p, out: Path, entry: str, outcome: str, workers: int) -> d
     assert all(t["outcome"] != "error" for t in tests), [t for t in tests if t["outcome"] == "error"][:2]
     cert = json.loads((out / "certificate.json").read_text(encoding="utf-8"))
     assert cert["verdict"] == "not certified" and entry in cert["breaker"], cert
+    assert undocumented(doc, "results") == [] and undocumented(cert, "certificate") == [], \
+        "keys missing from docs/results-schema.md"
     html = (out / "report.html").read_text(encoding="utf-8")
     assert f"Circuit breaker tripped for <code>{entry}</code>" in html
     assert "not run: " in html and hit[0]["id"] in html
@@ -214,6 +219,8 @@ def test_noop_provider_not_certified_with_waivers(tmp_path):
     assert warn in cert["warnings"] and warn in doc["warnings"]
     assert f"warning: {warn}" in p.stdout, explain(p)
     assert "[waived]" in p.stdout
+    assert undocumented(doc, "results") == [] and undocumented(cert, "certificate") == [], \
+        "keys missing from docs/results-schema.md"
 
 
 # ----------------------------------------------------------------------------- other commands

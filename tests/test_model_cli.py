@@ -14,10 +14,18 @@ from kvx_conformance import buffers, cli, native
 from kvx_conformance.abi import Memory
 from kvx_conformance.model import INSTALL_HINT, model_unavailable
 from kvx_conformance.model.cli import EXIT_MEMORY_UNAVAILABLE, EXIT_MODEL_UNAVAILABLE
+from kvx_conformance.model.threads import blas_threads
 
 _why = model_unavailable()
 REPRO = "repro: python -m pytest tests/test_model_cli.py -k {}"
 ISSUE_KEYS = ("cache", "perplexity", "delta", "top1_agreement")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    """Small matrix products: one BLAS thread per xdist worker (kvx_conformance.model.threads)."""
+    with blas_threads(1):
+        yield
 
 
 def _run(capsys, *argv):

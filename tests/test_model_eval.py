@@ -12,12 +12,20 @@ import pytest
 
 from kvx_conformance import native
 from kvx_conformance.model import format_table, model_unavailable, run_model_eval
+from kvx_conformance.model.threads import blas_threads
 
 _why = model_unavailable()
 pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
 
 REPRO = "python -m pytest tests/test_model_eval.py"
 TOKENS = 64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    """Small matrix products: one BLAS thread per xdist worker (kvx_conformance.model.threads)."""
+    with blas_threads(1):
+        yield
 
 
 def _minor() -> int:

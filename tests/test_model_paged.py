@@ -27,6 +27,7 @@ from kvx_conformance.model.kv_store import FORMATS, ContiguousKVStore
 from kvx_conformance.block_manager import BlockManager
 from kvx_conformance.model.paged_kv import PagedKVStore, blocks_needed, provider_minor
 from kvx_conformance.model.text import eval_text
+from kvx_conformance.model.threads import blas_threads
 
 _why = model_unavailable()
 needs_model = pytest.mark.skipif(_why is not None, reason=_why or "")
@@ -36,6 +37,13 @@ REPRO = "python -m pytest tests/test_model_paged.py -k '{}'"
 PROMPT_LENS = (61, 29, 7)
 GEN_TOKENS = 8
 NUM_BLOCKS = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    """Small matrix products: one BLAS thread per xdist worker (kvx_conformance.model.threads)."""
+    with blas_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +280,14 @@ def test_synthetic_paged_equals_contiguous(provider, tiny_model, fmt, memory):
     assert tee.reads == 4 * tiny_model.config.n_layers
     assert [paged.blocks.num_tokens(s) for s in seqs] == [n + 3 for n in SYNTH_LENS]
     paged.check_guards()
+
+
+def test_blas_threads_is_restored():
+    from kvx_conformance.model.threads import _entry_points
+
+    eps = _entry_points()
+    before = [get() for _, get in eps]
+    with blas_threads(1) as limited:
+        assert limited == bool(eps)
+        assert all(get() == 1 for _, get in eps)
+    assert [get() for _, get in eps] == before

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +47,3 @@ def test_real_run_keys_documented(tmp_path):
     assert undocumented(cert, "certificate") == [], f"certificate.json keys missing from {DOC.name}"
     lines = [json.loads(x) for x in (out / "results.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     assert lines == res["tests"], "results.jsonl must hold the same test objects as results.json"
-    # every key documented is one of these files' keys or a documented optional one
-    doc_keys = documented()
-    for path in doc_keys["results"]:
-        assert re.fullmatch(r"[\w<>\[\].]+", path) or path.endswith((".json", ".jsonl", ".xml", ".html", "faults/")), path

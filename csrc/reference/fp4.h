@@ -119,7 +119,7 @@ KVX_HD inline void fp4_encode_block(int format, const float* x, int n, float g, 
     for (int i = 0; i < n; ++i) codes[i] = 0;
     return;
   }
-  float denom, unrounded;
+  float denom, unrounded, inv = 0.0f;
   if (format == FP4_NVFP4) {
     const float wanted = amax / (6.0f * g);
     const uint8_t s8 = f32_to_e4m3(wanted < kE4M3Max ? wanted : kE4M3Max);
@@ -140,13 +140,22 @@ KVX_HD inline void fp4_encode_block(int format, const float* x, int n, float g, 
     }
     *scale_byte = zero ? 0 : (uint8_t)(e + 127);
     denom = zero ? 0.0f : ue8m0_to_f32((uint8_t)(e + 127));
+    inv = ue8m0_to_f32((uint8_t)(127 - e)); /* 2^-e, exact: x * 2^-e == x / 2^e (one rounding each) */
     unrounded = amax / 6.0f;
   }
   if (denom == 0.0f) { /* all-zero block or scale underflow */
     for (int i = 0; i < n; ++i) codes[i] = 0;
     return;
   }
-  if (KVX_MUT(FP4_UNROUNDED_SCALE)) denom = unrounded;
+  if (KVX_MUT(FP4_UNROUNDED_SCALE)) {
+    denom = unrounded;
+    inv = 0.0f;
+  }
+  if (inv != 0.0f) { /* MXFP4: a power-of-two scale */
+    KVX_FP4_UNROLL
+    for (int i = 0; i < n; ++i) codes[i] = f32_to_e2m1(x[i] * inv);
+    return;
+  }
   KVX_FP4_UNROLL
   for (int i = 0; i < n; ++i) codes[i] = f32_to_e2m1(x[i] / denom);
 }
@@ -154,8 +163,12 @@ KVX_HD inline void fp4_encode_block(int format, const float* x, int n, float g, 
 /* Decoded FP32 value of `code` in a block with scale byte `s`. */
 KVX_HD inline float fp4_decode(int format, uint32_t code, uint8_t s, float g) {
   const float v = e2m1_to_f32(code);
-  if (format == FP4_NVFP4) return (v * e4m3_to_f32(s)) * g;
-  return v * ue8m0_to_f32(s);
+  const float sf = format == FP4_NVFP4 ? e4m3_to_f32(s) : ue8m0_to_f32(s);
+  /* A NaN scale: the product is that NaN, bit for bit, as on x86 (and in the
+   * oracle); a GPU would return its canonical NaN instead. */
+  if (sf != sf) return sf;
+  if (format == FP4_NVFP4) return (v * sf) * g;
+  return v * sf;
 }
 
 /* One byte holds elements 2k (low nibble) and 2k+1 (high nibble); the

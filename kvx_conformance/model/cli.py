@@ -88,6 +88,9 @@ class ModelEvalCommand:
         p.add_argument("--synthetic", action="store_true",
                        help="random weights with the model's shapes and random tokens: checks the paged path "
                             "without the model package (perplexities then mean nothing)")
+        p.add_argument("--blas-threads", type=int, default=1, metavar="N",
+                       help="OpenBLAS threads while the model runs (default 1: its products are small, and extra "
+                            "threads mostly spin; on a busy 2-core machine the default thread count was ~10x slower)")
         p.add_argument("--output-dir", metavar="DIR", help="also write DIR/model-eval.json and DIR/model-eval.html")
         p.add_argument("--add-to", metavar="RESULTS_JSON",
                        help="store the rows under 'model_eval' in a run's results.json and re-render its report.html")
@@ -121,13 +124,16 @@ class ModelEvalCommand:
                 return EXIT_NOT_FOUND
         from .evaluate import format_table, run_model_eval
 
+        from .threads import blas_threads
+
         t0 = time.perf_counter()
         try:
-            rows = run_model_eval(
-                provider, tokens=args.tokens, formats=args.formats, chunk=args.chunk, memory=args.memory,
-                fp4_path=args.fp4, check=args.check, synthetic=args.synthetic,
-                progress=lambda m: print(m, file=sys.stderr, flush=True),
-            )
+            with blas_threads(args.blas_threads):
+                rows = run_model_eval(
+                    provider, tokens=args.tokens, formats=args.formats, chunk=args.chunk, memory=args.memory,
+                    fp4_path=args.fp4, check=args.check, synthetic=args.synthetic,
+                    progress=lambda m: print(m, file=sys.stderr, flush=True),
+                )
         except ProviderLoadError as e:
             print(f"kvx-conform model-eval: {e}", file=sys.stderr)
             return e.exit_code

@@ -322,10 +322,10 @@ class PagedKVStore:
         desc = abi.kvx_write_desc_t.new()
         desc.io = d.to_c_io(io_layout, kin.ptr, io_layout, vin.ptr, self.memory, n, H, D)
         desc.slots = d.to_c_slots(st.slots, st.slots_buf.ptr)
-        for side, pair_index in (("k", 0), ("v", 1)):
+        for side, pair_index, value in (("k", 0, ks), ("v", 1, vs)):
             if layer in self._fp8_scale_bufs:
-                buf = self._fp8_scale_bufs[layer][pair_index]
-                c_scale = d.to_c_scale(d.ScaleSpec(buf.get()), buf.ptr)  # PER_TENSOR F32
+                buf = self._fp8_scale_bufs[layer][pair_index]  # the value, in the cache's memory type
+                c_scale = d.to_c_scale(d.ScaleSpec(np.array([value], np.float32)), buf.ptr)  # PER_TENSOR F32
             else:
                 c_scale = d.to_c_scale(None, 0)  # size-guarded, no scale
             setattr(desc, f"{side}_scale_desc", c_scale)

@@ -30,6 +30,20 @@ namespace {
 using kvx_ref::CacheTensorPlan;
 using kvx_ref::IoTensorPlan;
 
+/* n / d for n < 2^31 by multiply and shift (d >= 1). */
+struct Div {
+  unsigned d, m, s;
+};
+
+Div make_div(unsigned d) {
+  unsigned s = 0;
+  while ((1ull << s) < d) ++s;
+  const unsigned long long m = ((1ull << 32) * ((1ull << s) - d)) / d + 1;
+  return Div{d, (unsigned)m, s};
+}
+
+__device__ __forceinline__ unsigned divu(const Div& D, unsigned n) { return (__umulhi(n, D.m) + n) >> D.s; }
+
 struct Side {
   char* codes;                 /* cache data (nibble strides) */
   long long c_block, c_token, c_head;
@@ -48,7 +62,10 @@ struct Params {
   int format, B, J, H;
   int io_dtype, io_esize;
   int raw, vec_ok;             /* vec_ok: IO rows contiguous and every block 16-byte aligned */
-  unsigned long long items;    /* rows * 2 * H * J */
+  unsigned items;              /* items of this launch: rows * 2 * H * J, below 2^31 */
+  unsigned long long row_begin;
+  Div fd_hj, fd_j, fd_bs, fd_msl;
+  int slot32;                  /* num_slots < 2^31: 32-bit slot arithmetic */
   /* write */
   const void* slots;
   int slot64;
@@ -154,27 +171,32 @@ struct Item {
   int side, h, j;
 };
 
-__device__ __forceinline__ Item split(const Params& P, unsigned long long i) {
+__device__ __forceinline__ Item split(const Params& P, unsigned i) {
   Item it;
-  it.j = (int)(i % P.J);
-  i /= P.J;
-  it.h = (int)(i % P.H);
-  i /= P.H;
-  it.side = (int)(i & 1);
-  it.row = i >> 1;
+  const unsigned q = divu(P.fd_hj, i), hj = i - q * P.fd_hj.d;
+  it.h = (int)divu(P.fd_j, hj);
+  it.j = (int)(hj - (unsigned)it.h * P.fd_j.d);
+  it.side = (int)(q & 1u);
+  it.row = P.row_begin + (q >> 1);
   return it;
 }
 
 template <int B, int DT>
-__global__ void __launch_bounds__(256) write_kernel(Params P) {
+__global__ void __launch_bounds__(256, B == 16 ? 4 : 2) write_kernel(Params P) {
   constexpr int ES = Es<DT>::value;
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < P.items;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < P.items; i += gridDim.x * blockDim.x) {
     const Item it = split(P, i);
     const long long slot = ld_index(P.slots, P.slot64, it.row);
     if (slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots) continue;
     const Side& S = P.side[it.side];
-    const unsigned long long b = (unsigned long long)slot / P.block_size, t = (unsigned long long)slot % P.block_size;
+    unsigned long long b, t;
+    if (P.slot32) {
+      b = divu(P.fd_bs, (unsigned)slot);
+      t = (unsigned long long)slot - b * P.block_size;
+    } else {
+      b = (unsigned long long)slot / P.block_size;
+      t = (unsigned long long)slot % P.block_size;
+    }
     const long long c0 = b * S.c_block + t * S.c_token + it.h * S.c_head + (long long)it.j * B; /* nibbles */
     char* sc = S.scales + b * S.s_block + t * S.s_token + it.h * S.s_head + it.j * S.s_dim;
     if (DT == 0) { /* raw */
@@ -214,17 +236,18 @@ __global__ void __launch_bounds__(256) write_kernel(Params P) {
 }
 
 template <int B, int DT>
-__global__ void __launch_bounds__(256) gather_kernel(Params P) {
+__global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) {
   constexpr int ES = Es<DT>::value;
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < P.items;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < P.items; i += gridDim.x * blockDim.x) {
     const Item it = split(P, i);
-    const unsigned long long s = it.row / P.max_seq_len, t = it.row % P.max_seq_len;
+    const unsigned long long s =
+        it.row < 0x80000000ull ? divu(P.fd_msl, (unsigned)it.row) : it.row / P.max_seq_len;
+    const unsigned long long t = it.row - s * P.max_seq_len;
     long long L = ld_index(P.seq_lens, P.len64, s);
     if (L < 0) continue;
     if ((unsigned long long)L > P.max_seq_len) L = P.max_seq_len;
     if (t >= (unsigned long long)L) continue;
-    const unsigned long long jb = t / P.block_size;
+    const unsigned long long jb = t < 0x80000000ull ? divu(P.fd_bs, (unsigned)t) : t / P.block_size;
     long long b;
     if (P.ragged) {
       const long long lo = ld_index(P.indptr, P.indptr64, s), hi = ld_index(P.indptr, P.indptr64, s + 1);
@@ -344,21 +367,32 @@ Kernel pick(const Params& P) {
   return P.B == 32 ? pick_dt<W, 32>(dt) : pick_dt<W, 16>(dt);
 }
 
-kvx_status_t launch(Kernel kernel, const Params& P, cudaStream_t stream) {
+kvx_status_t launch_chunk(Kernel kernel, const Params& P, cudaStream_t stream) {
   if (P.items == 0) return KVX_STATUS_OK;
-  static int sms = 0;
-  if (sms == 0) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (sms <= 0) sms = 132;
-  }
-  const unsigned long long want = (P.items + 255) / 256;
-  const unsigned long long cap = (unsigned long long)sms * 16;
-  const unsigned grid = (unsigned)(want < cap ? want : cap);
+  /* One item per thread: many short-lived warps keep the most loads in flight
+   * (the kernels still loop, grid-stride, should the grid ever be capped). */
+  const unsigned grid = (unsigned)((P.items + 255) / 256);
   kernel<<<grid, 256, 0, stream>>>(P);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? KVX_STATUS_OK : KVX_STATUS_INTERNAL_ERROR;
+}
+
+/* Launches over `rows` rows in chunks whose item count stays below 2^31. */
+kvx_status_t launch(Kernel kernel, Params P, unsigned long long rows, cudaStream_t stream) {
+  const unsigned long long per_row = 2ull * P.H * P.J;
+  const unsigned long long max_rows = 0x7F000000ull / per_row;
+  if (max_rows == 0) return KVX_STATUS_UNSUPPORTED;
+  P.fd_hj = make_div((unsigned)(P.H * P.J));
+  P.fd_j = make_div((unsigned)P.J);
+  P.fd_bs = make_div(P.block_size);
+  for (unsigned long long r0 = 0; r0 < rows; r0 += max_rows) {
+    const unsigned long long n = rows - r0 < max_rows ? rows - r0 : max_rows;
+    P.row_begin = r0;
+    P.items = (unsigned)(n * per_row);
+    const kvx_status_t st = launch_chunk(kernel, P, stream);
+    if (st != KVX_STATUS_OK) return st;
+  }
+  return KVX_STATUS_OK;
 }
 
 kvx_status_t unified_wait(cudaStream_t stream) {
@@ -401,14 +435,14 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
   if (!f.raw && plan.key.dtype != plan.value.dtype) return KVX_STATUS_UNSUPPORTED; /* one IO dtype per launch */
   fill_side(P.side[0], plan.k_cache, f.k_scales, plan.key, f.io_k_scales, f.k_global);
   fill_side(P.side[1], plan.v_cache, f.v_scales, plan.value, f.io_v_scales, f.v_global);
-  P.items = (unsigned long long)plan.num_tokens * 2 * P.H * P.J;
   P.slots = plan.slots;
   P.slot64 = plan.slot_dtype == KVX_DTYPE_S64;
   P.invalid_slot = plan.invalid_slot;
   P.num_slots = (unsigned long long)plan.num_blocks * plan.block_size;
   P.block_size = plan.block_size;
+  P.slot32 = P.num_slots < (1ull << 31);
   P.vec_ok = vec_ok(P);
-  return launch(pick<true>(P), P, (cudaStream_t)stream);
+  return launch(pick<true>(P), P, plan.num_tokens, (cudaStream_t)stream);
 }
 
 kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream) {
@@ -427,7 +461,6 @@ kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream) {
   Params P = base(f, plan.num_kv_heads, plan.head_dim, plan.key.dtype);
   fill_side(P.side[0], plan.k_cache, f.k_scales, plan.key, f.io_k_scales, f.k_global);
   fill_side(P.side[1], plan.v_cache, f.v_scales, plan.value, f.io_v_scales, f.v_global);
-  P.items = rows * 2 * P.H * P.J;
   P.block_size = plan.block_size;
   P.ragged = plan.format == KVX_BLOCK_TABLE_RAGGED;
   P.indices = plan.indices;
@@ -437,11 +470,12 @@ kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream) {
   P.seq_lens = plan.seq_lens;
   P.len64 = plan.seq_lens_dtype == KVX_DTYPE_S64;
   P.max_seq_len = plan.max_seq_len;
+  P.fd_msl = make_div(plan.max_seq_len);
   P.max_blocks = plan.max_blocks_per_seq;
   P.num_blocks = plan.num_blocks;
   P.indices_count = plan.indices_count;
   P.vec_ok = vec_ok(P);
-  return launch(pick<false>(P), P, (cudaStream_t)stream);
+  return launch(pick<false>(P), P, rows, (cudaStream_t)stream);
 }
 
 }  // namespace kvx_ref
