@@ -44,6 +44,13 @@ KILLERS_PER_MUTANT = 3
 KILLERS_SCHEMA = 1
 #: per-test timeout of sweep runs (a hanging mutant costs breaker x this)
 SWEEP_TIMEOUT_S = 20.0
+#: profiles whose tests are killers only when nothing else catches a mutant: engine scenarios
+#: and generated cases are slow, the FP4 extension suite is optional (KVX 1.2)
+SECONDARY_PROFILES = ("engines", "generated", "fp4")
+#: per-mutant extra `kvx-conform run` arguments of the sweep: late_write's late stores land
+#: in freed buffers and crash unrelated tests, tripping the write breaker before the
+#: lifetime test runs; with the breaker off, the lifetime test (R-LIFETIME) catches it
+SWEEP_EXTRA = {"late_write": ["--breaker", "100000", "--profile", "concurrency"]}
 #: hypothesis examples per generated test in sweep runs (a failing property also shrinks: keep it small)
 SWEEP_HYPOTHESIS_EXAMPLES = 10
 #: per-test timeout of check runs (in-process runs: a timeout ends the process, keep it generous)
@@ -106,11 +113,11 @@ def pick_killers(caught: list[dict], k: int = KILLERS_PER_MUTANT) -> list[str]:
 
     def key(t: dict):
         return (rank_outcome.get(t["outcome"], 3), rank_level.get(t["level"], 3),
-                t.get("profile") in ("engines", "generated"), round(float(t.get("duration") or 0), 1), t["id"])
+                t.get("profile") in SECONDARY_PROFILES, round(float(t.get("duration") or 0), 1), t["id"])
 
     chosen: list[str] = []
     bases: set[str] = set()
-    plain = [t for t in caught if t.get("profile") not in ("engines", "generated")]
+    plain = [t for t in caught if t.get("profile") not in SECONDARY_PROFILES]
     ranked = sorted(plain or caught, key=key)
     if ranked and ranked[0]["outcome"] in ("crash", "timeout"):
         k = 1  # nothing fails cleanly: one crash / timeout is proof enough, and each costs a worker
@@ -126,7 +133,7 @@ def pick_killers(caught: list[dict], k: int = KILLERS_PER_MUTANT) -> list[str]:
 
 def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: list[str] | None,
           timeout_s: float, keep: bool, examples: int = SWEEP_HYPOTHESIS_EXAMPLES, jobs: int = 1,
-          reuse: bool = False) -> int:
+          reuse: bool = False, verify: int = 2) -> int:
     described = read_mutants_txt()
     names = names or list(described)
     ref = str(native.reference_provider())
@@ -149,13 +156,14 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
         old = json.loads(out_path.read_text(encoding="utf-8")).get("mutants", {})
     mutants: dict[str, dict] = {}
     todo = [n for n in described if n in names and native.mutant_provider(n).exists()]
-    reused = {n: (1, 0.0, "(reused)") for n in todo if reuse and _complete(work / n)}
+    reused = {n: (_exit_code(work / n), 0.0, "(reused)") for n in todo if reuse and _complete(work / n)}
     todo = [n for n in todo if n not in reused]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         runs = dict(zip(todo, pool.map(
-            lambda n: cli_run(str(native.mutant_provider(n)), work / n, common, timeout_s), todo)))
+            lambda n: cli_run(str(native.mutant_provider(n)), work / n, common + SWEEP_EXTRA.get(n, []), timeout_s),
+        todo)))
     runs.update(reused)
     for name in described:
         if name not in names:
@@ -170,6 +178,8 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
         d = work / name
         rc, secs, tail = runs[name]
         entry: dict = {"description": described[name], "exit_code": rc, "seconds": round(secs, 1)}
+        if name in SWEEP_EXTRA:
+            entry["sweep_args"] = SWEEP_EXTRA[name]
         if not (d / "results.json").exists():
             # refused before any test ran (e.g. a wrong ABI major): the preflight caught it
             entry.update(caught_by_preflight=tail.strip().splitlines()[-1] if tail.strip() else "",
@@ -207,9 +217,28 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
         "reference_pass": len(ref_pass),
         "sweep_timeout_s": timeout_s,
         "sweep_hypothesis_examples": examples,
+        "verify_rounds": verify,
         "mutants": mutants,
     }
+    # keep only killers that catch their mutant again, every time (drops incidental catches,
+    # e.g. a crash caused by a late write of an earlier test)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    for rnd in range(verify):
+        tmp = work / f"verify-{rnd}.json"
+        tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        checked = [n for n in names if mutants.get(n, {}).get("killers")]
+        rep = check(checked, tmp, work / f"verify-{rnd}")
+        for n in checked:
+            res = rep["mutants"][n]["results"]
+            stay = [k for k in mutants[n]["killers"]
+                    if res.get(k) in CATCHING and rep["reference"].get(k) == "pass"]
+            gone = [k for k in mutants[n]["killers"] if k not in stay]
+            if gone:
+                print(f"sweep: {n}: dropped killers that did not catch it again: {gone}", flush=True)
+                mutants[n].setdefault("unstable_killers_dropped", []).extend(gone)
+                mutants[n]["killers"] = stay
+                for key in ("killer_outcomes", "killer_clauses"):
+                    mutants[n][key] = {k: v for k, v in mutants[n][key].items() if k in stay}
     out_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     matrix_path.write_text(render_matrix(doc), encoding="utf-8")
     missing = [n for n, e in mutants.items() if not e.get("killers") and not e.get("caught_by_preflight")]
@@ -222,6 +251,12 @@ def _complete(d: Path) -> bool:
         return bool(json.loads((d / "results.json").read_text(encoding="utf-8")).get("complete"))
     except (OSError, ValueError):
         return False
+
+
+def _exit_code(d: Path) -> int:
+    """The exit code `kvx-conform run` gave for a finished run in ``d``."""
+    doc = json.loads((d / "results.json").read_text(encoding="utf-8"))
+    return 0 if doc.get("claimed_profiles_certified") else 1
 
 
 def render_matrix(doc: dict) -> str:
@@ -349,7 +384,10 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
             continue
         lib = str(native.mutant_provider(name))
         print(f"check: {name}: {kill}", file=sys.stderr, flush=True)
-        crashing = any(o in ("crash", "timeout") for o in (e.get("killer_outcomes") or {}).values())
+        # a mutant that crashed or hung anywhere in the sweep runs through the CLI (worker
+        # processes), even when its killers fail cleanly: a late crash must not take us down
+        crashing = any(o in ("crash", "timeout") for o in (e.get("killer_outcomes") or {}).values()) or \
+            any(o in ("crash", "timeout") for o in (e.get("caught_by_outcome") or {}))
         if crashing:
             # the real CLI, worker processes: the crash or hang costs a worker, not us
             extra = ["-n", "1", "--breaker", "100", "--pytest-args", f"--kvx-hypothesis-examples {examples}"]
@@ -409,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--examples", type=int, default=SWEEP_HYPOTHESIS_EXAMPLES, help="hypothesis examples per test")
     s.add_argument("-j", "--jobs", type=int, default=1, help="mutant runs at once")
     s.add_argument("--reuse", action="store_true", help="reuse complete runs already in --work")
+    s.add_argument("--verify", type=int, default=2, metavar="N",
+                   help="re-run the chosen killers N times and drop any that does not catch every time")
     c = sub.add_parser("check", help="re-run the recorded killers of some mutants")
     c.add_argument("names", nargs="*", help="mutants (default: every one in mutants.txt)")
     c.add_argument("--killers", default=str(repo_root() / "tests" / "data" / "killers.json"))
@@ -421,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="kvx-sweep-"))
         try:
             return sweep(Path(args.out), Path(args.matrix), work, args.workers, args.names, args.timeout,
-                         keep=bool(args.work), examples=args.examples, jobs=args.jobs, reuse=args.reuse)
+                         keep=bool(args.work), examples=args.examples, jobs=args.jobs, reuse=args.reuse,
+                         verify=args.verify)
         finally:
             if not args.work:
                 shutil.rmtree(work, ignore_errors=True)

@@ -282,11 +282,13 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) 
       for (int k = 0; k < B / 2; ++k) bytes[k] = (uint8_t)src[k];
     }
     const float g = global_of(S, it.h);
+    const float sf = kvx_ref::fp4_scale_f32(P.format, sbyte); /* once per block */
+    const bool nan_block = sf != sf;
     float v[B];
 #pragma unroll
     for (int k = 0; k < B / 2; ++k) {
-      v[2 * k] = kvx_ref::fp4_decode(P.format, kvx_ref::fp4_even(bytes[k]), sbyte, g);
-      v[2 * k + 1] = kvx_ref::fp4_decode(P.format, kvx_ref::fp4_odd(bytes[k]), sbyte, g);
+      v[2 * k] = kvx_ref::fp4_decode_with(P.format, kvx_ref::fp4_even(bytes[k]), sf, g);
+      v[2 * k + 1] = kvx_ref::fp4_decode_with(P.format, kvx_ref::fp4_odd(bytes[k]), sf, g);
     }
     char* dst = S.io + (it.row * S.io_token + it.h * S.io_head + (long long)it.j * B * S.io_dim) * ES;
     if (P.vec_ok) {
@@ -296,8 +298,17 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) 
         unsigned o[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          if (ES == 4) o[k] = __float_as_uint(v[w * 4 + k]);
-          else o[k] = (unsigned)out16<DT>(v[w * 8 + 2 * k]) | ((unsigned)out16<DT>(v[w * 8 + 2 * k + 1]) << 16);
+          if (ES == 4) {
+            o[k] = __float_as_uint(v[w * 4 + k]);
+          } else if (nan_block) { /* NaN bits as convert.h (numpy / ml_dtypes) */
+            o[k] = (unsigned)out16<DT>(v[w * 8 + 2 * k]) | ((unsigned)out16<DT>(v[w * 8 + 2 * k + 1]) << 16);
+          } else if (DT == KVX_DTYPE_F16) { /* two RN conversions in one instruction */
+            const __half2 h = __floats2half2_rn(v[w * 8 + 2 * k], v[w * 8 + 2 * k + 1]);
+            memcpy(&o[k], &h, 4);
+          } else {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(v[w * 8 + 2 * k], v[w * 8 + 2 * k + 1]);
+            memcpy(&o[k], &h, 4);
+          }
         }
         ((uint4*)dst)[w] = make_uint4(o[0], o[1], o[2], o[3]);
       }
