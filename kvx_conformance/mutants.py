@@ -203,6 +203,7 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
             killers=killers,
             killer_outcomes={tid: tests[tid]["outcome"] for tid in killers},
             killer_clauses={tid: tests[tid]["clause"] for tid in killers},
+            killer_nodeids={tid: tests[tid]["nodeid"] for tid in killers},
         )
         mutants[name] = entry
         print(f"sweep: {name}: exit {rc}, {len(caught)} catching tests, {secs:.0f} s, killers {killers}", flush=True)
@@ -237,7 +238,7 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
                 print(f"sweep: {n}: dropped killers that did not catch it again: {gone}", flush=True)
                 mutants[n].setdefault("unstable_killers_dropped", []).extend(gone)
                 mutants[n]["killers"] = stay
-                for key in ("killer_outcomes", "killer_clauses"):
+                for key in ("killer_outcomes", "killer_clauses", "killer_nodeids"):
                     mutants[n][key] = {k: v for k, v in mutants[n][key].items() if k in stay}
     out_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     matrix_path.write_text(render_matrix(doc), encoding="utf-8")
@@ -355,8 +356,10 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
     known = doc.get("mutants", {})
     report: dict = {"mutants": {}, "reference": {}}
     examples = int(doc.get("sweep_hypothesis_examples") or SWEEP_HYPOTHESIS_EXAMPLES)
-    listing = _collection_index()
     entries = {n: known.get(n) for n in names}
+    listing = {k: v for e in entries.values() if e for k, v in (e.get("killer_nodeids") or {}).items()}
+    if any(k not in listing for e in entries.values() if e for k in e.get("killers", [])):
+        listing = _collection_index()  # an older killers.json without node ids
     union = sorted({k for e in entries.values() if e for k in e.get("killers", [])})
     if union:
         print(f"check: reference: {len(union)} killer tests", file=sys.stderr, flush=True)

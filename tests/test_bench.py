@@ -94,7 +94,8 @@ def test_bytes_moved_formulas():
     r = BenchCase("gather", "hnd", "f16", "f16", tokens=512, table="ragged", seq_len=256)
     assert r.bytes_moved() == 2 * 512 * 8 * 128 * 4 + 512 * 4 + 3 * 4 + 2 * 4
     hp = BenchCase("write", "hnd_packed", "f16", "f16", tokens=64, table="random")
-    assert hp.pack == 8 and hp.bytes_sector() == 2 * 64 * 1024 * 2 + 2 * 64 * 1024 * 2 * 2 + 64 * 8
+    # IO read, plus per 16-byte piece (8 F16) a 32-byte sector read and written back, K and V; slots
+    assert hp.pack == 8 and hp.bytes_sector() == 2 * 64 * 1024 * 2 + 2 * (64 * 1024 // 8) * 64 + 64 * 8
     assert BenchCase("write", "hnd_packed", "f16", "f16", tokens=64, table="prefill").bytes_sector() is None
 
 

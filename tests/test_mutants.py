@@ -24,7 +24,7 @@ from kvx_conformance.mutants import read_mutants_txt, render_matrix
 ROOT = Path(__file__).resolve().parents[1]
 KILLERS = ROOT / "tests" / "data" / "killers.json"
 MUTANTS = read_mutants_txt(ROOT / "csrc" / "mutants" / "mutants.txt")
-BATCHES = 4
+BATCHES = 2  # one check process per xdist worker of `pytest -n 2`
 
 
 def _killers() -> dict:

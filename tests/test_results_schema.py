@@ -47,3 +47,14 @@ def test_real_run_keys_documented(tmp_path):
     assert undocumented(cert, "certificate") == [], f"certificate.json keys missing from {DOC.name}"
     lines = [json.loads(x) for x in (out / "results.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     assert lines == res["tests"], "results.jsonl must hold the same test objects as results.json"
+
+
+def test_profiles_and_features_named_in_the_docs():
+    from kvx_conformance.outcomes import OPTIONAL_FEATURES, PROFILES
+
+    schema = DOC.read_text(encoding="utf-8")
+    claims = (DOC.parent / "claims-and-expectations.md").read_text(encoding="utf-8")
+    for name in PROFILES:
+        assert f"`{name}`" in schema and f"`{name}`" in claims, f"profile {name} missing from the docs"
+    for name in OPTIONAL_FEATURES:
+        assert f"`{name}`" in claims, f"optional feature {name} missing from docs/claims-and-expectations.md"

@@ -318,6 +318,9 @@ def render(doc: dict, second: dict | None = None, second_label: str | None = Non
 
     from .compare import agreement
 
+    from .run import rederive
+
+    doc = rederive(json.loads(json.dumps(doc)))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.ChainableUndefined)
     env.filters["f1"] = lambda x: "-" if x is None else f"{x:.1f}"

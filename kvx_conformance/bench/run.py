@@ -126,7 +126,7 @@ def _figures(case: BenchCase, entry: dict, roofline: float | None) -> dict:
     return entry
 
 
-def _time_device(timer, fn, nsets: int) -> dict:
+def _time_device(timer, fn, nsets: int, graph: bool = True) -> dict:
     from .timing import CallFailed
 
     out: dict = {}
@@ -136,6 +136,10 @@ def _time_device(timer, fn, nsets: int) -> dict:
         out["events"], out["host"] = timer.events(fn, inner)
     except CallFailed as e:
         return {"error": str(e)}
+    if not graph:
+        out["graph"] = None
+        out["graph_error"] = "not attempted (unified memory)"
+        return out
     try:
         out["graph"] = timer.graph(fn, nsets, inner)
     except Exception as e:  # capture refused (a call that synchronizes, allocates, ...)
@@ -144,6 +148,10 @@ def _time_device(timer, fn, nsets: int) -> dict:
         import torch
 
         torch.cuda.synchronize()
+        # one eager call after the failed capture: its status is recorded (a provider that keeps a stale
+        # CUDA error from inside the capture answers it here, not in the next case)
+        out["status_after_failed_capture"] = int(fn(0, timer.stream.cuda_stream) or 0)
+        timer.stream.synchronize()
     return out
 
 
@@ -188,7 +196,8 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
             if st != 0:
                 rec["impls"][name] = {"status": int(st), "error": f"status {st} (not timed)"}
                 continue
-            e = _time_device(timer, lambda i, s, p=prov: pr.call(p, i, s), pr.nsets)
+            e = _time_device(timer, lambda i, s, p=prov: pr.call(p, i, s), pr.nsets,
+                             graph=case.memory != "unified")
             e["status"] = 0
             if verify and "error" not in e:
                 e["verified"] = pr.verify()
@@ -341,6 +350,24 @@ def collect_host(pb: dict, cases: list[BenchCase], elapsed: float, rc: int) -> d
 
 
 # ----------------------------------------------------------------------------- document
+
+
+def rederive(doc: dict) -> dict:
+    """Recompute the derived sector-bound fields of a results document from its measured times.
+
+    ``bytes_sector`` / ``pct_sector_roofline`` follow :meth:`BenchCase.bytes_sector`; documents
+    written before its definition settled (read + write of a sector per piece) get it here.
+    """
+    roof = (doc.get("roofline") or {}).get("bandwidth_Bps")
+    for rec in doc.get("cases", []):
+        c = BenchCase.from_dict(rec["case"])
+        sector = c.bytes_sector()
+        rec["case"]["bytes_sector"] = sector
+        for e in (rec.get("impls") or {}).values():
+            e.pop("pct_sector_roofline", None)
+            if sector and roof and e.get("time_s"):
+                e["pct_sector_roofline"] = 100.0 * sector / e["time_s"] / roof
+    return doc
 
 
 def results_document(*, preset: str, memory: str, provider_path: str, reference_path: str | None,

@@ -125,10 +125,11 @@ class BenchCase:
         return int(payload + idx)
 
     def bytes_sector(self) -> int | None:
-        """Bytes when every cache-side piece is rounded up to a 32-byte DRAM sector.
+        """Bytes when every cache-side piece costs a 32-byte DRAM sector read and written back.
 
-        Only differs for a random-slot write into HND_PACKED, whose pieces are
-        ``pack * dtype_size`` (16) bytes: the bound issue 4 asks such writes to be held to.
+        Only for a random-slot write into HND_PACKED, whose pieces are ``pack * dtype_size``
+        (16) bytes, below the sector: the IO read plus, per piece, one sector read and one
+        written (the bound issue 4 holds such writes to; docs/cuda-reference.md counts the same).
         """
         if self.op != "write" or self.layout != "hnd_packed" or self.table != "random":
             return None
@@ -136,7 +137,7 @@ class BenchCase:
         if piece >= SECTOR:
             return None
         elems = self.rows * self.heads * self.head_dim
-        cache_side = 2 * elems * dtype_size(self.dtype) * (SECTOR / piece)
+        cache_side = 2 * (elems / self.pack) * 2 * SECTOR
         return int(2 * elems * dtype_size(self.io) + cache_side + self.tokens * 8)
 
     def to_dict(self) -> dict:

@@ -122,7 +122,9 @@ def device_copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> dict:
     """Device-to-device copy (``torch.Tensor.copy_``) of ``nbytes``; bandwidth counts read + write."""
     import torch
 
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    gen = torch.Generator(device="cuda")  # its own generator: independent of any graph capture's RNG state
+    gen.manual_seed(12345)
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda", generator=gen)
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
