@@ -277,8 +277,8 @@ def render_matrix(doc: dict) -> str:
         f"{len(muts)} mutants, "
         f"{sum(1 for e in muts.values() if e.get('killers') or e.get('caught_by_preflight'))} caught.",
         "",
-        "| mutant | defect | catching tests | by outcome | profiles | killers (test_mutants.py) |",
-        "| --- | --- | ---: | --- | --- | --- |",
+        "| mutant | defect | run verdict (claims: core) | catching tests | by outcome | profiles | killers (test_mutants.py) |",
+        "| --- | --- | --- | ---: | --- | --- | --- |",
     ]
     for name, e in muts.items():
         if e.get("caught_by_preflight"):
@@ -292,9 +292,25 @@ def render_matrix(doc: dict) -> str:
                                for k in e.get("killers", [])) or "**NOT CAUGHT**"
             if e.get("breaker"):
                 outc += "; breaker: " + ", ".join(e["breaker"])
+            if e.get("sweep_args"):
+                outc += "; swept with `" + " ".join(e["sweep_args"]) + "`"
+            if e.get("unstable_killers_dropped"):
+                kill += "<br>(dropped, did not catch it on every re-run: " + ", ".join(
+                    f"`{k}`" for k in e["unstable_killers_dropped"]) + ")"
         desc = (e.get("description") or "").replace("|", "\\|")
-        lines.append(f"| `{name}` | {desc} | {caught} | {outc} | {prof} | {kill} |")
+        lines.append(f"| `{name}` | {desc} | {e.get('verdict', 'refused at load' if e.get('caught_by_preflight') else '-')} "
+                     f"| {caught} | {outc} | {prof} | {kill} |")
     lines += [
+        "",
+        "The sweep runs with a hypothesis budget of "
+        f"{doc.get('sweep_hypothesis_examples')} examples per generated test and a "
+        f"{doc.get('sweep_timeout_s'):g} s per-test timeout; it prefers killers that fail cleanly, in the",
+        "conformance suites (engine, generated and FP4 tests only when nothing else catches a mutant),",
+        f"re-runs the chosen killers {doc.get('verify_rounds', 0)} times and keeps only those that catch the "
+        "mutant every time.",
+        "A mutant whose catching tests are all outside the default claimed profile (`core`) still",
+        "ends *certified* for `core`: it is caught (fail outcomes, warnings or a profile verdict), not",
+        "hidden.",
         "",
         "Re-generate after changing the suites or the mutants:",
         "",
