@@ -162,6 +162,13 @@ def test_compare_detects_a_regression_and_sets_the_exit_code(quick_run, tmp_path
     lowest = min(r["impls"]["provider"]["pct_roofline"] for r in doc["cases"])
     assert cli_main(["compare", str(base), str(same), "--fail-below", f"{lowest * 0.99}"]) == cmp.EXIT_OK
     assert cli_main(["compare", str(base), str(same), "--fail-below", f"{lowest * 1.01}"]) == cmp.EXIT_GATE
+    # a case timed in the base but not in the new run is a regression; one timed in neither is not
+    lost = json.loads(json.dumps(doc))
+    lost["cases"][0]["impls"]["provider"]["bandwidth_Bps"] = None
+    lost_path = tmp_path / "lost.json"
+    lost_path.write_text(json.dumps(lost))
+    assert cli_main(["compare", str(base), str(lost_path), "--max-regression", "5"]) == cmp.EXIT_GATE
+    assert cli_main(["compare", str(lost_path), str(lost_path), "--max-regression", "5"]) == cmp.EXIT_OK
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "something-else/1"}')
     assert cli_main(["compare", str(base), str(bad)]) == cmp.EXIT_BAD_INPUT

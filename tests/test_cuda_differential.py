@@ -184,3 +184,29 @@ def test_data_rule_violations(provider, mem, rule_id):
         f"{' or OK with the valid part' if memory == Memory.DEVICE else ''} and no write outside:\n"
         + "\n".join(failures)
     )
+
+
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_unified_call_inside_graph_capture_is_refused_cleanly(provider, op):
+    """A UNIFIED call answers the host's statuses, which needs one wait on the stream; a
+    stream being captured into a CUDA graph cannot be waited on. The call must answer
+    UNSUPPORTED there, leave no CUDA error behind, and the same call made eagerly
+    afterwards must succeed (R-STREAM)."""
+    import torch
+
+    from kvx_conformance.bench.prepare import backend, prepare
+    from kvx_conformance.bench.sweep import BenchCase
+
+    case = BenchCase(op=op, tokens=256, heads=2, head_dim=64, seq_len=64, memory="unified")
+    prep = prepare(case, backend("unified"), seed=7, nsets=1)
+    s = torch.cuda.Stream()
+    s.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        inside = prep.call(provider, 0, s.cuda_stream)
+    torch.cuda.synchronize()
+    after = prep.call(provider, 0, s.cuda_stream)
+    s.synchronize()
+    assert (inside, after) == (Status.UNSUPPORTED, Status.OK), (
+        f"unified {op}: expected UNSUPPORTED inside the capture then OK eagerly, "
+        f"got {_status(inside)} then {_status(after)} (R-STREAM; csrc/reference/cuda/cuda_backend.cu)")

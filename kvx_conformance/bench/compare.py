@@ -55,7 +55,8 @@ def compare(base: dict, new: dict, *, max_regression: float | None = None, fail_
         change = 100.0 * (nb - ob) / ob if nb and ob else None
         row = {"id": cid, "base_Bps": ob, "new_Bps": nb, "change_pct": change, "gated": gated}
         rows.append(row)
-        if max_regression is not None and gated and (nb is None or (change is not None and change < -max_regression)):
+        lost = nb is None and ob is not None  # timed in the base, not any more (refused, failed or wrong)
+        if max_regression is not None and gated and (lost or (change is not None and change < -max_regression)):
             regressions.append(row)
     return {"rows": rows, "regressions": regressions, "below": below,
             "only_base": sorted(set(b) - {r["case"]["id"] for r in new.get("cases", [])}),

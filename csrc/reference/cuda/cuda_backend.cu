@@ -232,6 +232,16 @@ int scale_kind(const kvx_ref::ScalePlan& s) {
  * only; DEVICE calls never wait), or for the whole device where the host may not
  * touch managed memory while kernels run. */
 kvx_status_t unified_prescan_wait(cudaStream_t stream) {
+  /* A stream being captured into a CUDA graph cannot be waited on (the wait would
+   * invalidate the capture and leave a sticky error): a UNIFIED call there is
+   * UNSUPPORTED and touches nothing. DEVICE calls capture fine. */
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t ce = cudaStreamIsCapturing(stream, &capture);
+  if (ce != cudaSuccess) {
+    cudaGetLastError(); /* e.g. the NULL stream while another stream captures globally */
+    return KVX_STATUS_UNSUPPORTED;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return KVX_STATUS_UNSUPPORTED;
   int dev = 0, concurrent = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
   cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev);
