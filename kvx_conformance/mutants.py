@@ -121,6 +121,10 @@ def pick_killers(caught: list[dict], k: int = KILLERS_PER_MUTANT) -> list[str]:
     ranked = sorted(plain or caught, key=key)
     if ranked and ranked[0]["outcome"] in ("crash", "timeout"):
         k = 1  # nothing fails cleanly: one crash / timeout is proof enough, and each costs a worker
+    else:
+        # a mutant that fails cleanly somewhere: its crashes may be incidental (late_write's
+        # stores into freed buffers crash whichever test runs next), so only clean failures
+        ranked = [t for t in ranked if t["outcome"] == "fail"]
     for t in ranked:
         if base_id(t["id"]) in bases:
             continue

@@ -256,6 +256,26 @@ __device__ __forceinline__ float host_div(float x, float s, uint32_t default_nan
   return q;
 }
 
+/* x / s, correctly rounded, without a division per element: r = RN(1/s)
+ * (__frcp_rn, once per scale), q0 = RN(x r), e = x - q0 s (exact: one fma, q0
+ * is within one ulp of x/s), q = RN(q0 + e r). Markstein's theorem (Handbook of
+ * Floating-Point Arithmetic, "Markstein's division") gives q == RN(x/s) when r
+ * is within half an ulp of 1/s and nothing underflows or overflows, which holds
+ * for |s| and |x| in [2^-60, 2^60): |x/s| in (2^-121, 2^121), the residual's
+ * grid at or above 2^-107. x = +-0 gives x * r (the sign of x/s). Callers take
+ * __fdiv_rn for everything else (NaN, Inf, huge or tiny operands). Checked
+ * bit for bit against IEEE division on every FP32 significand of x against
+ * thousands of scale significands (docs/cuda-reference.md). */
+__device__ __forceinline__ bool exact_div_range(float v) {
+  return (__float_as_uint(v) & 0x7FFFFFFFu) - 0x21800000u < 0x3C000000u; /* |v| in [2^-60, 2^60) */
+}
+__device__ __forceinline__ float exact_div_rcp(float x, float s, float r) {
+  const float q0 = __fmul_rn(x, r);
+  const float e = __fmaf_rn(-q0, s, x);
+  const float q = __fmaf_rn(e, r, q0);
+  return x == 0.0f ? q0 : q;
+}
+
 /* Exact software encode of one element to the cache/IO dtype (convert.h), with
  * the FP8 quantization done as the host does it. */
 __device__ __forceinline__ void sw_encode(void* out, int dst, float x, float scale, uint32_t default_nan) {

@@ -166,6 +166,51 @@ __device__ __forceinline__ void store_out(char* q, float v) {
   memcpy(q, &b, 2);
 }
 
+/* |v| in [2^-60, 2^60): see exact_div below. */
+__device__ __forceinline__ bool div_range(float v) {
+  return (__float_as_uint(v) & 0x7FFFFFFFu) - 0x21800000u < 0x3C000000u;
+}
+
+/* kvx_ref::fp4_encode_block, bit for bit, with the NVFP4 division x / denom of
+ * every value done as Markstein's correctly rounded reciprocal-multiply:
+ * r = RN(1/denom) once per block, q0 = RN(x r), e = x - q0 denom (exact, fma),
+ * q = RN(q0 + e r) == RN(x / denom) when |denom| and |x| are in [2^-60, 2^60)
+ * (no underflow or overflow; x = +-0 gives x r). Other values take the IEEE
+ * division. The same identity as the FP8 path (cuda/move.cuh exact_div_rcp,
+ * checked against IEEE division on every FP32 significand against thousands of
+ * divisor significands). Returns the scale byte. */
+template <int B>
+__device__ __forceinline__ uint8_t encode_block(int format, const float* x, float g, uint8_t* codes) {
+  bool nan = false;
+  const float amax = kvx_ref::fp4_amax(x, B, &nan);
+  const kvx_ref::Fp4BlockScale sc = kvx_ref::fp4_block_scale(format, amax, nan, g);
+  if (sc.dead) {
+#pragma unroll
+    for (int i = 0; i < B; ++i) codes[i] = 0;
+  } else if (sc.inv != 0.0f) {
+#pragma unroll
+    for (int i = 0; i < B; ++i) codes[i] = kvx_ref::f32_to_e2m1(x[i] * sc.inv);
+  } else if (div_range(sc.denom)) {
+    const float d = sc.denom, r = __frcp_rn(d);
+    bool slow = false;
+#pragma unroll
+    for (int i = 0; i < B; ++i) {
+      slow |= !(div_range(x[i]) || x[i] == 0.0f);
+      const float q0 = __fmul_rn(x[i], r);
+      const float q = __fmaf_rn(__fmaf_rn(-q0, d, x[i]), r, q0);
+      codes[i] = kvx_ref::f32_to_e2m1(x[i] == 0.0f ? q0 : q);
+    }
+    if (slow) {
+#pragma unroll
+      for (int i = 0; i < B; ++i) codes[i] = kvx_ref::fp4_encode_value(sc, x[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < B; ++i) codes[i] = kvx_ref::fp4_encode_value(sc, x[i]);
+  }
+  return sc.byte;
+}
+
 struct Item {
   unsigned long long row;
   int side, h, j;
@@ -181,8 +226,11 @@ __device__ __forceinline__ Item split(const Params& P, unsigned i) {
   return it;
 }
 
+#ifndef KVX_FP4_WRITE32_MIN_BLOCKS
+#define KVX_FP4_WRITE32_MIN_BLOCKS 3 /* 32-value blocks: at most 80 registers */
+#endif
 template <int B, int DT>
-__global__ void __launch_bounds__(256, B == 16 ? 4 : 2) write_kernel(Params P) {
+__global__ void __launch_bounds__(256, B == 16 ? 4 : KVX_FP4_WRITE32_MIN_BLOCKS) write_kernel(Params P) {
   constexpr int ES = Es<DT>::value;
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < P.items; i += gridDim.x * blockDim.x) {
     const Item it = split(P, i);
@@ -213,9 +261,8 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) write_kernel(Params P) {
 #pragma unroll
       for (int k = 0; k < B; ++k) x[k] = load_elem<DT>(src, S.io_dim, k);
     }
-    uint8_t codes[B], s;
-    kvx_ref::fp4_encode_block(P.format, x, B, global_of(S, it.h), &s, codes);
-    *sc = (char)s;
+    uint8_t codes[B];
+    *sc = (char)encode_block<B>(P.format, x, global_of(S, it.h), codes);
     char* dst = S.codes + c0 / 2;
     if (((uintptr_t)dst % 8) == 0) { /* B/2 = 8 or 16 bytes */
 #pragma unroll
@@ -238,6 +285,11 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) write_kernel(Params P) {
 template <int B, int DT>
 __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) {
   constexpr int ES = Es<DT>::value;
+  /* E2M1 code -> FP32 value (kvx_ref::e2m1_to_f32), one shared-memory load per
+   * value: 16 words in 16 banks, so lanes never conflict. */
+  __shared__ float e2m1[16];
+  if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
+  __syncthreads();
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < P.items; i += gridDim.x * blockDim.x) {
     const Item it = split(P, i);
     const unsigned long long s =
@@ -260,7 +312,7 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) 
     if (b < 0 || (unsigned long long)b >= P.num_blocks) continue;
     const unsigned long long sb = KVX_MUT(FP4_SCALE_LOGICAL_BLOCK) ? jb : (unsigned long long)b;
     const Side& S = P.side[it.side];
-    const unsigned long long off = t % P.block_size;
+    const unsigned long long off = t - jb * P.block_size; /* t % block_size */
     const long long c0 = b * S.c_block + off * S.c_token + it.h * S.c_head + (long long)it.j * B;
     const uint8_t sbyte = (uint8_t)S.scales[sb * S.s_block + off * S.s_token + it.h * S.s_head + it.j * S.s_dim];
     const char* src = S.codes + c0 / 2;
@@ -285,10 +337,23 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) 
     const float sf = kvx_ref::fp4_scale_f32(P.format, sbyte); /* once per block */
     const bool nan_block = sf != sf;
     float v[B];
+    /* kvx_ref::fp4_decode_with, the same operations: a NaN scale is every value
+     * (its bits), else (E2M1 * sf) * g for NVFP4, E2M1 * sf for MXFP4. */
+    if (nan_block) {
 #pragma unroll
-    for (int k = 0; k < B / 2; ++k) {
-      v[2 * k] = kvx_ref::fp4_decode_with(P.format, kvx_ref::fp4_even(bytes[k]), sf, g);
-      v[2 * k + 1] = kvx_ref::fp4_decode_with(P.format, kvx_ref::fp4_odd(bytes[k]), sf, g);
+      for (int k = 0; k < B; ++k) v[k] = sf;
+    } else if (P.format == kvx_ref::FP4_NVFP4) {
+#pragma unroll
+      for (int k = 0; k < B / 2; ++k) {
+        v[2 * k] = __fmul_rn(__fmul_rn(e2m1[kvx_ref::fp4_even(bytes[k])], sf), g);
+        v[2 * k + 1] = __fmul_rn(__fmul_rn(e2m1[kvx_ref::fp4_odd(bytes[k])], sf), g);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < B / 2; ++k) {
+        v[2 * k] = __fmul_rn(e2m1[kvx_ref::fp4_even(bytes[k])], sf);
+        v[2 * k + 1] = __fmul_rn(e2m1[kvx_ref::fp4_odd(bytes[k])], sf);
+      }
     }
     char* dst = S.io + (it.row * S.io_token + it.h * S.io_head + (long long)it.j * B * S.io_dim) * ES;
     if (P.vec_ok) {

@@ -84,7 +84,7 @@ struct CopyOp {
   using InVec = uint4;
   using OutVec = uint4;
   static constexpr bool kScaled = false;
-  static __device__ __forceinline__ OutVec run(InVec v, float, uint32_t) { return v; }
+  static __device__ __forceinline__ OutVec run(InVec v, float, float, uint32_t) { return v; }
 };
 
 /* In -> FP32 -> Out (F16/BF16/F32 destinations round RNE; FP8 destinations
@@ -98,7 +98,8 @@ struct ConvOp {
   using OutVec = typename VecOf<V * kOut>::T;
   static constexpr bool kScaled = Out::dt == KVX_DTYPE_F8_E4M3 || Out::dt == KVX_DTYPE_F8_E5M2;
 
-  static __device__ __forceinline__ OutVec run(InVec iv, float scale, uint32_t dnan) {
+  /* rcp: RN(1/scale) when exact_div_range(scale) (exact_div_rcp), else 0: IEEE division. */
+  static __device__ __forceinline__ OutVec run(InVec iv, float scale, float rcp, uint32_t dnan) {
     union {
       InVec v;
       typename In::S e[V];
@@ -118,11 +119,21 @@ struct ConvOp {
       special |= In::special(a.e[i]);
     }
     if constexpr (kScaled) {
+      if (scale != 1.0f) { /* x / 1 is x: no division for unscaled caches */
+        if (rcp != 0.0f) {
+          /* out-of-range or NaN operands take the software path (IEEE division) */
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        if (scale != 1.0f) x[i] = __fdiv_rn(x[i], scale); /* x / 1 is x: no division for unscaled caches */
-        special |= x[i] != x[i];
+          for (int i = 0; i < V; ++i) {
+            special |= !(exact_div_range(x[i]) || x[i] == 0.0f);
+            x[i] = exact_div_rcp(x[i], scale, rcp);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < V; ++i) x[i] = __fdiv_rn(x[i], scale);
+        }
       }
+#pragma unroll
+      for (int i = 0; i < V; ++i) special |= x[i] != x[i];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #pragma unroll
       for (int i = 0; i < V; i += 2) {
@@ -146,10 +157,24 @@ struct ConvOp {
 #pragma unroll
       for (int i = 0; i < V; i += 2) b.w[i / 2] = hw_bf16x2(x[i], x[i + 1]);
     }
-    if (special) {
+    if (special) b.v = sw_run(iv, scale, dnan);
+    return b.v;
+  }
+
+  /* The exact software path of a whole chunk, out of line: rare, and kept off
+   * the fast loop's registers. */
+  static __device__ __noinline__ OutVec sw_run(InVec iv, float scale, uint32_t dnan) {
+    union {
+      InVec v;
+      typename In::S e[V];
+    } a;
+    union {
+      OutVec v;
+      typename Out::S e[V];
+    } b;
+    a.v = iv;
 #pragma unroll
-      for (int i = 0; i < V; ++i) sw_encode(&b.e[i], Out::dt, In::sw_f32(a.e[i]), scale, dnan);
-    }
+    for (int i = 0; i < V; ++i) sw_encode(&b.e[i], Out::dt, In::sw_f32(a.e[i]), scale, dnan);
     return b.v;
   }
 };
@@ -214,8 +239,11 @@ __device__ __forceinline__ char* fast_row(const MoveParams& p, uint32_t task, ui
  * tokens, contiguous in the cache when the tokens share a block.
  * (Measured on an H100, docs/cuda-reference.md: two tasks per iteration and
  * evict-first hints were slower, FP8 and HND_PACKED most.) */
+#ifndef KVX_CUDA_FAST_MIN_BLOCKS
+#define KVX_CUDA_FAST_MIN_BLOCKS 4 /* 4 x 256 threads per SM: at most 64 registers */
+#endif
 template <class Op>
-__global__ void __launch_bounds__(kThreads) move_fast(const __grid_constant__ MoveParams p) {
+__global__ void __launch_bounds__(kThreads, KVX_CUDA_FAST_MIN_BLOCKS) move_fast(const __grid_constant__ MoveParams p) {
   const uint32_t C = p.fd_c.div;
   const uint32_t HC = p.fd_h.div * C;
   const uint32_t groups = (p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
@@ -258,7 +286,8 @@ __global__ void __launch_bounds__(kThreads) move_fast(const __grid_constant__ Mo
       for (int k = 0; k < kUnroll; ++k) {
         if (dst[k]) {
           const float s = Op::kScaled ? load_scale(p, *jb, hh[k]) : 1.0f;
-          st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, p.default_nan));
+          const float r = Op::kScaled && s != 1.0f && exact_div_range(s) ? __frcp_rn(s) : 0.0f;
+          st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, r, p.default_nan));
         }
       }
     }
