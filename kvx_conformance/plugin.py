@@ -496,6 +496,19 @@ class _Worker:
 
 _BREAKER = pytest.StashKey[str]()
 
+#: loader.Provider methods -> the KVX entry point each calls
+_ENTRY_OF_METHOD = {"get_version_raw": "kvx_get_version", "validate_cache_desc": "kvx_validate_cache_desc",
+                    "write_kv": "kvx_write_kv", "gather_kv": "kvx_gather_kv"}
+_FRAME_RE = re.compile(r'File "[^"]*loader\.py", line \d+ in (\w+)')
+
+
+def crashed_entry(frames: str) -> str | None:
+    """The KVX entry point a crashed/hung worker was inside, from its innermost frames."""
+    for m in _FRAME_RE.finditer(frames or ""):
+        if m.group(1) in _ENTRY_OF_METHOD:
+            return _ENTRY_OF_METHOD[m.group(1)]
+    return None
+
 
 # ----------------------------------------------------------------------------- controller role
 
@@ -704,7 +717,10 @@ class _Controller:
         self._progress()
 
     def _breaker_hit(self, rec: TestRecord) -> None:
-        for e in rec.entry:
+        # charge the entry point the worker was inside when it crashed or hung (its stack
+        # names the loader method), else every entry point the test lists
+        inside = crashed_entry(rec.detail)
+        for e in ([inside] if inside in rec.entry else rec.entry):
             hits = self.breaker_hits.setdefault(e, [])
             hits.append(rec.id)
             if len(hits) >= self.threshold and e not in self.tripped:

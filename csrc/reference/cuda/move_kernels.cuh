@@ -239,6 +239,42 @@ __device__ __forceinline__ char* fast_row(const MoveParams& p, uint32_t task, ui
  * tokens, contiguous in the cache when the tokens share a block.
  * (Measured on an H100, docs/cuda-reference.md: two tasks per iteration and
  * evict-first hints were slower, FP8 and HND_PACKED most.) */
+/* The first stage of fast_row alone: the metadata loads of a task's row (a
+ * dead row: slot -1 / m.ok false, which resolve to no cache row). */
+struct FastPre {
+  GatherMeta m;
+  long long slot;
+  uint32_t j, row;
+};
+__device__ __forceinline__ FastPre fast_pre(const MoveParams& p, uint32_t task, uint32_t tasks, uint32_t groups,
+                                            uint32_t ti) {
+  FastPre f;
+  f.m.ok = false;
+  f.m.len = f.m.a = f.m.b = 0;
+  f.m.t = f.m.j = f.m.off = 0;
+  f.slot = -1;
+  f.j = 0;
+  f.row = p.row_begin;
+  if (task >= tasks) return f;
+  f.j = task >= groups ? 1u : 0u;
+  const uint32_t r = ((task - f.j * groups) << p.lg_tg) + ti;
+  Item it;
+  it.job = &p.job[f.j];
+  it.live = r < p.row_count;
+  it.row = p.row_begin + r;
+  it.h = it.c = 0;
+  f.row = it.row;
+  if (!it.live) return f;
+  if (p.kind == KIND_WRITE)
+    f.slot = write_slot_load(p, it);
+  else
+    f.m = gather_meta_load(p, it);
+  return f;
+}
+
+#ifndef KVX_CUDA_PREFETCH_ROW
+#define KVX_CUDA_PREFETCH_ROW 1
+#endif
 #ifndef KVX_CUDA_FAST_MIN_BLOCKS
 #define KVX_CUDA_FAST_MIN_BLOCKS 4 /* 4 x 256 threads per SM: at most 64 registers */
 #endif
@@ -254,10 +290,23 @@ __global__ void __launch_bounds__(kThreads, KVX_CUDA_FAST_MIN_BLOCKS) move_fast(
   const uint32_t q_step = 32u >> p.lg_tg;
   const uint32_t warps = gridDim.x * (kThreads / 32);
   const bool gather = p.kind != KIND_WRITE;
+#if KVX_CUDA_PREFETCH_ROW
+  /* The row metadata of the warp's next task (slot, or sequence length and
+   * table entry) is loaded while the current task moves its data. */
+  uint32_t task = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
+  FastPre pre = fast_pre(p, task, tasks, groups, ti);
+  for (; task < tasks; task += warps) {
+    const FastPre cur = pre;
+    pre = fast_pre(p, task + warps, tasks, groups, ti);
+    const Job* jb = &p.job[cur.j];
+    char* const iorow = jb->io + (long long)jb->io_esize * ((long long)cur.row * jb->io_token);
+    char* const crow = gather ? gather_cache_row(p, *jb, cur.m) : write_cache_row(p, *jb, cur.slot);
+#else
   for (uint32_t task = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5); task < tasks; task += warps) {
     const Job* jb = &p.job[0];
     char* iorow = nullptr;
     char* crow = fast_row<Op>(p, task, tasks, groups, ti, &jb, &iorow);
+#endif
     if (!crow) continue; /* no barrier or shuffle below */
     for (uint32_t q0 = q_first; q0 < HC; q0 += q_step * kUnroll) {
       typename Op::InVec v[kUnroll];
