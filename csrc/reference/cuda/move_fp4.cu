@@ -227,16 +227,31 @@ __device__ __forceinline__ Item split(const Params& P, unsigned i) {
 }
 
 #ifndef KVX_FP4_WRITE32_MIN_BLOCKS
-#define KVX_FP4_WRITE32_MIN_BLOCKS 3 /* 32-value blocks: at most 80 registers */
+#define KVX_FP4_WRITE32_MIN_BLOCKS 3 /* 32-value blocks: at most 80 registers (BF16 IO: 2, it would spill) */
 #endif
 template <int B, int DT>
-__global__ void __launch_bounds__(256, B == 16 ? 4 : KVX_FP4_WRITE32_MIN_BLOCKS) write_kernel(Params P) {
+__global__ void __launch_bounds__(256, B == 16 ? 4 : DT == KVX_DTYPE_BF16 ? 2 : KVX_FP4_WRITE32_MIN_BLOCKS)
+    write_kernel(Params P) {
   constexpr int ES = Es<DT>::value;
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < P.items; i += gridDim.x * blockDim.x) {
     const Item it = split(P, i);
     const long long slot = ld_index(P.slots, P.slot64, it.row);
-    if (slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots) continue;
     const Side& S = P.side[it.side];
+    /* The block is loaded and encoded while the slot load is in flight (the IO
+     * row exists whatever its slot); only the stores wait for the slot. */
+    uint8_t codes[B], sbyte = 0;
+    if (DT != 0) {
+      float x[B];
+      const char* src = S.io + (it.row * S.io_token + it.h * S.io_head + (long long)it.j * B * S.io_dim) * ES;
+      if (P.vec_ok) {
+        load_block_vec<B, DT>(src, x);
+      } else {
+#pragma unroll
+        for (int k = 0; k < B; ++k) x[k] = load_elem<DT>(src, S.io_dim, k);
+      }
+      sbyte = encode_block<B>(P.format, x, global_of(S, it.h), codes);
+    }
+    if (slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots) continue;
     unsigned long long b, t;
     if (P.slot32) {
       b = divu(P.fd_bs, (unsigned)slot);
@@ -253,16 +268,7 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : KVX_FP4_WRITE32_MIN_BLOCKS)
       *sc = S.ios[it.row * S.ios_token + it.h * S.ios_head + it.j * S.ios_dim];
       continue;
     }
-    float x[B];
-    const char* src = S.io + (it.row * S.io_token + it.h * S.io_head + (long long)it.j * B * S.io_dim) * ES;
-    if (P.vec_ok) {
-      load_block_vec<B, DT>(src, x);
-    } else {
-#pragma unroll
-      for (int k = 0; k < B; ++k) x[k] = load_elem<DT>(src, S.io_dim, k);
-    }
-    uint8_t codes[B];
-    *sc = (char)encode_block<B>(P.format, x, global_of(S, it.h), codes);
+    *sc = (char)sbyte;
     char* dst = S.codes + c0 / 2;
     if (((uintptr_t)dst % 8) == 0) { /* B/2 = 8 or 16 bytes */
 #pragma unroll

@@ -15,6 +15,20 @@
 
 namespace kvx_cuda {
 
+/* Tuning knobs (defaults measured on an H100, docs/cuda-reference.md). */
+#ifndef KVX_CUDA_COPY_PREFETCH
+#define KVX_CUDA_COPY_PREFETCH 1 /* same-dtype copy: load the next row's metadata early */
+#endif
+#ifndef KVX_CUDA_COPY_MIN_BLOCKS
+#define KVX_CUDA_COPY_MIN_BLOCKS 4 /* 4 x 256 threads per SM: at most 64 registers */
+#endif
+#ifndef KVX_CUDA_FP8_F16_MIN_BLOCKS
+#define KVX_CUDA_FP8_F16_MIN_BLOCKS 4
+#endif
+#ifndef KVX_CUDA_FP8_MIN_BLOCKS
+#define KVX_CUDA_FP8_MIN_BLOCKS 1
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Vector storage of N bytes. */
 template <int N> struct VecOf;
@@ -84,6 +98,10 @@ struct CopyOp {
   using InVec = uint4;
   using OutVec = uint4;
   static constexpr bool kScaled = false;
+  /* measured (docs/cuda-reference.md): prefetching the next row's metadata and
+   * 4 resident blocks per SM help the copy; the conversions lose from both */
+  static constexpr bool kPrefetch = KVX_CUDA_COPY_PREFETCH;
+  static constexpr int kMinBlocks = KVX_CUDA_COPY_MIN_BLOCKS;
   static __device__ __forceinline__ OutVec run(InVec v, float, float, uint32_t) { return v; }
 };
 
@@ -97,6 +115,9 @@ struct ConvOp {
   using InVec = typename VecOf<V * kIn>::T;
   using OutVec = typename VecOf<V * kOut>::T;
   static constexpr bool kScaled = Out::dt == KVX_DTYPE_F8_E4M3 || Out::dt == KVX_DTYPE_F8_E5M2;
+  static constexpr bool kPrefetch = false;
+  static constexpr int kMinBlocks =
+      !kScaled ? 1 : In::dt == KVX_DTYPE_F16 ? KVX_CUDA_FP8_F16_MIN_BLOCKS : KVX_CUDA_FP8_MIN_BLOCKS;
 
   /* rcp: RN(1/scale) when exact_div_range(scale) (exact_div_rcp), else 0: IEEE division. */
   static __device__ __forceinline__ OutVec run(InVec iv, float scale, float rcp, uint32_t dnan) {
@@ -272,14 +293,8 @@ __device__ __forceinline__ FastPre fast_pre(const MoveParams& p, uint32_t task, 
   return f;
 }
 
-#ifndef KVX_CUDA_PREFETCH_ROW
-#define KVX_CUDA_PREFETCH_ROW 1
-#endif
-#ifndef KVX_CUDA_FAST_MIN_BLOCKS
-#define KVX_CUDA_FAST_MIN_BLOCKS 4 /* 4 x 256 threads per SM: at most 64 registers */
-#endif
 template <class Op>
-__global__ void __launch_bounds__(kThreads, KVX_CUDA_FAST_MIN_BLOCKS) move_fast(const __grid_constant__ MoveParams p) {
+__global__ void __launch_bounds__(kThreads, Op::kMinBlocks) move_fast(const __grid_constant__ MoveParams p) {
   const uint32_t C = p.fd_c.div;
   const uint32_t HC = p.fd_h.div * C;
   const uint32_t groups = (p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
@@ -290,24 +305,33 @@ __global__ void __launch_bounds__(kThreads, KVX_CUDA_FAST_MIN_BLOCKS) move_fast(
   const uint32_t q_step = 32u >> p.lg_tg;
   const uint32_t warps = gridDim.x * (kThreads / 32);
   const bool gather = p.kind != KIND_WRITE;
-#if KVX_CUDA_PREFETCH_ROW
-  /* The row metadata of the warp's next task (slot, or sequence length and
-   * table entry) is loaded while the current task moves its data. */
+  /* Op::kPrefetch: the row metadata of the warp's next task (slot, or sequence
+   * length and table entry) is loaded while the current task moves its data. */
   uint32_t task = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
-  FastPre pre = fast_pre(p, task, tasks, groups, ti);
+  FastPre pre;
+  if constexpr (Op::kPrefetch) pre = fast_pre(p, task, tasks, groups, ti);
   for (; task < tasks; task += warps) {
-    const FastPre cur = pre;
-    pre = fast_pre(p, task + warps, tasks, groups, ti);
-    const Job* jb = &p.job[cur.j];
-    char* const iorow = jb->io + (long long)jb->io_esize * ((long long)cur.row * jb->io_token);
-    char* const crow = gather ? gather_cache_row(p, *jb, cur.m) : write_cache_row(p, *jb, cur.slot);
-#else
-  for (uint32_t task = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5); task < tasks; task += warps) {
     const Job* jb = &p.job[0];
     char* iorow = nullptr;
-    char* crow = fast_row<Op>(p, task, tasks, groups, ti, &jb, &iorow);
-#endif
+    char* crow;
+    if constexpr (Op::kPrefetch) {
+      const FastPre cur = pre;
+      pre = fast_pre(p, task + warps, tasks, groups, ti);
+      jb = &p.job[cur.j];
+      iorow = jb->io + (long long)jb->io_esize * ((long long)cur.row * jb->io_token);
+      crow = gather ? gather_cache_row(p, *jb, cur.m) : write_cache_row(p, *jb, cur.slot);
+    } else {
+      crow = fast_row<Op>(p, task, tasks, groups, ti, &jb, &iorow);
+    }
     if (!crow) continue; /* no barrier or shuffle below */
+    /* FP8: a per-tensor scale and its reciprocal once per task */
+    float s_task = 1.0f, r_task = 0.0f;
+    if constexpr (Op::kScaled) {
+      if (jb->scale_kind != SCALE_HEAD) {
+        s_task = load_scale(p, *jb, 0);
+        r_task = s_task != 1.0f && exact_div_range(s_task) ? __frcp_rn(s_task) : 0.0f;
+      }
+    }
     for (uint32_t q0 = q_first; q0 < HC; q0 += q_step * kUnroll) {
       typename Op::InVec v[kUnroll];
       char* dst[kUnroll];
@@ -334,8 +358,11 @@ __global__ void __launch_bounds__(kThreads, KVX_CUDA_FAST_MIN_BLOCKS) move_fast(
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         if (dst[k]) {
-          const float s = Op::kScaled ? load_scale(p, *jb, hh[k]) : 1.0f;
-          const float r = Op::kScaled && s != 1.0f && exact_div_range(s) ? __frcp_rn(s) : 0.0f;
+          float s = s_task, r = r_task;
+          if (Op::kScaled && jb->scale_kind == SCALE_HEAD) {
+            s = load_scale(p, *jb, hh[k]);
+            r = s != 1.0f && exact_div_range(s) ? __frcp_rn(s) : 0.0f;
+          }
           st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, r, p.default_nan));
         }
       }
