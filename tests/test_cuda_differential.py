@@ -25,7 +25,10 @@ from kvx_conformance.abi import Memory, Status
 from kvx_conformance.cases import GatherCase, Result, WriteCase
 from kvx_conformance.dtypes import bits_view
 from kvx_conformance.execute import CallOptions, run_gather, run_write
+from kvx_conformance.loader import status_name
 from kvx_conformance.reference_impl import RULES, expected
+
+from difftools import compare  # tests/difftools.py
 
 CASES = {"write": 240, "gather": 240}
 CHUNKS = 4
@@ -65,34 +68,6 @@ def _stream() -> int:
 
         _STREAMS.append(torch.cuda.Stream())
     return _STREAMS[0].cuda_stream
-
-
-def _status(code: int) -> str:
-    try:
-        return Status(code).name
-    except ValueError:
-        return str(code)
-
-
-def compare(exp: Result, got: Result) -> str:
-    """'' when identical (status, every element's bits, guards), else what differs."""
-    problems = []
-    if got.status != exp.status:
-        problems.append(f"status: expected {_status(exp.status)} ({exp.rule or 'OK'}), got {_status(got.status)}")
-    for name, want in exp.arrays.items():
-        have = got.arrays.get(name)
-        a, b = bits_view(want), bits_view(have)
-        if a.shape != b.shape:
-            problems.append(f"{name}: {b.shape[0]} elements, expected {a.shape[0]}")
-            continue
-        bad = np.nonzero(a != b)[0]
-        if bad.size:
-            problems.append(
-                f"{name}: {bad.size} element(s) differ, first at {bad[:6].tolist()}: expected bits "
-                f"{[hex(int(x)) for x in a[bad[:6]]]}, got {[hex(int(x)) for x in b[bad[:6]]]}"
-            )
-    problems += got.guard_violations
-    return "; ".join(problems)
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
@@ -163,7 +138,7 @@ def test_data_rule_violations(provider, mem, rule_id):
                 failures.append(f"{where}\n    UNSUPPORTED but memory changed: {diff}")
             continue
         if host.status != exp.status:
-            failures.append(f"{where}\n    host backend answered {_status(host.status)}, oracle {_status(exp.status)}")
+            failures.append(f"{where}\n    host backend answered {status_name(host.status)}, oracle {status_name(exp.status)}")
         if got.guard_violations:
             failures.append(f"{where}\n    guards: {'; '.join(got.guard_violations)}")
             continue
@@ -180,7 +155,7 @@ def test_data_rule_violations(provider, mem, rule_id):
         if diff:
             failures.append(f"{where}\n    {diff}")
     assert not failures, (
-        f"rule {rule_id} ({rc.clause}) on {memory.name} memory: expected {_status(rc.status)}"
+        f"rule {rule_id} ({rc.clause}) on {memory.name} memory: expected {status_name(rc.status)}"
         f"{' or OK with the valid part' if memory == Memory.DEVICE else ''} and no write outside:\n"
         + "\n".join(failures)
     )
@@ -209,4 +184,4 @@ def test_unified_call_inside_graph_capture_is_refused_cleanly(provider, op):
     s.synchronize()
     assert (inside, after) == (Status.UNSUPPORTED, Status.OK), (
         f"unified {op}: expected UNSUPPORTED inside the capture then OK eagerly, "
-        f"got {_status(inside)} then {_status(after)} (R-STREAM; csrc/reference/cuda/cuda_backend.cu)")
+        f"got {status_name(inside)} then {status_name(after)} (R-STREAM; csrc/reference/cuda/cuda_backend.cu)")

@@ -21,7 +21,10 @@ from kvx_conformance.abi import Status
 from kvx_conformance.cases import GatherCase, Result, WriteCase
 from kvx_conformance.dtypes import bits_view
 from kvx_conformance.execute import run_gather, run_validate, run_write
+from kvx_conformance.loader import status_name
 from kvx_conformance.reference_impl import RULES, expected
+
+from difftools import compare  # tests/difftools.py
 
 CHUNKS = 8
 CASES = {"write": 720, "gather": 720, "validate": 160}
@@ -61,35 +64,6 @@ def _initial(case) -> dict[str, np.ndarray]:
     if isinstance(case, GatherCase):
         return {"k": case.out_k_init, "v": case.out_v_init}
     return {}
-
-
-def _status(code: int) -> str:
-    try:
-        return Status(code).name
-    except ValueError:
-        return str(code)
-
-
-def compare(exp: Result, got: Result) -> str:
-    """'' when identical, else what differs."""
-    problems = []
-    if got.status != exp.status:
-        problems.append(f"status: expected {_status(exp.status)} ({exp.rule or 'OK'}), got {_status(got.status)}")
-    for name, want in exp.arrays.items():
-        have = got.arrays.get(name)
-        a, b = bits_view(want), bits_view(have)
-        if a.shape != b.shape:
-            problems.append(f"{name}: {b.shape[0]} elements, expected {a.shape[0]}")
-            continue
-        bad = np.nonzero(a != b)[0]
-        if bad.size:
-            problems.append(
-                f"{name}: {bad.size} element(s) differ, first at {bad[:6].tolist()}: expected bits "
-                f"{[hex(int(x)) for x in a[bad[:6]]]} ({want[bad[:6]].tolist()}), got "
-                f"{[hex(int(x)) for x in b[bad[:6]]]} ({have[bad[:6]].tolist()})"
-            )
-    problems += got.guard_violations
-    return "; ".join(problems)
 
 
 def _unchanged(case, got: Result) -> bool:
@@ -147,6 +121,6 @@ def test_single_rule_violations_match(provider, rule_id):
                 f"profile=generators.{profile})"
             )
     assert not failures, (
-        f"rule {rule_id} ({rc.clause}): provider must answer {_status(rc.status)} and write nothing\n"
+        f"rule {rule_id} ({rc.clause}): provider must answer {status_name(rc.status)} and write nothing\n"
         + "\n".join(failures)
     )
