@@ -1,0 +1,105 @@
+"""Differential checks (profile "generated"): the provider against the bundled reference
+provider and the numpy oracle on the same randomized valid calls, on the run's memory type.
+
+The bundled reference serves HOST memory with its host backend and DEVICE / UNIFIED
+memory with its CUDA backend (where it was built with CUDA). Each case runs three
+ways: through the provider under test, through the bundled reference in the same
+worker and on the same memory type, and through the oracle. The reference must agree
+with the oracle (a harness fault otherwise, reported as an error, never blamed on the
+provider), and the provider must match both bit for bit, status included, without
+touching a guard byte. Cases come from ``kvx_conformance.generators`` with fixed seeds
+(``SEEDS``), over every layout, dtype, index dtype and table format the generators
+draw. A case the provider answers UNSUPPORTED is excused when it uses an optional
+feature the provider does not claim (``casebuild.case_features``).
+
+Repro of one case: the failure message names the generator call and its seed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance import casebuild as cb, generators
+from kvx_conformance.abi import Status
+from kvx_conformance.checks import array_mismatches, check_guards
+from kvx_conformance.execute import run_gather, run_write
+from kvx_conformance.loader import status_name
+from kvx_conformance.outcomes import REQUIRED, ConformanceFailure, Unsupported, conformance
+from kvx_conformance.reference_impl import expected
+
+CL_DIFF = "spec 4-7 (valid calls); R-WRITE, R-GATHER, R-CONVERT, R-FP8, R-DATA"
+#: cases per operation; seeds are fixed so two runs draw the same cases
+SEEDS = range(7000, 7048)
+GEN = {"write": generators.random_write_case, "gather": generators.random_gather_case}
+RUN = {"write": run_write, "gather": run_gather}
+
+
+@pytest.fixture(scope="module")
+def bundled_reference():
+    """The bundled reference provider when it serves the run's memory type here, else None
+    (the provider is then held against the oracle alone, as everywhere else)."""
+    from kvx_conformance.loader import load_provider
+    from kvx_conformance.native import NativeBuildMissing, reference_provider
+
+    try:
+        path = reference_provider()
+    except NativeBuildMissing:
+        return None
+    return load_provider(path) if path.exists() else None
+
+
+def _differential(op: str, provider, reference, opts, claims) -> None:
+    ran, excused, reference_used = 0, [], False
+    for seed in SEEDS:
+        case = GEN[op](np.random.default_rng(seed), seed=seed)
+        where = f"generators.random_{op}_case(np.random.default_rng({seed}), seed={seed}): {case.describe()}"
+        exp = expected(case)
+        if exp.status != Status.OK:
+            raise RuntimeError(f"harness fault: the generator drew an invalid case ({exp.rule}) at {where}")
+        want = exp
+        if reference is not None:
+            ref = RUN[op](reference, case, opts)
+            if ref.status == Status.OK:
+                bad = array_mismatches(ref, exp, case)
+                if bad or ref.guard_violations:
+                    raise RuntimeError(f"harness fault: the bundled reference disagrees with the oracle at {where}: "
+                                       + "; ".join(bad + ref.guard_violations))
+                reference_used = True
+        got = RUN[op](provider, case, opts)
+        feats = cb.case_features(case)
+        if got.status == Status.UNSUPPORTED:
+            check_guards(got, clause=CL_DIFF, case=case)
+            unclaimed = [f for f in feats if f not in claims]
+            if unclaimed:
+                excused.append(unclaimed[0])
+                continue
+            raise ConformanceFailure(
+                f"{op}: UNSUPPORTED for a valid case whose every optional feature is claimed",
+                expected="OK and the reference's memory", got="UNSUPPORTED", clause=CL_DIFF, case=where, seed=seed)
+        if got.status != Status.OK:
+            raise ConformanceFailure(f"{op}: a valid call failed", expected="OK",
+                                     got=status_name(got.status), clause=CL_DIFF, case=where, seed=seed)
+        check_guards(got, clause=CL_DIFF, case=case)
+        bad = array_mismatches(got, want, case)
+        if bad:
+            against = "the bundled reference provider and the oracle" if reference_used else "the oracle"
+            raise ConformanceFailure(
+                f"{op}: memory after the call differs from {against}",
+                expected="bit-exact equality", got="\n            ".join(bad), clause=CL_DIFF, case=where, seed=seed)
+        ran += 1
+    if ran == 0:
+        raise Unsupported(f"{op}: every one of {len(SEEDS)} differential cases answered UNSUPPORTED "
+                          f"(unclaimed: {', '.join(sorted(set(excused)))})", tuple(sorted(set(excused))))
+
+
+@conformance("differential.reference.write", CL_DIFF, REQUIRED, "generated", "write")
+def test_differential_write(kvx_provider, bundled_reference, kvx_call_options, kvx_claims):
+    """48 random valid writes: provider == bundled reference == oracle, bit for bit."""
+    _differential("write", kvx_provider, bundled_reference, kvx_call_options(), kvx_claims)
+
+
+@conformance("differential.reference.gather", CL_DIFF, REQUIRED, "generated", "gather")
+def test_differential_gather(kvx_provider, bundled_reference, kvx_call_options, kvx_claims):
+    """48 random valid gathers over PACKED, RAGGED and KV_OFFSETS tables: provider == bundled
+    reference == oracle, bit for bit."""
+    _differential("gather", kvx_provider, bundled_reference, kvx_call_options(), kvx_claims)
