@@ -20,13 +20,16 @@ namespace kvx_cuda {
 #define KVX_CUDA_COPY_PREFETCH 1 /* same-dtype copy: load the next row's metadata early */
 #endif
 #ifndef KVX_CUDA_COPY_MIN_BLOCKS
-#define KVX_CUDA_COPY_MIN_BLOCKS 4 /* 4 x 256 threads per SM: at most 64 registers */
+#define KVX_CUDA_COPY_MIN_BLOCKS 1 /* no register cap (4 blocks, 64 registers: as fast or slower) */
 #endif
 #ifndef KVX_CUDA_FP8_F16_MIN_BLOCKS
-#define KVX_CUDA_FP8_F16_MIN_BLOCKS 4
+#define KVX_CUDA_FP8_F16_MIN_BLOCKS 4 /* F16 -> FP8: 64 registers, a few bytes of spill around the rare call */
+#endif
+#ifndef KVX_CUDA_FP8_F32_MIN_BLOCKS
+#define KVX_CUDA_FP8_F32_MIN_BLOCKS 4 /* F32 -> FP8 */
 #endif
 #ifndef KVX_CUDA_FP8_MIN_BLOCKS
-#define KVX_CUDA_FP8_MIN_BLOCKS 1
+#define KVX_CUDA_FP8_MIN_BLOCKS 1 /* BF16 -> FP8: capped at 64 it spills and loses ~8 points */
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -49,6 +52,8 @@ struct TF16 {
   }
   static __device__ __forceinline__ bool special(S v) { return (v & 0x7FFFu) > 0x7C00u; }
   static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::f16_to_f32(v); }
+  /* finite: zero or within [2^-24, 65504], inside exact_div_range */
+  static __device__ __forceinline__ bool div_ok(S v) { return (v & 0x7FFFu) < 0x7C00u; }
 };
 struct TBF16 {
   using S = uint16_t;
@@ -56,6 +61,11 @@ struct TBF16 {
   static __device__ __forceinline__ float hw_f32(S v) { return __uint_as_float((uint32_t)v << 16); }
   static __device__ __forceinline__ bool special(S v) { return (v & 0x7FFFu) > 0x7F80u; }
   static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::bf16_to_f32(v); }
+  /* zero, or |v| in [2^-60, 2^60) (exact_div_range on the widened bits) */
+  static __device__ __forceinline__ bool div_ok(S v) {
+    const uint32_t a = v & 0x7FFFu;
+    return a == 0 || (uint32_t)(a - 0x2180u) < 0x3C00u;
+  }
 };
 struct TF32 {
   using S = uint32_t;
@@ -67,6 +77,10 @@ struct TF32 {
     return a > 0x7F800000u || (a != 0 && a < 0x00800000u);
   }
   static __device__ __forceinline__ float sw_f32(S v) { return __uint_as_float(v); }
+  static __device__ __forceinline__ bool div_ok(S v) {
+    const uint32_t a = v & 0x7FFFFFFFu;
+    return a == 0 || a - 0x21800000u < 0x3C000000u;
+  }
 };
 struct TE4M3 {
   using S = uint8_t;
@@ -117,7 +131,10 @@ struct ConvOp {
   static constexpr bool kScaled = Out::dt == KVX_DTYPE_F8_E4M3 || Out::dt == KVX_DTYPE_F8_E5M2;
   static constexpr bool kPrefetch = false;
   static constexpr int kMinBlocks =
-      !kScaled ? 1 : In::dt == KVX_DTYPE_F16 ? KVX_CUDA_FP8_F16_MIN_BLOCKS : KVX_CUDA_FP8_MIN_BLOCKS;
+      !kScaled                    ? 1
+      : In::dt == KVX_DTYPE_F16   ? KVX_CUDA_FP8_F16_MIN_BLOCKS
+      : In::dt == KVX_DTYPE_F32   ? KVX_CUDA_FP8_F32_MIN_BLOCKS
+                                  : KVX_CUDA_FP8_MIN_BLOCKS;
 
   /* rcp: RN(1/scale) when exact_div_range(scale) (exact_div_rcp), else 0: IEEE division. */
   static __device__ __forceinline__ OutVec run(InVec iv, float scale, float rcp, uint32_t dnan) {
@@ -135,26 +152,33 @@ struct ConvOp {
     float x[V];
     bool special = false;
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      x[i] = In::hw_f32(a.e[i]);
-      special |= In::special(a.e[i]);
+    for (int i = 0; i < V; ++i) x[i] = In::hw_f32(a.e[i]);
+    if constexpr (!kScaled) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) special |= In::special(a.e[i]);
     }
     if constexpr (kScaled) {
-      if (scale != 1.0f) { /* x / 1 is x: no division for unscaled caches */
-        if (rcp != 0.0f) {
-          /* out-of-range or NaN operands take the software path (IEEE division) */
+      if (scale != 1.0f && rcp != 0.0f) {
+        /* Reciprocal-multiply division (exact_div_rcp). Every input finite, and
+         * zero or within [2^-60, 2^60) (div_ok), gives a finite quotient, so
+         * that one test per input also excludes NaN; anything else takes the
+         * software path (IEEE division). */
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          special |= !In::div_ok(a.e[i]);
+          x[i] = exact_div_rcp(x[i], scale, rcp);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) special |= In::special(a.e[i]);
+        if (scale != 1.0f) { /* x / 1 is x: no division for unscaled caches */
 #pragma unroll
           for (int i = 0; i < V; ++i) {
-            special |= !(exact_div_range(x[i]) || x[i] == 0.0f);
-            x[i] = exact_div_rcp(x[i], scale, rcp);
+            x[i] = __fdiv_rn(x[i], scale);
+            special |= x[i] != x[i];
           }
-        } else {
-#pragma unroll
-          for (int i = 0; i < V; ++i) x[i] = __fdiv_rn(x[i], scale);
         }
       }
-#pragma unroll
-      for (int i = 0; i < V; ++i) special |= x[i] != x[i];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #pragma unroll
       for (int i = 0; i < V; i += 2) {
