@@ -172,7 +172,8 @@ def test_unified_call_inside_graph_capture_is_refused_cleanly(provider, op):
     from kvx_conformance.bench.prepare import backend, prepare
     from kvx_conformance.bench.sweep import BenchCase
 
-    case = BenchCase(op=op, tokens=256, heads=2, head_dim=64, seq_len=64, memory="unified")
+    case = BenchCase(op=op, tokens=256, heads=2, head_dim=64, seq_len=64, memory="unified",
+                     table="packed" if op == "gather" else "random")
     prep = prepare(case, backend("unified"), seed=7, nsets=1)
     s = torch.cuda.Stream()
     s.synchronize()
