@@ -33,6 +33,11 @@ examples:
   kvx-conform info ./libacme_kvx.so                         version, entry points, struct sizes
   kvx-conform list --profile core                           the tests, their clauses and levels
   kvx-conform report kvx-report/results.json -o r.html      re-render a report
+  kvx-conform verify kvx-report/certificate.json            check a certificate against provider and suites
+  kvx-conform bench ./libacme_kvx.so --preset standard      bandwidth against the copy roofline (GPU)
+  kvx-conform compare base.json new.json --max-regression 5 CI gate on bandwidth
+  kvx-conform accuracy ./libacme_kvx.so --json              FP4 / FP8 / INT KV-cache accuracy
+  kvx-conform model-eval ./libacme_kvx.so                   SmolLM2-135M perplexity through the paged cache
 
 `kvx-conform COMMAND --help` explains each command. Exit codes: docs/exit-codes.md.
 """
@@ -91,7 +96,7 @@ class InfoCommand:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvx-conform",
-        description="Conformance suite for KVX paged KV-cache providers (KVX ABI v1.1).",
+        description="Conformance and benchmark suite for KVX paged KV-cache providers (KVX ABI v1.1, and the v1.2 FP4 extension).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
