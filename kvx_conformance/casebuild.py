@@ -87,6 +87,25 @@ def with_specials(values: np.ndarray, dtype: DType) -> np.ndarray:
     return v
 
 
+#: NaNs with payloads and both signs, as storage bits (quiet and signalling patterns)
+NAN_PAYLOADS = {
+    DType.F16: [0x7E01, 0xFE21, 0x7C01, 0xFD55],
+    DType.BF16: [0x7F81, 0xFFA0, 0x7FC1, 0xFF83],
+    DType.F32: [0x7FC00001, 0xFFE00100, 0x7F800001, 0xFFA12345],
+}
+
+
+def with_nan_payloads(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """``with_specials`` plus NaNs carrying payloads right after them (F16/BF16/F32):
+    a same-dtype move must keep their bits (R-CONVERT)."""
+    v = with_specials(values, dtype)
+    bits = np.array(NAN_PAYLOADS[dtype], dtype=np.uint32 if dtype == DType.F32 else np.uint16)
+    k0 = 8
+    k = max(0, min(len(bits), len(v) - k0))
+    v[k0:k0 + k] = bits[:k].view(np_dtype(dtype))
+    return v
+
+
 # ---------------------------------------------------------------------------- layouts
 
 
@@ -170,6 +189,7 @@ def write_case(
     key_layout: IOLayout | None = None,
     value_layout: IOLayout | None = None,
     specials: bool = False,
+    nan_payloads: bool = False,
     k_scale: float | None = None,
     v_scale: float | None = None,
     k_scale_desc: ScaleSpec | None = None,
@@ -189,6 +209,8 @@ def write_case(
     value = finite_values(rng, vl.dtype, vl.span_elements())
     if specials:
         key, value = with_specials(key, kl.dtype), with_specials(value, vl.dtype)
+    if nan_payloads:
+        key, value = with_nan_payloads(key, kl.dtype), with_nan_payloads(value, vl.dtype)
     return WriteCase(
         cache=cache, key_layout=kl, value_layout=vl, key=key, value=value,
         slots=SlotMapping(slots, dtype=slot_dtype, invalid_slot=invalid_slot), num_tokens=n,
@@ -437,7 +459,7 @@ def replace(case, **changes):
 
 
 __all__ = [
-    "GEOM", "SECONDARY", "NULL_INDEX", "rng_for", "finite_values", "poison", "with_specials", "layout",
+    "GEOM", "SECONDARY", "NULL_INDEX", "rng_for", "finite_values", "poison", "with_specials", "with_nan_payloads", "layout",
     "io_layout", "make_cache", "simple_cache", "validate_case", "write_case", "with_slots", "spread_slots",
     "scale_spec", "packed_gather", "ragged_table", "ragged_gather", "kv_offsets_cache", "kv_offsets_gather",
     "distinct_table", "case_features", "core_layout", "replace", "canonical_shape", "contiguous_strides",

@@ -72,12 +72,12 @@ inline Xfer make_xfer(kvx_dtype_t src, kvx_dtype_t dst) {
   return Xfer{src, dst, dtype_size(dst)};
 }
 
-/* Converts one element at `src` into `out` (xf.dst_size bytes). Same FP8
- * dtype: raw bytes. FP8 destination (write into an FP8 cache): quantize
- * with `scale`. Otherwise through FP32 with RNE. */
+/* Converts one element at `src` into `out` (xf.dst_size bytes). Same dtype:
+ * the bits, unchanged (NaN payloads kept, R-CONVERT). FP8 destination (write
+ * into an FP8 cache): quantize with `scale`. Otherwise through FP32 with RNE. */
 inline void convert_elem(const char* src, unsigned char* out, const Xfer& xf, float scale) {
-  if (xf.src == xf.dst && is_fp8(xf.dst)) {
-    out[0] = static_cast<unsigned char>(*src);
+  if (xf.src == xf.dst) {
+    memcpy(out, src, xf.dst_size);
     return;
   }
   const float f = load_as_f32(src, xf.src);

@@ -41,10 +41,14 @@ def _write(provider, opts, cache_dtype, io_dtype, seed, feature=None, clause=CL_
     return verify_write(provider, case, opts, clause=clause, feature=feature)
 
 
-def _gather(provider, opts, cache_dtype, io_dtype, seed, feature=None, clause=CL_CONVERT, specials=False):
+def _gather(provider, opts, cache_dtype, io_dtype, seed, feature=None, clause=CL_CONVERT, specials=False,
+            nan_payloads=False):
     cache = _cache(provider, opts.memory, cache_dtype, seed)
     if specials and cache_dtype in BASE:
         cache = cb.replace(cache, k_init=cb.with_specials(cache.k_init, cache_dtype))
+    if nan_payloads:
+        cache = cb.replace(cache, k_init=cb.with_nan_payloads(cache.k_init, cache_dtype),
+                           v_init=cb.with_nan_payloads(cache.v_init, cache_dtype))
     # block 0 first: with_specials put the special values at the start of the K storage
     table = np.array([[0, 3, 5], [2, 1, 4]], np.int64)
     case = cb.packed_gather(cache, table, [12, 9], 12, io_dtype=io_dtype, seed=seed + 1,
@@ -65,6 +69,23 @@ def test_write_same_dtype(kvx_provider, kvx_call_options, dtype):
 @pytest.mark.parametrize("dtype", SAME)
 def test_gather_same_dtype(kvx_provider, kvx_call_options, dtype):
     _gather(kvx_provider, kvx_call_options(), dtype, dtype, 2, specials=True)
+
+
+CL_BITS = "spec 4.3; R-CONVERT (an IO dtype equal to the cache dtype moves the bits: NaN payloads and signs kept)"
+
+
+@conformance("dtype.write.same_bits", CL_BITS, RECOMMENDED, "core", "write")
+@pytest.mark.parametrize("dtype", SAME)
+def test_write_same_dtype_keeps_bits(kvx_provider, kvx_call_options, dtype):
+    """NaNs with payloads written into a cache of their own dtype keep their exact bits."""
+    _write(kvx_provider, kvx_call_options(), dtype, dtype, 41, clause=CL_BITS, nan_payloads=True)
+
+
+@conformance("dtype.gather.same_bits", CL_BITS, RECOMMENDED, "core", "gather")
+@pytest.mark.parametrize("dtype", SAME)
+def test_gather_same_dtype_keeps_bits(kvx_provider, kvx_call_options, dtype):
+    """NaNs with payloads gathered into IO of the cache's dtype keep their exact bits."""
+    _gather(kvx_provider, kvx_call_options(), dtype, dtype, 43, clause=CL_BITS, nan_payloads=True)
 
 
 @conformance("dtype.write.convert", CL_CONVERT + " (through FP32, RNE, overflow to inf)", REQUIRED, "core", "write",
