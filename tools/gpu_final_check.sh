@@ -30,16 +30,30 @@ for mem in device unified; do
   cp /tmp/suite-$mem/results.json $OUT/suite-$mem.json
 done
 echo "=== pytest GPU tests $(date -u +%T)"; t0=$SECONDS
-python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda_differential.py tests/test_fp4_provider.py tests/test_model_paged.py tests/test_adapters_common.py > $OUT/pytest.log 2>&1
+python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda_differential.py tests/test_fp4_provider.py tests/test_fp4_fuzz.py tests/test_model_paged.py tests/test_adapters_common.py > $OUT/pytest.log 2>&1
 echo "exit $? after $((SECONDS-t0)) s"; tail -4 $OUT/pytest.log
 echo "=== kvx_cuda_vs_host --cases 3000 $(date -u +%T)"; t0=$SECONDS
 $N/kvx_cuda_vs_host --cases 3000 --seed 1 > /tmp/vs.log 2>&1; echo "exit $? after $((SECONDS-t0)) s"; tail -3 /tmp/vs.log
-echo "=== memcheck: suite profiles concurrency generated engines fp4 fp4_exact on DEVICE $(date -u +%T)"; t0=$SECONDS
+echo "=== memcheck: kvx_cuda_vs_host --cases 400 $(date -u +%T)"; t0=$SECONDS
+compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 $N/kvx_cuda_vs_host --cases 400 --seed 7 > /tmp/vsan.log 2>&1
+echo "exit $? after $((SECONDS-t0)) s"; grep -E "ERROR SUMMARY" /tmp/vsan.log; tail -1 /tmp/vsan.log
+SAN_PROFILES=${SAN_PROFILES:-concurrency generated engines fp4 fp4_exact}
+echo "=== memcheck: suite profiles $SAN_PROFILES on DEVICE $(date -u +%T)"; t0=$SECONDS
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_T:-200} compute-sanitizer --tool memcheck --leak-check no --target-processes all --error-exitcode 9 \
   python3 -m kvx_conformance.cli run --memory device -n 8 --progress none --timeout 300 --output-dir /tmp/san \
-  --profile concurrency --profile generated --profile engines --profile fp4 --profile fp4_exact > /tmp/san.log 2>&1
+  $(for x in $SAN_PROFILES; do printf -- '--profile %s ' $x; done) > /tmp/san.log 2>&1
 echo "exit $? after $((SECONDS-t0)) s"
 grep -E "ERROR SUMMARY" /tmp/san.log | sort | uniq -c | head; grep -cE "^========= (Invalid|Program hit|Out-of-range)" /tmp/san.log
 grep -E "^=========" /tmp/san.log | grep -v "ERROR SUMMARY\|COMPUTE-SANITIZER" | head -10; tail -5 /tmp/san.log
 [ -f /tmp/san/results.json ] && { summ /tmp/san/results.json; cp /tmp/san/results.json $OUT/san.json; }
+if [ -x $N/kvx_cuda_bench ]; then
+  echo "=== kvx_cuda_bench $(date -u +%T)"; t0=$SECONDS
+  $N/kvx_cuda_bench > $OUT/bench.txt 2>&1; echo "exit $? after $((SECONDS-t0)) s"; grep -E "summary|copy 1024" $OUT/bench.txt
+fi
+echo "=== tools/cuda_perf.py (decode-sized calls through ctypes) $(date -u +%T)"; t0=$SECONDS
+timeout 120 python3 tools/cuda_perf.py --provider $N/libkvx_reference.so > $OUT/cuda_perf.txt 2>&1
+echo "exit $? after $((SECONDS-t0)) s"; tail -12 $OUT/cuda_perf.txt
+echo "=== fp4bench $(date -u +%T)"; t0=$SECONDS
+timeout 200 python3 -m kvx_conformance.fp4bench $N/libkvx_reference.so --json $OUT/fp4bench.json > /tmp/fp4bench.log 2>&1
+echo "exit $? after $((SECONDS-t0)) s"; tail -12 /tmp/fp4bench.log
 echo "=== done $(date -u +%T)"

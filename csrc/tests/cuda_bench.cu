@@ -14,7 +14,7 @@
  * naive one-thread-per-element reference kernel (convert.h software
  * conversions) that ran on the same inputs: mismatching bytes are counted.
  *
- *   kvx_cuda_bench [--quick] [--reps N]
+ *   kvx_cuda_bench [--quick] [--reps N] [--no-small]
  * Values are random finite numbers in [-4, 4] (never zeros, never NaN).
  */
 #include <cuda_runtime.h>
@@ -199,6 +199,20 @@ static unsigned long long count_diff(const void* a, const void* b, size_t n) {
   unsigned long long h = 0;
   CK(cudaMemcpy(&h, d_bad, sizeof h, cudaMemcpyDeviceToHost));
   return h;
+}
+
+/* A plain grid-stride 16-byte copy (the roofline's kernel-side counterpart). */
+__global__ void plain_copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 x0 = a[i], x1 = a[i + stride], x2 = a[i + 2 * stride], x3 = a[i + 3 * stride];
+    b[i] = x0;
+    b[i + stride] = x1;
+    b[i + 2 * stride] = x2;
+    b[i + 3 * stride] = x3;
+  }
+  for (; i < n; i += stride) b[i] = a[i];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -445,9 +459,10 @@ static double eager_host_us(cudaStream_t s, const std::function<void()>& call) {
 }
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, small = true;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = true;
+    else if (!strcmp(argv[i], "--no-small")) small = false;
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
   }
   if (!cuda_available()) {
@@ -488,6 +503,13 @@ int main(int argc, char** argv) {
     const double gbs = 2.0 * bytes / us * 1e-3;
     if (mb == 1024) g_copy_gbs = gbs;
     printf("  copy %4zu MiB: %9.1f us %8.1f GB/s (read + write)\n", mb, us, gbs);
+  }
+  {
+    /* a plain streaming kernel over the same 1 GiB, for comparison only */
+    const size_t n16 = (1024ull << 20) / 16;
+    const double us = median_us([&] { plain_copy_kernel<<<132 * 8, 256, 0, s>>>((const uint4*)P.a[0], (uint4*)P.b[0], n16); }, s, g_reps);
+    printf("  plain kernel copy 1024 MiB: %9.1f us %8.1f GB/s (%.1f%% of cudaMemcpyAsync)\n", us, 2.0 * n16 * 16 / us * 1e-3,
+           100.0 * 2.0 * n16 * 16 / us * 1e-3 / g_copy_gbs);
   }
 
   /* Slots and tables. */
@@ -577,6 +599,7 @@ int main(int argc, char** argv) {
   bench_gather(P, s, KVX_DTYPE_BF16, KVX_DTYPE_F32, NHD, KVX_BLOCK_TABLE_PACKED, S, msl, d_table, d_full, nullptr, nullptr, false);
 
   /* 3. decode-sized calls */
+  if (small) {
   printf("\n[small calls] F16 NHD, 8 KV heads x 128, block 16; device us per call under graph replay (%d calls per graph)\n",
          kGraphCalls);
   printf("  %6s %14s %14s %16s %16s\n", "tokens", "write graph", "gather graph", "write eager host", "gather eager host");
@@ -632,6 +655,7 @@ int main(int argc, char** argv) {
       g_rows.push_back({"small write " + std::to_string(n), 0, wg, 0});
       g_rows.push_back({"small gather " + std::to_string(n), 0, gg, 0});
     }
+  }
   }
 
   /* Markdown table for docs/cuda-reference.md. */

@@ -392,7 +392,7 @@ static bool run_write_case(Rng& r, bool bad_data, cudaStream_t stream, bool mana
   Case c;
   c.managed = managed;
   const uint32_t H = (uint32_t)r.pick(std::vector<int>{1, 2, 3, 4, 8});
-  const uint32_t D = (uint32_t)r.pick(std::vector<int>{1, 2, 4, 6, 8, 16, 24, 32, 64, 128});
+  const uint32_t D = (uint32_t)r.pick(std::vector<int>{1, 2, 4, 6, 8, 16, 24, 32, 64, 128, 128, 256});
   const uint32_t bs = (uint32_t)r.pick(std::vector<int>{1, 2, 3, 4, 8, 16});
   const uint32_t nb = (uint32_t)r.range(1, 12);
   const uint64_t num_slots = (uint64_t)nb * bs;
@@ -537,7 +537,7 @@ static bool run_gather_case(Rng& r, bool bad_data, cudaStream_t stream, bool man
                                                        : KVX_BLOCK_TABLE_KV_OFFSETS;
   const bool kvoff = fmt == KVX_BLOCK_TABLE_KV_OFFSETS;
   const uint32_t H = (uint32_t)r.pick(std::vector<int>{1, 2, 3, 4, 8});
-  const uint32_t D = (uint32_t)r.pick(std::vector<int>{1, 2, 4, 6, 8, 16, 24, 32, 64, 128});
+  const uint32_t D = (uint32_t)r.pick(std::vector<int>{1, 2, 4, 6, 8, 16, 24, 32, 64, 128, 128, 256});
   const uint32_t bs = kvoff ? (uint32_t)r.pick(std::vector<int>{1, 2, 4, 8, 16})
                             : (uint32_t)r.pick(std::vector<int>{1, 2, 3, 4, 8, 16});
   const uint32_t nb = (uint32_t)r.range(1, 12);

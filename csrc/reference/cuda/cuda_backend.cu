@@ -182,8 +182,29 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   p.fd_c = make_fastdiv(chunks);
   p.fd_h = make_fastdiv(H);
   /* Rows per group: HND_PACKED fast path 8 (8 tokens x 16 bytes = a 128-byte line
-   * per chunk when they share a block); general path 8 when tokens are innermost. */
-  p.lg_tg = fast ? (packed ? 3u : 0u) : (token_inner ? 3u : 0u);
+   * per chunk when they share a block; 16 measured slower); general path 8 when
+   * tokens are innermost. */
+  p.lg_tg = fast ? (packed ? (uint32_t)KVX_CUDA_PACKED_LG_TG : 0u) : (token_inner ? 3u : 0u);
+  /* HND_PACKED with 16-byte pack groups on every job, same dtype, whole tiles
+   * of 16 dgroups per head: the shared-memory tile kernel (move_packed.cu). */
+  bool tiles = KVX_CUDA_PACKED_SMEM && fast && chunks % 16 == 0;
+  for (uint32_t i = 0; i < n; ++i)
+    tiles = tiles && jobs[i].packed && jobs[i].job.grp.div == 1 && jobs[i].src == jobs[i].dst;
+  if (tiles) p.lg_tg = 4;
+  /* Tasks per warp of the fast path (measured on an H100, docs/cuda-reference.md):
+   * one for writes and HND_PACKED token groups, four for gathers (dead rows of
+   * short sequences and KV_OFFSETS lookups: +4 to +11 points over one), a
+   * resident grid for 1-byte rows (+13 points over one). FP8 kernels always
+   * take a resident grid (launch_fast_op). */
+  const bool byte_rows = fast && kvx_ref::dtype_size(jobs[0].src) == 1 && kvx_ref::dtype_size(jobs[0].dst) == 1;
+  p.tpw = byte_rows ? 0u : packed || p.kind == KIND_WRITE ? 1u : (uint32_t)KVX_CUDA_GATHER_TPW;
+  /* Small (decode-sized) calls: as many warps as possible, each one short (one
+   * K or V row group), so the call's latency is one memory round trip. */
+  p.fuse = 1;
+  if ((rows >> p.lg_tg) < (uint64_t)KVX_CUDA_FUSE_MIN_GROUPS) {
+    p.fuse = 0;
+    if (p.tpw > 1) p.tpw = 1;
+  }
   const uint64_t tg = 1ull << p.lg_tg;
   const uint64_t per_group = (uint64_t)H * chunks * n * tg; /* items per TG rows */
   /* Items per job below 2^31 minus headroom: the kernels' 32-bit grid-stride
@@ -196,7 +217,9 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
     p.row_begin = (uint32_t)r0;
     p.row_count = (uint32_t)cnt;
     p.items_per_job = (uint32_t)(((cnt + tg - 1) / tg) * tg * H * chunks);
-    const cudaError_t e = fast ? launch_fast(jobs[0].src, jobs[0].dst, p, stream) : launch_general(p, stream);
+    const cudaError_t e = tiles  ? launch_packed(p, stream)
+                          : fast ? launch_fast(jobs[0].src, jobs[0].dst, p, stream)
+                                 : launch_general(p, stream);
     if (e != cudaSuccess) return e == cudaErrorInvalidValue ? KVX_STATUS_UNSUPPORTED : KVX_STATUS_INTERNAL_ERROR;
   }
   return KVX_STATUS_OK;

@@ -31,6 +31,19 @@
 namespace kvx_cuda {
 
 constexpr int kThreads = 256;
+
+#ifndef KVX_CUDA_GATHER_TPW
+#define KVX_CUDA_GATHER_TPW 4 /* fast-path gathers: tasks per warp */
+#endif
+#ifndef KVX_CUDA_PACKED_SMEM
+#define KVX_CUDA_PACKED_SMEM 1 /* HND_PACKED same-dtype moves through shared-memory tiles */
+#endif
+#ifndef KVX_CUDA_FUSE_MIN_GROUPS
+#define KVX_CUDA_FUSE_MIN_GROUPS 8192 /* below: small calls, one task per warp and per K|V row */
+#endif
+#ifndef KVX_CUDA_PACKED_LG_TG
+#define KVX_CUDA_PACKED_LG_TG 3 /* HND_PACKED fast path: 2^3 tokens per task */
+#endif
 constexpr int kUnroll = 4;
 
 /* Division by a run-time constant (Granlund-Montgomery): q = (hi(n*mul) + n) >> shr,
@@ -78,6 +91,8 @@ struct MoveParams {
   uint32_t items_per_job; /* ceil(row_count / TG) * TG * H * C */
   uint32_t row_begin, row_count;
   uint32_t lg_tg;
+  uint32_t tpw;           /* fast path: tasks per warp, 0 = resident grid (grid-stride) */
+  uint32_t fuse;          /* fast path: one task moves K and V (when the Op allows it) */
   FastDiv fd_c, fd_h;     /* chunks per row (C), heads (H) */
   uint32_t vec;           /* elements per chunk */
   int kind;
@@ -262,7 +277,7 @@ __device__ __forceinline__ float host_div(float x, float s, uint32_t default_nan
  * Floating-Point Arithmetic, "Markstein's division") gives q == RN(x/s) when r
  * is within half an ulp of 1/s and nothing underflows or overflows, which holds
  * for |s| and |x| in [2^-60, 2^60): |x/s| in (2^-121, 2^121), the residual's
- * grid at or above 2^-107. x = +-0 gives x * r (the sign of x/s). Callers take
+ * grid at or above 2^-107. x = +-0 gives a zero of x r's sign (that of x/s). Callers take
  * __fdiv_rn for everything else (NaN, Inf, huge or tiny operands). Checked
  * bit for bit against IEEE division on every FP32 significand of x against
  * thousands of scale significands (docs/cuda-reference.md). */
@@ -272,8 +287,8 @@ __device__ __forceinline__ bool exact_div_range(float v) {
 __device__ __forceinline__ float exact_div_rcp(float x, float s, float r) {
   const float q0 = __fmul_rn(x, r);
   const float e = __fmaf_rn(-q0, s, x);
-  const float q = __fmaf_rn(e, r, q0);
-  return x == 0.0f ? q0 : q;
+  /* the quotient has q0's sign (x = +-0: q0 = x r is the signed zero, q a zero) */
+  return copysignf(__fmaf_rn(e, r, q0), q0);
 }
 
 /* Exact software encode of one element to the cache/IO dtype (convert.h), with
@@ -298,6 +313,9 @@ cudaError_t launch_general(const MoveParams& p, cudaStream_t stream);
 cudaError_t launch_copy(int esize, const MoveParams& p, cudaStream_t stream);
 cudaError_t launch_convert_float(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);
 cudaError_t launch_convert_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);
+/* move_packed.cu: same-dtype HND_PACKED moves with 16-byte pack groups, tiles of
+ * 16 tokens x 16 dgroups through shared memory (p.lg_tg = 4, fd_c.div % 16 == 0). */
+cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream);
 
 /* Elements per fast-path chunk: 16 bytes on the wider side. */
 inline int fast_vec(kvx_dtype_t src, kvx_dtype_t dst) {
@@ -307,8 +325,9 @@ inline int fast_vec(kvx_dtype_t src, kvx_dtype_t dst) {
 
 /* Occupancy-sized grid for `kernel` over `total_items` items (cached per kernel and device). */
 int grid_for(const void* kernel, unsigned long long total_items);
-/* The same for a kernel with one warp per task. */
-int grid_for_warps(const void* kernel, unsigned long long tasks);
+/* The same for a kernel with one warp per task: the resident grid (warps
+ * stride over tasks) when `persistent`, else one task per warp. */
+int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent);
 
 }  // namespace kvx_cuda
 

@@ -107,11 +107,11 @@ int grid_for(const void* kernel, unsigned long long total_items) {
   return (int)(want < (unsigned long long)cap ? (want ? want : 1) : cap);
 }
 
-int grid_for_warps(const void* kernel, unsigned long long tasks) {
-  const int cap = resident_blocks(kernel);
+int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent) {
   const unsigned long long per_block = kThreads / 32;
   const unsigned long long want = (tasks + per_block - 1) / per_block;
-  return (int)(want < (unsigned long long)cap ? (want ? want : 1) : cap);
+  const unsigned long long cap = persistent ? (unsigned long long)resident_blocks(kernel) : 0x7FFFFFFFull;
+  return (int)(want < cap ? (want ? want : 1) : cap);
 }
 
 /* SMs x resident blocks per SM of `kernel` on the current device (cached). */

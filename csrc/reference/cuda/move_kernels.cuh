@@ -2,11 +2,12 @@
  * move_kernels.cuh -- the two kernel templates over move.cuh:
  *   move_fast<Op>:  16-byte chunks, one Op per (source dtype, destination dtype),
  *                   for tensors whose head_dim runs are contiguous and aligned;
- *   move_general:   one element per item, any strides, dtypes read at run time.
- * Both are grid-stride loops over items with kUnroll items per thread in
- * flight: stage 1 issues every metadata (and, for write, IO) load, stage 2
- * resolves rows and issues the remaining data loads, stage 3 converts and stores.
- * Included by the launch translation units only.
+ *                   one warp per task (a row group, K and V together for large
+ *                   calls), Op::kUnroll chunk loads in flight per lane;
+ *   move_general:   one element per item, any strides, dtypes read at run time
+ *                   (a grid-stride loop, kUnroll items per thread in flight).
+ * HND_PACKED same-dtype moves with 16-byte pack groups take move_packed.cu's
+ * shared-memory tiles instead. Included by the launch translation units only.
  */
 #ifndef KVX_CUDA_MOVE_KERNELS_CUH
 #define KVX_CUDA_MOVE_KERNELS_CUH
@@ -15,21 +16,49 @@
 
 namespace kvx_cuda {
 
-/* Tuning knobs (defaults measured on an H100, docs/cuda-reference.md). */
+/* Tuning knobs. The defaults were measured on an H100 (docs/cuda-reference.md,
+ * "Performance"); every alternative named here was measured and lost. */
 #ifndef KVX_CUDA_COPY_PREFETCH
-#define KVX_CUDA_COPY_PREFETCH 1 /* same-dtype copy: load the next row's metadata early */
+#define KVX_CUDA_COPY_PREFETCH 1 /* same-dtype copy: load the next task's metadata early */
 #endif
 #ifndef KVX_CUDA_COPY_MIN_BLOCKS
-#define KVX_CUDA_COPY_MIN_BLOCKS 1 /* no register cap (4 blocks, 64 registers: as fast or slower) */
+#define KVX_CUDA_COPY_MIN_BLOCKS 1 /* no register cap (capped at 80 the copy spills: -30 points) */
+#endif
+#ifndef KVX_CUDA_FUSE_KV
+#define KVX_CUDA_FUSE_KV 1 /* copy: one task moves K and V of its rows (metadata resolved once) */
+#endif
+#ifndef KVX_CUDA_COPY_UNROLL
+#define KVX_CUDA_COPY_UNROLL 8 /* copy: 16-byte loads in flight per lane (4: -13 points) */
+#endif
+#ifndef KVX_CUDA_CONV_FUSE
+#define KVX_CUDA_CONV_FUSE 1 /* F16/BF16/F32 conversions: K and V in one task */
+#endif
+#ifndef KVX_CUDA_CONV_UNROLL
+#define KVX_CUDA_CONV_UNROLL 4
+#endif
+#ifndef KVX_CUDA_CONV_PREFETCH
+#define KVX_CUDA_CONV_PREFETCH 0
+#endif
+#ifndef KVX_CUDA_FP8_FUSE
+#define KVX_CUDA_FP8_FUSE 0 /* FP8 quantization: K and V in separate tasks (fused: -6 to -25 points) */
+#endif
+#ifndef KVX_CUDA_FP8_UNROLL
+#define KVX_CUDA_FP8_UNROLL 4 /* (8: -8 to -20 points) */
+#endif
+#ifndef KVX_CUDA_FP8_RESIDENT
+#define KVX_CUDA_FP8_RESIDENT 1 /* FP8: a resident grid (the planner's tasks per warp: -4 to -14 points) */
+#endif
+#ifndef KVX_CUDA_FP8_PREFETCH
+#define KVX_CUDA_FP8_PREFETCH 0 /* (1: -9 to -28 points, registers) */
 #endif
 #ifndef KVX_CUDA_FP8_F16_MIN_BLOCKS
-#define KVX_CUDA_FP8_F16_MIN_BLOCKS 4 /* F16 -> FP8: 64 registers, a few bytes of spill around the rare call */
+#define KVX_CUDA_FP8_F16_MIN_BLOCKS 4 /* F16 -> FP8: 64 registers, a few bytes of spill */
 #endif
 #ifndef KVX_CUDA_FP8_F32_MIN_BLOCKS
 #define KVX_CUDA_FP8_F32_MIN_BLOCKS 4 /* F32 -> FP8 */
 #endif
 #ifndef KVX_CUDA_FP8_MIN_BLOCKS
-#define KVX_CUDA_FP8_MIN_BLOCKS 1 /* BF16 -> FP8: capped at 64 it spills and loses ~8 points */
+#define KVX_CUDA_FP8_MIN_BLOCKS 1 /* BF16 -> FP8: 72 registers (capped at 64: +2 / -1 points, spills) */
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -54,6 +83,12 @@ struct TF16 {
   static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::f16_to_f32(v); }
   /* finite: zero or within [2^-24, 65504], inside exact_div_range */
   static __device__ __forceinline__ bool div_ok(S v) { return (v & 0x7FFFu) < 0x7C00u; }
+  /* div_ok of both halves of each of n words: the largest magnitude is finite */
+  static __device__ __forceinline__ bool div_ok_words(const uint32_t* w, int n) {
+    uint32_t mx = 0;
+    for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
+    return __vmaxu2(mx, 0x7BFF7BFFu) == 0x7BFF7BFFu;
+  }
 };
 struct TBF16 {
   using S = uint16_t;
@@ -65,6 +100,18 @@ struct TBF16 {
   static __device__ __forceinline__ bool div_ok(S v) {
     const uint32_t a = v & 0x7FFFu;
     return a == 0 || (uint32_t)(a - 0x2180u) < 0x3C00u;
+  }
+  /* div_ok of both halves of each of n words: every magnitude a below 0x5D80,
+   * and every nonzero one at or above 0x2180 (per half, (a + 0x7FFF) ^ 0x8000
+   * is a - 1, or 0xFFFF for a zero; no carry crosses halves since a < 0x8000) */
+  static __device__ __forceinline__ bool div_ok_words(const uint32_t* w, int n) {
+    uint32_t mx = 0, mn = 0xFFFFFFFFu;
+    for (int i = 0; i < n; ++i) {
+      const uint32_t a = w[i] & 0x7FFF7FFFu;
+      mx = __vmaxu2(mx, a);
+      mn = __vminu2(mn, (a + 0x7FFF7FFFu) ^ 0x80008000u);
+    }
+    return __vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu && __vminu2(mn, 0x217F217Fu) == 0x217F217Fu;
   }
 };
 struct TF32 {
@@ -116,6 +163,9 @@ struct CopyOp {
    * 4 resident blocks per SM help the copy; the conversions lose from both */
   static constexpr bool kPrefetch = KVX_CUDA_COPY_PREFETCH;
   static constexpr int kMinBlocks = KVX_CUDA_COPY_MIN_BLOCKS;
+  static constexpr int kUnroll = KVX_CUDA_COPY_UNROLL;
+  static constexpr bool kFuse = KVX_CUDA_FUSE_KV;
+  static constexpr bool kResident = false;
   static __device__ __forceinline__ OutVec run(InVec v, float, float, uint32_t) { return v; }
 };
 
@@ -129,7 +179,10 @@ struct ConvOp {
   using InVec = typename VecOf<V * kIn>::T;
   using OutVec = typename VecOf<V * kOut>::T;
   static constexpr bool kScaled = Out::dt == KVX_DTYPE_F8_E4M3 || Out::dt == KVX_DTYPE_F8_E5M2;
-  static constexpr bool kPrefetch = false;
+  static constexpr bool kPrefetch = kScaled ? KVX_CUDA_FP8_PREFETCH : KVX_CUDA_CONV_PREFETCH;
+  static constexpr int kUnroll = kScaled ? KVX_CUDA_FP8_UNROLL : KVX_CUDA_CONV_UNROLL;
+  static constexpr bool kFuse = kScaled ? KVX_CUDA_FP8_FUSE : KVX_CUDA_CONV_FUSE;
+  static constexpr bool kResident = kScaled && KVX_CUDA_FP8_RESIDENT; /* measured */
   static constexpr int kMinBlocks =
       !kScaled                    ? 1
       : In::dt == KVX_DTYPE_F16   ? KVX_CUDA_FP8_F16_MIN_BLOCKS
@@ -141,6 +194,7 @@ struct ConvOp {
     union {
       InVec v;
       typename In::S e[V];
+      uint32_t w[(V * kIn) / 4 > 0 ? (V * kIn) / 4 : 1];
     } a;
     union {
       OutVec v;
@@ -163,11 +217,14 @@ struct ConvOp {
          * zero or within [2^-60, 2^60) (div_ok), gives a finite quotient, so
          * that one test per input also excludes NaN; anything else takes the
          * software path (IEEE division). */
+        if constexpr (kIn == 2 && (V * kIn) % 4 == 0) {
+          special = !In::div_ok_words(a.w, (V * kIn) / 4);
+        } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
-          special |= !In::div_ok(a.e[i]);
-          x[i] = exact_div_rcp(x[i], scale, rcp);
+          for (int i = 0; i < V; ++i) special |= !In::div_ok(a.e[i]);
         }
+#pragma unroll
+        for (int i = 0; i < V; ++i) x[i] = exact_div_rcp(x[i], scale, rcp);
       } else {
 #pragma unroll
         for (int i = 0; i < V; ++i) special |= In::special(a.e[i]);
@@ -245,63 +302,30 @@ __device__ __forceinline__ long long chunk_cache_off(const Job& jb, uint32_t h, 
   return (long long)jb.cache_esize *
          ((long long)h * jb.c_head + (long long)g * jb.c_outer + (long long)w * Op::V);
 }
-template <class Op>
-__device__ __forceinline__ long long chunk_io_off(const Job& jb, uint32_t row, uint32_t h, uint32_t c) {
-  return (long long)jb.io_esize *
-         ((long long)row * jb.io_token + (long long)h * jb.io_head + (long long)c * Op::V);
-}
 
-/* One warp per (job, group of TG rows): the row's cache location (slot, or the
- * gather metadata) is resolved once per lane, then the lanes sweep the row's
- * H * C chunks, kUnroll independent 16-byte loads in flight per lane. Lane l
- * takes row (l mod TG) of the group and chunks l / TG, + 32 / TG, ...: with
- * TG > 1 (HND_PACKED) neighbouring lanes move the same chunk of consecutive
- * tokens, contiguous in the cache when the tokens share a block. */
-template <class Op>
-__device__ __forceinline__ char* fast_row(const MoveParams& p, uint32_t task, uint32_t tasks, uint32_t groups,
-                                          uint32_t ti, const Job** jbp, char** iorow) {
-  if (task >= tasks) return nullptr;
-  const uint32_t j = task >= groups ? 1u : 0u;
-  const Job& jb = p.job[j];
-  *jbp = &jb;
-  const uint32_t r = ((task - j * groups) << p.lg_tg) + ti;
-  Item it;
-  it.job = &jb;
-  it.live = r < p.row_count;
-  it.row = p.row_begin + r;
-  it.h = it.c = 0;
-  if (!it.live) return nullptr;
-  *iorow = jb.io + (long long)jb.io_esize * ((long long)it.row * jb.io_token);
-  if (p.kind == KIND_WRITE) return write_cache_row(p, jb, write_slot_load(p, it));
-  return gather_cache_row(p, jb, gather_meta_load(p, it));
-}
-
-/* One warp per (job, group of TG rows) task: each lane resolves its row's cache
- * location once (slot, or the gather metadata), then the lanes sweep the row's
- * H * C chunks with kUnroll independent 16-byte loads in flight per lane. Lane l
- * takes row (l mod TG) of the group and chunks l / TG, + 32 / TG, ...: with
- * TG > 1 (HND_PACKED) neighbouring lanes move the same chunk of consecutive
- * tokens, contiguous in the cache when the tokens share a block.
- * (Measured on an H100, docs/cuda-reference.md: two tasks per iteration and
- * evict-first hints were slower, FP8 and HND_PACKED most.) */
-/* The first stage of fast_row alone: the metadata loads of a task's row (a
- * dead row: slot -1 / m.ok false, which resolve to no cache row). */
+/* Row metadata of one task (first stage, independent loads): the write's slot,
+ * or the gather's sequence length and table entry (m[1]: the V half of a
+ * KV_OFFSETS table when the task moves K and V). A dead row resolves to no
+ * cache row (slot -1, m.ok false). */
 struct FastPre {
-  GatherMeta m;
+  GatherMeta m[2];
   long long slot;
   uint32_t j, row;
 };
 __device__ __forceinline__ FastPre fast_pre(const MoveParams& p, uint32_t task, uint32_t tasks, uint32_t groups,
-                                            uint32_t ti) {
+                                            uint32_t ti, bool fused, bool gather) {
   FastPre f;
-  f.m.ok = false;
-  f.m.len = f.m.a = f.m.b = 0;
-  f.m.t = f.m.j = f.m.off = 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    f.m[i].ok = false;
+    f.m[i].len = f.m[i].a = f.m[i].b = 0;
+    f.m[i].t = f.m[i].j = f.m[i].off = 0;
+  }
   f.slot = -1;
   f.j = 0;
   f.row = p.row_begin;
   if (task >= tasks) return f;
-  f.j = task >= groups ? 1u : 0u;
+  f.j = !fused && task >= groups ? 1u : 0u;
   const uint32_t r = ((task - f.j * groups) << p.lg_tg) + ti;
   Item it;
   it.job = &p.job[f.j];
@@ -310,85 +334,158 @@ __device__ __forceinline__ FastPre fast_pre(const MoveParams& p, uint32_t task, 
   it.h = it.c = 0;
   f.row = it.row;
   if (!it.live) return f;
-  if (p.kind == KIND_WRITE)
+  if (!gather) {
     f.slot = write_slot_load(p, it);
-  else
-    f.m = gather_meta_load(p, it);
+  } else {
+    f.m[0] = gather_meta_load(p, it);
+    f.m[1] = f.m[0];
+    if (fused && p.kind == KIND_KV_OFFSETS) {
+      it.job = &p.job[1];
+      f.m[1] = gather_meta_load(p, it);
+    }
+  }
   return f;
 }
 
+/* Per-head FP8 scales and their reciprocals, computed once per block into
+ * shared memory (up to kScaleTable heads per job). */
+constexpr int kScaleTable = 128;
+
+/* One warp per task. A task is a group of TG rows (TG = 2^lg_tg: 1, or the
+ * HND_PACKED token group) and, when the launch moves K and V with one Op that
+ * fuses them (Op::kFuse) and the call is large (p.fuse), both of them: the
+ * rows' cache locations (slot, or
+ * the gather metadata) are resolved once per lane, then the lanes sweep the
+ * task's chunks (2 x H x C when fused), Op::kUnroll independent 16-byte loads
+ * in flight per lane, then convert and store. Lane l takes row (l mod TG) of
+ * the group and chunks l / TG, + 32 / TG, ...: with TG > 1 (HND_PACKED)
+ * neighbouring lanes move the same chunk of consecutive tokens, contiguous in
+ * the cache when the tokens share a block. Op::kPrefetch loads the next task's
+ * metadata while the current task moves its data. A warp takes p.tpw tasks
+ * (whole grid: one or a few tasks per warp) or, p.tpw 0 (FP8, 1-byte rows),
+ * strides over all tasks from a resident grid. */
 template <class Op>
 __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) move_fast(const __grid_constant__ MoveParams p) {
+  constexpr int U = Op::kUnroll;
   const uint32_t C = p.fd_c.div;
   const uint32_t HC = p.fd_h.div * C;
   const uint32_t groups = (p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
-  const uint32_t tasks = groups * p.njobs;
+  const bool fused = Op::kFuse && p.njobs == 2 && p.fuse;
+  const uint32_t tasks = fused ? groups : groups * p.njobs;
+  const uint32_t span = fused ? 2 * HC : HC; /* chunks per row of one task */
   const uint32_t lane = threadIdx.x & 31u;
   const uint32_t ti = lane & ((1u << p.lg_tg) - 1u);
   const uint32_t q_first = lane >> p.lg_tg;
   const uint32_t q_step = 32u >> p.lg_tg;
-  const uint32_t warps = gridDim.x * (kThreads / 32);
-  const bool gather = p.kind != KIND_WRITE;
-  /* Op::kPrefetch: the row metadata of the warp's next task (slot, or sequence
-   * length and table entry) is loaded while the current task moves its data. */
-  uint32_t task = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
-  FastPre pre;
-  if constexpr (Op::kPrefetch) pre = fast_pre(p, task, tasks, groups, ti);
-  for (; task < tasks; task += warps) {
-    const Job* jb = &p.job[0];
-    char* iorow = nullptr;
-    char* crow;
-    if constexpr (Op::kPrefetch) {
-      const FastPre cur = pre;
-      pre = fast_pre(p, task + warps, tasks, groups, ti);
-      jb = &p.job[cur.j];
-      iorow = jb->io + (long long)jb->io_esize * ((long long)cur.row * jb->io_token);
-      crow = gather ? gather_cache_row(p, *jb, cur.m) : write_cache_row(p, *jb, cur.slot);
-    } else {
-      crow = fast_row<Op>(p, task, tasks, groups, ti, &jb, &iorow);
-    }
-    if (!crow) continue; /* no barrier or shuffle below */
-    /* FP8: a per-tensor scale and its reciprocal once per task */
-    float s_task = 1.0f, r_task = 0.0f;
-    if constexpr (Op::kScaled) {
-      if (jb->scale_kind != SCALE_HEAD) {
-        s_task = load_scale(p, *jb, 0);
-        r_task = s_task != 1.0f && exact_div_range(s_task) ? __frcp_rn(s_task) : 0.0f;
+  /* FP8 destinations exist on write only (R-CONVERT): those kernels carry no gather code */
+  const bool gather = !Op::kScaled && p.kind != KIND_WRITE;
+
+  /* Which tasks this warp takes: p.tpw tasks (block b takes tasks
+   * [8 T b, 8 T (b + 1)), warp w of it w, w + 8, ...), or with p.tpw 0 a
+   * grid-stride sweep of a resident grid (launch_fast_op). */
+  const uint32_t wib = threadIdx.x >> 5;
+  uint32_t task, step, limit;
+  if (p.tpw == 0) {
+    task = blockIdx.x * (kThreads / 32) + wib;
+    step = gridDim.x * (kThreads / 32);
+    limit = tasks;
+  } else {
+    const uint32_t base = blockIdx.x * (kThreads / 32) * p.tpw;
+    task = base + wib;
+    step = kThreads / 32;
+    limit = min(tasks, base + (kThreads / 32) * p.tpw);
+  }
+
+  /* FP8 (always a resident grid): every (job, head) scale and its reciprocal
+   * once per block, in shared memory (up to kScaleTable heads; beyond, per
+   * chunk), so no chunk computes a reciprocal. */
+  bool table = false;
+  __shared__ float2 sh_scale[Op::kScaled ? 2 * kScaleTable : 1];
+  if constexpr (Op::kScaled) {
+    table = p.tpw == 0 && p.fd_h.div <= (uint32_t)kScaleTable;
+    if (table) { /* uniform over the block */
+      for (uint32_t i = threadIdx.x; i < 2 * p.fd_h.div; i += kThreads) {
+        const uint32_t j = i >= p.fd_h.div ? 1u : 0u, h = i - j * p.fd_h.div;
+        const float sc = load_scale(p, p.job[j], h);
+        sh_scale[j * kScaleTable + h] = make_float2(sc, sc != 1.0f && exact_div_range(sc) ? __frcp_rn(sc) : 0.0f);
       }
+      __syncthreads();
     }
-    for (uint32_t q0 = q_first; q0 < HC; q0 += q_step * kUnroll) {
-      typename Op::InVec v[kUnroll];
-      char* dst[kUnroll];
-      uint32_t hh[kUnroll];
+  }
+
+  FastPre pre;
+  if constexpr (Op::kPrefetch) pre = fast_pre(p, task, limit, groups, ti, fused, gather);
+  for (; task < limit; task += step) {
+    FastPre cur;
+    if constexpr (Op::kPrefetch) {
+      cur = pre;
+      pre = fast_pre(p, task + step, limit, groups, ti, fused, gather);
+    } else {
+      cur = fast_pre(p, task, limit, groups, ti, fused, gather);
+    }
+    /* the task's rows: job cur.j, or jobs 0 and 1 when fused */
+    const uint32_t j0 = cur.j; /* uniform over the warp */
+    char* crow[2] = {nullptr, nullptr};
+    char* iorow[2];
+    {
+      const Job& jb = p.job[j0];
+      iorow[0] = jb.io + (long long)jb.io_esize * ((long long)cur.row * jb.io_token);
+      crow[0] = gather ? gather_cache_row(p, jb, cur.m[0]) : write_cache_row(p, jb, cur.slot);
+    }
+    if (fused) {
+      const Job& jb = p.job[1];
+      iorow[1] = jb.io + (long long)jb.io_esize * ((long long)cur.row * jb.io_token);
+      crow[1] = gather ? gather_cache_row(p, jb, cur.m[1]) : write_cache_row(p, jb, cur.slot);
+    }
+    if (!crow[0] && !crow[1]) continue; /* no barrier or shuffle below */
+    for (uint32_t base = 0; base < span; base += q_step * U) {
+      typename Op::InVec v[U];
+      char* dst[U];
+      uint32_t hj[U]; /* head + kScaleTable * job */
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const uint32_t q = q0 + k * q_step;
+      for (int k = 0; k < U; ++k) {
+        uint32_t q = base + q_first + k * q_step;
         dst[k] = nullptr;
-        if (q < HC) {
+        hj[k] = 0;
+        if (q < span) {
+          const uint32_t jj = q >= HC ? 1u : 0u; /* fused: the V half */
+          q -= jj * HC;
+          const uint32_t j = fused ? jj : j0;
+          const Job& jb = p.job[j];
           const uint32_t h = fdiv(q, p.fd_c);
           const uint32_t c = q - h * C;
-          hh[k] = h;
-          char* cp = crow + chunk_cache_off<Op>(*jb, h, c);
-          char* ip = iorow + (long long)jb->io_esize * ((long long)h * jb->io_head + (long long)c * Op::V);
-          if (gather) {
-            v[k] = ld_vec<typename Op::InVec>(cp);
-            dst[k] = ip;
-          } else {
-            v[k] = ld_vec<typename Op::InVec>(ip);
-            dst[k] = cp;
+          hj[k] = h + j * kScaleTable;
+          char* row = jj ? crow[1] : crow[0];
+          if (row) {
+            char* cp = row + chunk_cache_off<Op>(jb, h, c);
+            char* ip = (jj ? iorow[1] : iorow[0]) +
+                       (long long)jb.io_esize * ((long long)h * jb.io_head + (long long)c * Op::V);
+            if (gather) {
+              v[k] = ld_vec<typename Op::InVec>(cp);
+            } else {
+              v[k] = ld_vec<typename Op::InVec>(ip);
+            }
+            dst[k] = gather ? ip : cp;
           }
         }
       }
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        if (dst[k]) {
-          float s = s_task, r = r_task;
-          if (Op::kScaled && jb->scale_kind == SCALE_HEAD) {
-            s = load_scale(p, *jb, hh[k]);
+      for (int k = 0; k < U; ++k) {
+        float s = 1.0f, r = 0.0f;
+        if constexpr (Op::kScaled) {
+          if (table) {
+            if (dst[k]) {
+              const float2 sr = sh_scale[hj[k]];
+              s = sr.x;
+              r = sr.y;
+            }
+          } else if (dst[k]) {
+            const uint32_t j = hj[k] >= (uint32_t)kScaleTable ? 1u : 0u;
+            s = load_scale(p, p.job[j], hj[k] - j * kScaleTable);
             r = s != 1.0f && exact_div_range(s) ? __frcp_rn(s) : 0.0f;
           }
-          st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, r, p.default_nan));
         }
+        if (dst[k]) st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, r, p.default_nan));
       }
     }
   }
@@ -440,10 +537,15 @@ __device__ __forceinline__ uint32_t convert_elem(uint32_t bits, int src, int dst
 
 template <class Op>
 cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
-  /* one warp per (job, row group) task */
-  const unsigned long long tasks = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
-  const int grid = grid_for_warps((const void*)move_fast<Op>, tasks * p.njobs);
-  move_fast<Op><<<grid, kThreads, 0, stream>>>(p);
+  /* one warp per (job, row group) task, or per row group when K and V are fused */
+  const unsigned long long groups = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
+  const bool fused = Op::kFuse && p.njobs == 2 && p.fuse;
+  const unsigned long long tasks = fused ? groups : groups * p.njobs;
+  MoveParams q = p;
+  if (Op::kResident) q.tpw = 0;
+  const int grid = q.tpw == 0 ? grid_for_warps((const void*)move_fast<Op>, tasks, true)
+                              : grid_for_warps((const void*)move_fast<Op>, (tasks + q.tpw - 1) / q.tpw, false);
+  move_fast<Op><<<grid, kThreads, 0, stream>>>(q);
   return cudaGetLastError();
 }
 
