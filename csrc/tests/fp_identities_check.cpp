@@ -6,12 +6,19 @@
  *      r = RN(1/s) equals RN(x / s) (cuda/move.cuh exact_div_rcp, move_fp4.cu
  *      encode_block); checked for every x significand in two binades (both signs)
  *      against special and random divisor significands at two exponents;
+ *      x = +-0 included (the kernel takes the sign of x r with copysignf);
  *   2. the integer E2M1 rounding of move_fp4.cu (e2m1_code) equals fp4.h's
- *      f32_to_e2m1 for every non-NaN FP32 input (all 2^32 patterns).
+ *      f32_to_e2m1 for every non-NaN FP32 input (all 2^32 patterns);
+ *   3. the packed range tests of move_kernels.cuh (TF16 / TBF16 div_ok_words, with
+ *      the 16x2 integer max / min) equal the per-element div_ok for every 16-bit
+ *      pattern in either half of a word.
  * Build and run (about 10 s for the E2M1 part, 0.6 s per 10 random divisors):
  *   g++ -O2 -march=native -ffp-contract=off -std=c++17 -Icsrc/reference -Icsrc/include \
  *       csrc/tests/fp_identities_check.cpp -o /tmp/fpcheck && /tmp/fpcheck [RANDOM_DIVISORS] [SEED]
- * Exit status 0 when both hold. Results of this round (2026-11-21): arguments
+ *   /tmp/fpcheck quick   (CI: tests/test_kernel_identities.py; the special divisors
+ *                         against every 257th significand, E2M1 on a stride and
+ *                         around every rounding boundary, part 3 in full; < 1 s)
+ * Exit status 0 when all hold. Results of this round (2026-11-21): arguments
  * "1500 7" and "1500 11", 1.0e11 pairs, 0 mismatches; E2M1 0 mismatches.
  */
 #include <math.h>
@@ -19,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <initializer_list>
 
 #include "fp4.h"
 
@@ -28,8 +37,34 @@ static uint32_t fb(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 /* the kernel's formulas, on the host (fmaf is the correctly rounded fused multiply-add) */
 static float div_rcp(float x, float s, float r) {
   const float q0 = x * r;
-  const float q = fmaf(fmaf(-q0, s, x), r, q0);
-  return x == 0.0f ? q0 : q;
+  return copysignf(fmaf(fmaf(-q0, s, x), r, q0), q0);
+}
+
+/* __vmaxu2 / __vminu2 on the host: unsigned max / min of each 16-bit half */
+static uint32_t vmaxu2(uint32_t a, uint32_t b) {
+  const uint32_t lo = (a & 0xFFFFu) > (b & 0xFFFFu) ? (a & 0xFFFFu) : (b & 0xFFFFu);
+  const uint32_t hi = (a >> 16) > (b >> 16) ? (a >> 16) : (b >> 16);
+  return (hi << 16) | lo;
+}
+static uint32_t vminu2(uint32_t a, uint32_t b) {
+  const uint32_t lo = (a & 0xFFFFu) < (b & 0xFFFFu) ? (a & 0xFFFFu) : (b & 0xFFFFu);
+  const uint32_t hi = (a >> 16) < (b >> 16) ? (a >> 16) : (b >> 16);
+  return (hi << 16) | lo;
+}
+/* move_kernels.cuh, TF16 / TBF16: div_ok and div_ok_words (one word here) */
+static bool f16_ok(uint32_t v) { return (v & 0x7FFFu) < 0x7C00u; }
+static bool bf16_ok(uint32_t v) {
+  const uint32_t a = v & 0x7FFFu;
+  return a == 0 || (uint32_t)(a - 0x2180u) < 0x3C00u;
+}
+static bool f16_ok_word(uint32_t w) {
+  const uint32_t mx = vmaxu2(0, w & 0x7FFF7FFFu);
+  return vmaxu2(mx, 0x7BFF7BFFu) == 0x7BFF7BFFu;
+}
+static bool bf16_ok_word(uint32_t w) {
+  const uint32_t a = w & 0x7FFF7FFFu;
+  const uint32_t mx = vmaxu2(0, a), mn = vminu2(0xFFFFFFFFu, (a + 0x7FFF7FFFu) ^ 0x80008000u);
+  return vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu && vminu2(mn, 0x217F217Fu) == 0x217F217Fu;
 }
 static uint8_t e2m1_int(float q) {
   const uint32_t u = fb(q), a = u & 0x7FFFFFFFu;
@@ -45,8 +80,10 @@ static uint8_t e2m1_int(float q) {
 }
 
 int main(int argc, char** argv) {
-  const int nrand = argc > 1 ? atoi(argv[1]) : 20;
-  srand(argc > 2 ? (unsigned)atoi(argv[2]) : 1u);
+  const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+  const int nrand = quick ? 0 : argc > 1 ? atoi(argv[1]) : 20;
+  srand(!quick && argc > 2 ? (unsigned)atoi(argv[2]) : 1u);
+  const uint32_t xstep = quick ? 257u : 1u;
   static const uint32_t special[] = {0,        1,        2,        3,        0x7FFFFF, 0x7FFFFE, 0x7FFFFD,
                                      0x400000, 0x3FFFFF, 0x400001, 0x555555, 0x2AAAAA, 0x200000, 0x600000,
                                      0x0CCCCD, 0x4CCCCD, 0x124925, 0x638E39, 0x1C71C7};
@@ -59,9 +96,14 @@ int main(int argc, char** argv) {
       if (k & 1) s = -s;
       volatile float one = 1.0f;
       const float r = one / s;
-      for (uint32_t m = 0; m < (1u << 24); ++m) {
+      for (uint32_t m = 0; m < (1u << 24); m += xstep) {
         float x = bf(((127u + (m >> 23)) << 23) | (m & 0x7FFFFFu));
         if (m & 1) x = -x;
+        ++pairs;
+        if (fb(div_rcp(x, s, r)) != fb(x / s) && bad++ < 10)
+          printf("division mismatch: s=%08x x=%08x got %08x want %08x\n", fb(s), fb(x), fb(div_rcp(x, s, r)), fb(x / s));
+      }
+      for (const float x : {0.0f, -0.0f}) { /* the sign of a zero quotient */
         ++pairs;
         if (fb(div_rcp(x, s, r)) != fb(x / s) && bad++ < 10)
           printf("division mismatch: s=%08x x=%08x got %08x want %08x\n", fb(s), fb(x), fb(div_rcp(x, s, r)), fb(x / s));
@@ -69,13 +111,37 @@ int main(int argc, char** argv) {
     }
   }
   printf("division: %lld pairs (%d divisor significands), %lld mismatches\n", pairs, nspec + nrand, bad);
-  long long bad2 = 0;
-  for (uint64_t i = 0; i < (1ull << 32); ++i) {
-    const uint32_t u = (uint32_t)i;
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) continue; /* NaN: dead blocks, never encoded */
+  long long bad2 = 0, n2 = 0;
+  auto e2m1_one = [&](uint32_t u) {
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return; /* NaN: dead blocks, never encoded */
+    ++n2;
     if (e2m1_int(bf(u)) != kvx_ref::f32_to_e2m1(bf(u)) && bad2++ < 10)
       printf("e2m1 mismatch: %08x got %d want %d\n", u, e2m1_int(bf(u)), kvx_ref::f32_to_e2m1(bf(u)));
+  };
+  if (!quick) {
+    for (uint64_t i = 0; i < (1ull << 32); ++i) e2m1_one((uint32_t)i);
+  } else {
+    for (uint64_t i = 0; i < (1ull << 32); i += 65521) e2m1_one((uint32_t)i);
+    /* every rounding boundary and code value, both signs, 4096 ulps either side */
+    for (const float c : {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f})
+      for (int d = -4096; d <= 4096; ++d) {
+        e2m1_one(fb(c) + (uint32_t)d);
+        e2m1_one((fb(c) + (uint32_t)d) | 0x80000000u);
+      }
   }
-  printf("e2m1: all non-NaN FP32 inputs, %lld mismatches\n", bad2);
-  return bad || bad2 ? 1 : 0;
+  printf("e2m1: %lld non-NaN FP32 inputs%s, %lld mismatches\n", n2, quick ? " (sampled)" : " (all)", bad2);
+  long long bad3 = 0;
+  for (uint32_t v = 0; v < 0x10000u; ++v)
+    for (const uint32_t other : {0u, 0x3C00u, 0x2180u, 0x5D7Fu}) { /* a passing neighbour half */
+      const uint32_t w1 = (v << 16) | other, w2 = (other << 16) | v;
+      const bool f16o = f16_ok(other), bf16o = bf16_ok(other);
+      if (f16_ok_word(w1) != (f16_ok(v) && f16o) || f16_ok_word(w2) != (f16_ok(v) && f16o)) {
+        if (bad3++ < 10) printf("f16 range mismatch: half %04x next to %04x\n", v, other);
+      }
+      if (bf16_ok_word(w1) != (bf16_ok(v) && bf16o) || bf16_ok_word(w2) != (bf16_ok(v) && bf16o)) {
+        if (bad3++ < 10) printf("bf16 range mismatch: half %04x next to %04x\n", v, other);
+      }
+    }
+  printf("packed range tests: every 16-bit half, %lld mismatches\n", bad3);
+  return bad || bad2 || bad3 ? 1 : 0;
 }
