@@ -583,8 +583,12 @@ int main(int argc, char** argv) {
   bench_write(P, s, KVX_DTYPE_F16, KVX_DTYPE_F8_E4M3, HND, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_ONE);
   bench_write(P, s, KVX_DTYPE_BF16, KVX_DTYPE_F8_E5M2, NHD, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_TENSOR);
   bench_write(P, s, KVX_DTYPE_F16, KVX_DTYPE_F8_E4M3, NHD, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_TENSOR);
+  bench_write(P, s, KVX_DTYPE_BF16, KVX_DTYPE_F8_E4M3, NHD, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_TENSOR);
+  bench_write(P, s, KVX_DTYPE_F16, KVX_DTYPE_F8_E5M2, NHD, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_TENSOR);
   bench_write(P, s, KVX_DTYPE_BF16, KVX_DTYPE_F8_E4M3, HND, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_HEAD);
   bench_write(P, s, KVX_DTYPE_F16, KVX_DTYPE_F8_E5M2, HND_PACKED, true, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_TENSOR);
+  bench_write(P, s, KVX_DTYPE_F32, KVX_DTYPE_F8_E4M3, HND_PACKED, true, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_HEAD);
+  bench_write(P, s, KVX_DTYPE_BF16, KVX_DTYPE_F8_E4M3, HND_PACKED, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_HEAD);
   bench_write(P, s, KVX_DTYPE_F32, KVX_DTYPE_F8_E4M3, NHD, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_PER_HEAD);
   bench_write(P, s, KVX_DTYPE_F32, KVX_DTYPE_F16, NHD, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_ONE);
 

@@ -190,7 +190,13 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   bool tiles = KVX_CUDA_PACKED_SMEM && fast && chunks % 16 == 0;
   for (uint32_t i = 0; i < n; ++i)
     tiles = tiles && jobs[i].packed && jobs[i].job.grp.div == 1 && jobs[i].src == jobs[i].dst;
-  if (tiles) p.lg_tg = 4;
+  /* Quantizing writes into FP8 HND_PACKED with 16-element pack groups, head_dim a
+   * multiple of 128: the tile kernel with the conversion (move_packed.cu). */
+  bool qtiles = KVX_CUDA_PACKED_SMEM && fast && p.kind == KIND_WRITE && D % 128 == 0;
+  for (uint32_t i = 0; i < n; ++i)
+    qtiles = qtiles && jobs[i].packed && kvx_ref::is_fp8(jobs[i].dst) && jobs[i].src != jobs[i].dst &&
+             jobs[i].job.grp.div * vec == 16;
+  if (tiles || qtiles) p.lg_tg = 4;
   /* Tasks per warp of the fast path (measured on an H100, docs/cuda-reference.md):
    * one for writes and HND_PACKED token groups, four for gathers (dead rows of
    * short sequences and KV_OFFSETS lookups: +4 to +11 points over one), a
@@ -217,9 +223,10 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
     p.row_begin = (uint32_t)r0;
     p.row_count = (uint32_t)cnt;
     p.items_per_job = (uint32_t)(((cnt + tg - 1) / tg) * tg * H * chunks);
-    const cudaError_t e = tiles  ? launch_packed(p, stream)
-                          : fast ? launch_fast(jobs[0].src, jobs[0].dst, p, stream)
-                                 : launch_general(p, stream);
+    const cudaError_t e = tiles    ? launch_packed(p, stream)
+                          : qtiles ? launch_packed_fp8(jobs[0].src, jobs[0].dst, p, stream)
+                          : fast   ? launch_fast(jobs[0].src, jobs[0].dst, p, stream)
+                                   : launch_general(p, stream);
     if (e != cudaSuccess) return e == cudaErrorInvalidValue ? KVX_STATUS_UNSUPPORTED : KVX_STATUS_INTERNAL_ERROR;
   }
   return KVX_STATUS_OK;

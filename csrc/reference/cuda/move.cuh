@@ -316,6 +316,9 @@ cudaError_t launch_convert_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParam
 /* move_packed.cu: same-dtype HND_PACKED moves with 16-byte pack groups, tiles of
  * 16 tokens x 16 dgroups through shared memory (p.lg_tg = 4, fd_c.div % 16 == 0). */
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream);
+/* ... and quantizing writes into FP8 HND_PACKED with 16-element pack groups
+ * (p.lg_tg = 4, head_dim a multiple of 128). */
+cudaError_t launch_packed_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);
 
 /* Elements per fast-path chunk: 16 bytes on the wider side. */
 inline int fast_vec(kvx_dtype_t src, kvx_dtype_t dst) {
@@ -327,7 +330,7 @@ inline int fast_vec(kvx_dtype_t src, kvx_dtype_t dst) {
 int grid_for(const void* kernel, unsigned long long total_items);
 /* The same for a kernel with one warp per task: the resident grid (warps
  * stride over tasks) when `persistent`, else one task per warp. */
-int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent);
+int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent, int threads = kThreads);
 
 }  // namespace kvx_cuda
 

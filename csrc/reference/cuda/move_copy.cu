@@ -98,7 +98,7 @@ GridEntry g_grid[64];
 int g_grid_n = 0;
 }  // namespace
 
-static int resident_blocks(const void* kernel);
+static int resident_blocks(const void* kernel, int threads = kThreads);
 
 int grid_for(const void* kernel, unsigned long long total_items) {
   const int cap = resident_blocks(kernel);
@@ -107,15 +107,15 @@ int grid_for(const void* kernel, unsigned long long total_items) {
   return (int)(want < (unsigned long long)cap ? (want ? want : 1) : cap);
 }
 
-int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent) {
-  const unsigned long long per_block = kThreads / 32;
+int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent, int threads) {
+  const unsigned long long per_block = (unsigned long long)threads / 32;
   const unsigned long long want = (tasks + per_block - 1) / per_block;
-  const unsigned long long cap = persistent ? (unsigned long long)resident_blocks(kernel) : 0x7FFFFFFFull;
+  const unsigned long long cap = persistent ? (unsigned long long)resident_blocks(kernel, threads) : 0x7FFFFFFFull;
   return (int)(want < cap ? (want ? want : 1) : cap);
 }
 
 /* SMs x resident blocks per SM of `kernel` on the current device (cached). */
-static int resident_blocks(const void* kernel) {
+static int resident_blocks(const void* kernel, int threads) {
   int dev = 0;
   cudaGetDevice(&dev);
   int cap = 0;
@@ -126,7 +126,7 @@ static int resident_blocks(const void* kernel) {
     if (!cap) {
       int sms = 0, per_sm = 0;
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
       cap = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
       if (g_grid_n < 64) g_grid[g_grid_n++] = GridEntry{kernel, dev, cap};
     }

@@ -43,7 +43,7 @@ namespace kvx_cuda {
 #define KVX_CUDA_FP8_FUSE 0 /* FP8 quantization: K and V in separate tasks (fused: -6 to -25 points) */
 #endif
 #ifndef KVX_CUDA_FP8_UNROLL
-#define KVX_CUDA_FP8_UNROLL 4 /* (8: -8 to -20 points) */
+#define KVX_CUDA_FP8_UNROLL 2 /* with 128-thread blocks, 53-55 registers (4: -1 to -3 points; 8: -8 to -20) */
 #endif
 #ifndef KVX_CUDA_FP8_RESIDENT
 #define KVX_CUDA_FP8_RESIDENT 1 /* FP8: a resident grid (the planner's tasks per warp: -4 to -14 points) */
@@ -51,14 +51,20 @@ namespace kvx_cuda {
 #ifndef KVX_CUDA_FP8_PREFETCH
 #define KVX_CUDA_FP8_PREFETCH 0 /* (1: -9 to -28 points, registers) */
 #endif
+#ifndef KVX_CUDA_FP8_PACKED_CHECK
+#define KVX_CUDA_FP8_PACKED_CHECK 1 /* range tests of F16/BF16 pairs with 16x2 max/min (off: -0.4 to -1.6 points) */
+#endif
+#ifndef KVX_CUDA_FP8_BLOCK
+#define KVX_CUDA_FP8_BLOCK 128 /* FP8 threads per block (256: BF16 -4 to -6 points, finer occupancy steps) */
+#endif
 #ifndef KVX_CUDA_FP8_F16_MIN_BLOCKS
-#define KVX_CUDA_FP8_F16_MIN_BLOCKS 4 /* F16 -> FP8: 64 registers, a few bytes of spill */
+#define KVX_CUDA_FP8_F16_MIN_BLOCKS 1 /* F16 -> FP8: no register cap */
 #endif
 #ifndef KVX_CUDA_FP8_F32_MIN_BLOCKS
-#define KVX_CUDA_FP8_F32_MIN_BLOCKS 4 /* F32 -> FP8 */
+#define KVX_CUDA_FP8_F32_MIN_BLOCKS 1 /* F32 -> FP8 */
 #endif
 #ifndef KVX_CUDA_FP8_MIN_BLOCKS
-#define KVX_CUDA_FP8_MIN_BLOCKS 1 /* BF16 -> FP8: 72 registers (capped at 64: +2 / -1 points, spills) */
+#define KVX_CUDA_FP8_MIN_BLOCKS 1 /* BF16 -> FP8 (capped at 64 with 4 loads in flight: -6 to -8 points) */
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -166,6 +172,7 @@ struct CopyOp {
   static constexpr int kUnroll = KVX_CUDA_COPY_UNROLL;
   static constexpr bool kFuse = KVX_CUDA_FUSE_KV;
   static constexpr bool kResident = false;
+  static constexpr int kBlock = kThreads;
   static __device__ __forceinline__ OutVec run(InVec v, float, float, uint32_t) { return v; }
 };
 
@@ -183,6 +190,7 @@ struct ConvOp {
   static constexpr int kUnroll = kScaled ? KVX_CUDA_FP8_UNROLL : KVX_CUDA_CONV_UNROLL;
   static constexpr bool kFuse = kScaled ? KVX_CUDA_FP8_FUSE : KVX_CUDA_CONV_FUSE;
   static constexpr bool kResident = kScaled && KVX_CUDA_FP8_RESIDENT; /* measured */
+  static constexpr int kBlock = kScaled ? KVX_CUDA_FP8_BLOCK : kThreads; /* threads per block */
   static constexpr int kMinBlocks =
       !kScaled                    ? 1
       : In::dt == KVX_DTYPE_F16   ? KVX_CUDA_FP8_F16_MIN_BLOCKS
@@ -217,7 +225,7 @@ struct ConvOp {
          * zero or within [2^-60, 2^60) (div_ok), gives a finite quotient, so
          * that one test per input also excludes NaN; anything else takes the
          * software path (IEEE division). */
-        if constexpr (kIn == 2 && (V * kIn) % 4 == 0) {
+        if constexpr (KVX_CUDA_FP8_PACKED_CHECK && kIn == 2 && (V * kIn) % 4 == 0) {
           special = !In::div_ok_words(a.w, (V * kIn) / 4);
         } else {
 #pragma unroll
@@ -365,7 +373,7 @@ constexpr int kScaleTable = 128;
  * (whole grid: one or a few tasks per warp) or, p.tpw 0 (FP8, 1-byte rows),
  * strides over all tasks from a resident grid. */
 template <class Op>
-__global__ void __launch_bounds__(kThreads, Op::kMinBlocks) move_fast(const __grid_constant__ MoveParams p) {
+__global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __grid_constant__ MoveParams p) {
   constexpr int U = Op::kUnroll;
   const uint32_t C = p.fd_c.div;
   const uint32_t HC = p.fd_h.div * C;
@@ -386,14 +394,14 @@ __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) move_fast(const __gr
   const uint32_t wib = threadIdx.x >> 5;
   uint32_t task, step, limit;
   if (p.tpw == 0) {
-    task = blockIdx.x * (kThreads / 32) + wib;
-    step = gridDim.x * (kThreads / 32);
+    task = blockIdx.x * (Op::kBlock / 32) + wib;
+    step = gridDim.x * (Op::kBlock / 32);
     limit = tasks;
   } else {
-    const uint32_t base = blockIdx.x * (kThreads / 32) * p.tpw;
+    const uint32_t base = blockIdx.x * (Op::kBlock / 32) * p.tpw;
     task = base + wib;
-    step = kThreads / 32;
-    limit = min(tasks, base + (kThreads / 32) * p.tpw);
+    step = Op::kBlock / 32;
+    limit = min(tasks, base + (Op::kBlock / 32) * p.tpw);
   }
 
   /* FP8 (always a resident grid): every (job, head) scale and its reciprocal
@@ -404,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) move_fast(const __gr
   if constexpr (Op::kScaled) {
     table = p.tpw == 0 && p.fd_h.div <= (uint32_t)kScaleTable;
     if (table) { /* uniform over the block */
-      for (uint32_t i = threadIdx.x; i < 2 * p.fd_h.div; i += kThreads) {
+      for (uint32_t i = threadIdx.x; i < 2 * p.fd_h.div; i += Op::kBlock) {
         const uint32_t j = i >= p.fd_h.div ? 1u : 0u, h = i - j * p.fd_h.div;
         const float sc = load_scale(p, p.job[j], h);
         sh_scale[j * kScaleTable + h] = make_float2(sc, sc != 1.0f && exact_div_range(sc) ? __frcp_rn(sc) : 0.0f);
@@ -543,9 +551,9 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long tasks = fused ? groups : groups * p.njobs;
   MoveParams q = p;
   if (Op::kResident) q.tpw = 0;
-  const int grid = q.tpw == 0 ? grid_for_warps((const void*)move_fast<Op>, tasks, true)
-                              : grid_for_warps((const void*)move_fast<Op>, (tasks + q.tpw - 1) / q.tpw, false);
-  move_fast<Op><<<grid, kThreads, 0, stream>>>(q);
+  const int grid = q.tpw == 0 ? grid_for_warps((const void*)move_fast<Op>, tasks, true, Op::kBlock)
+                              : grid_for_warps((const void*)move_fast<Op>, (tasks + q.tpw - 1) / q.tpw, false, Op::kBlock);
+  move_fast<Op><<<grid, Op::kBlock, 0, stream>>>(q);
   return cudaGetLastError();
 }
 

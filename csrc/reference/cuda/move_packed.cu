@@ -110,3 +110,111 @@ cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
 }
 
 }  // namespace kvx_cuda
+
+/* ------------------------------------------------------------------------ */
+/* Quantizing writes into an FP8 HND_PACKED cache with 16-element (16-byte)
+ * pack groups (vLLM's FP8 K layout): the same tile transpose with the
+ * conversion on the way. A warp moves 16 tokens x 8 dgroups (128 elements of
+ * one head): it reads the IO rows 512 contiguous bytes per instruction,
+ * quantizes each 16-byte chunk (ConvOp, R-FP8), parks the FP8 bytes in shared
+ * memory and stores the cache side 512 contiguous bytes (2 dgroups x 16
+ * tokens) per instruction. */
+
+namespace kvx_cuda {
+
+template <class Op>
+__global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constant__ MoveParams p) {
+  constexpr int kIn = Op::kIn;                    /* IO element bytes */
+  constexpr int kEl = 16 / kIn;                   /* elements per 16-byte IO chunk */
+  constexpr int kRowChunks = 128 / kEl;           /* IO chunks per tile row (128 elements) */
+  constexpr int kLoads = kTile * kRowChunks / 32; /* per lane: 8 (16-bit IO) or 16 (F32) */
+  constexpr int kBatch = 8;
+  static_assert(kLoads % kBatch == 0, "tile geometry");
+  __shared__ uint4 tile[kWarps][kTile * 8];
+  const uint32_t lane = threadIdx.x & 31u, wib = threadIdx.x >> 5;
+  const uint32_t H = p.fd_h.div, nt = (p.fd_c.div * p.vec) / 128; /* tiles per head */
+  const uint32_t groups = (p.row_count + kTile - 1) / kTile;
+  const uint32_t per_group = H * nt, per_job = groups * per_group;
+  uint32_t t = blockIdx.x * kWarps + wib;
+  if (t >= per_job * p.njobs) return; /* warp-uniform */
+  const uint32_t j = t >= per_job ? 1u : 0u;
+  t -= j * per_job;
+  const uint32_t g = t / per_group;
+  const uint32_t hb = t - g * per_group;
+  const uint32_t h = hb / nt, t0 = hb - h * nt;
+  const Job& jb = p.job[j];
+  const uint32_t ti = lane & 15u, hi = lane >> 4;
+
+  /* the cache side: lane ti's token, its slot */
+  Item it;
+  it.job = &jb;
+  it.h = it.c = 0;
+  const uint32_t r = g * kTile + ti;
+  it.live = r < p.row_count;
+  it.row = p.row_begin + r;
+  const long long slot = write_slot_load(p, it);
+  /* this head's scale and its reciprocal (exact_div_rcp) */
+  const float s = load_scale(p, jb, h);
+  const float rc = s != 1.0f && exact_div_range(s) ? __frcp_rn(s) : 0.0f;
+  char* crow = write_cache_row(p, jb, slot);
+  if (crow) crow += (long long)h * jb.c_head + (long long)t0 * 8 * jb.c_outer; /* FP8: elements are bytes */
+
+  /* the IO side: chunk L = k * 32 + lane of the tile is row L / kRowChunks, chunk L % kRowChunks */
+  const char* io = jb.io + (long long)kIn * ((long long)(p.row_begin + g * kTile) * jb.io_token +
+                                            (long long)h * jb.io_head + (long long)t0 * 128);
+  char* sb = reinterpret_cast<char*>(tile[wib]);
+#pragma unroll
+  for (int b0 = 0; b0 < kLoads; b0 += kBatch) {
+    typename Op::InVec v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const uint32_t L = (uint32_t)(b0 + k) * 32u + lane, row = L / kRowChunks, c = L % kRowChunks;
+      if (g * kTile + row < p.row_count)
+        v[k] = ld_vec<typename Op::InVec>(io + (long long)kIn * ((long long)row * jb.io_token + (long long)c * kEl));
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const uint32_t L = (uint32_t)(b0 + k) * 32u + lane, row = L / kRowChunks, c = L % kRowChunks;
+      const uint32_t e0 = c * kEl, d = e0 / 16u;
+      if (g * kTile + row < p.row_count)
+        st_vec<typename Op::OutVec>(sb + (row * 8u + (d ^ (row & 7u))) * 16u + (e0 % 16u), Op::run(v[k], s, rc, p.default_nan));
+    }
+  }
+  __syncwarp();
+  if (crow) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t d = hi + 2u * k;
+      st_vec<uint4>(crow + (long long)d * jb.c_outer, tile[wib][ti * 8u + (d ^ (ti & 7u))]);
+    }
+  }
+}
+
+template <class Op>
+static cudaError_t launch_packed_fp8_op(const MoveParams& p, cudaStream_t stream) {
+  const unsigned long long groups = ((unsigned long long)p.row_count + kTile - 1) / kTile;
+  const unsigned long long tasks = groups * p.fd_h.div * ((p.fd_c.div * p.vec) / 128) * p.njobs;
+  const int grid = grid_for_warps((const void*)move_packed_fp8<Op>, tasks, false);
+  move_packed_fp8<Op><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class In>
+static cudaError_t packed_fp8_from(kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream) {
+  switch (dst) {
+    case KVX_DTYPE_F8_E4M3: return launch_packed_fp8_op<ConvOp<In, TE4M3>>(p, stream);
+    case KVX_DTYPE_F8_E5M2: return launch_packed_fp8_op<ConvOp<In, TE5M2>>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t launch_packed_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream) {
+  switch (src) {
+    case KVX_DTYPE_F16: return packed_fp8_from<TF16>(dst, p, stream);
+    case KVX_DTYPE_BF16: return packed_fp8_from<TBF16>(dst, p, stream);
+    case KVX_DTYPE_F32: return packed_fp8_from<TF32>(dst, p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace kvx_cuda
