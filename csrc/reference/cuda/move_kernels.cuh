@@ -362,10 +362,10 @@ constexpr int kScaleTable = 128;
 /* One warp per task. A task is a group of TG rows (TG = 2^lg_tg: 1, or the
  * HND_PACKED token group) and, when the launch moves K and V with one Op that
  * fuses them (Op::kFuse) and the call is large (p.fuse), both of them: the
- * rows' cache locations (slot, or
- * the gather metadata) are resolved once per lane, then the lanes sweep the
- * task's chunks (2 x H x C when fused), Op::kUnroll independent 16-byte loads
- * in flight per lane, then convert and store. Lane l takes row (l mod TG) of
+ * rows' cache locations (slot, or the gather metadata) are resolved once per
+ * lane, then the lanes sweep the task's chunks (2 x H x C when fused),
+ * Op::kUnroll independent 16-byte loads in flight per lane, then convert and
+ * store. Lane l takes row (l mod TG) of
  * the group and chunks l / TG, + 32 / TG, ...: with TG > 1 (HND_PACKED)
  * neighbouring lanes move the same chunk of consecutive tokens, contiguous in
  * the cache when the tokens share a block. Op::kPrefetch loads the next task's
