@@ -4,15 +4,18 @@
  * cuda_fp4_gather (dequantize into F16/BF16/F32, or raw copy).
  *
  * Numerics are fp4.h's, shared with the host backend, so results are bit
- * identical to the oracle (reference_impl/fp4.py). One thread handles one
- * scale block (16 or 32 values) of one (row, K|V, head): it loads the block
- * (16-byte vector loads when the IO row is contiguous and aligned), computes
- * amax, the scale byte and the codes, and stores B/2 code bytes and one scale
- * byte (the gather reverses this). Consecutive threads take consecutive blocks
- * of a row, so loads and stores coalesce. Data-dependent errors on DEVICE
- * memory skip the rows concerned (R-DEVICE-STATUS); UNIFIED memory answers the
- * host's statuses through the host pre-scan, as the rest of the CUDA backend.
- * Never synchronizes (except the UNIFIED pre-scan), never allocates.
+ * identical to the oracle (reference_impl/fp4.py). Two kernel families:
+ *  - the fast kernels (below "Fast kernels"): IO F16/BF16/F32 rows contiguous
+ *    and 16-byte aligned, code rows aligned to whole blocks, the reference
+ *    build; a warp per 32 rows, a lane per 16 input values (write) or per 16
+ *    output bytes (gather), the exact shortcuts of fp4_fast.h;
+ *  - the per-block kernels (everything else: raw transfers, strided IO, the
+ *    mutant builds): one thread per scale block (16 or 32 values) of one (row,
+ *    K|V, head), every step through fp4.h.
+ * Data-dependent errors on DEVICE memory skip the rows concerned
+ * (R-DEVICE-STATUS); UNIFIED memory answers the host's statuses through the
+ * host pre-scan, as the rest of the CUDA backend. Never synchronizes (except
+ * the UNIFIED pre-scan), never allocates.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,6 +25,7 @@
 
 #include "convert.h"
 #include "fp4.h"
+#include "fp4_fast.h"
 #include "kvx_plan.h"
 
 namespace kvx_fp4 {
@@ -62,7 +66,9 @@ struct Params {
   int format, B, J, H;
   int io_dtype, io_esize;
   int raw, vec_ok;             /* vec_ok: IO rows contiguous and every block 16-byte aligned */
+  int lin;                     /* fast kernels: heads packed in the IO row, the code row and the scale row */
   unsigned items;              /* items of this launch: rows * 2 * H * J, below 2^31 */
+  unsigned long long rows;     /* fast kernels: rows (tokens) of this launch */
   unsigned long long row_begin;
   Div fd_hj, fd_j, fd_bs, fd_msl;
   int slot32;                  /* num_slots < 2^31: 32-bit slot arithmetic */
@@ -409,6 +415,649 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) 
   }
 }
 
+/* ------------------------------------------------------------------------ */
+/* Fast kernels (IO F16/BF16/F32 with 16-byte aligned contiguous blocks, code
+ * rows aligned to whole blocks; the reference build only: a mutant build keeps
+ * the per-block kernels above, which take every step through fp4.h). One warp
+ * takes 32 rows (tokens): lane i resolves the slot (write) or the table entry
+ * (gather) of row i once, then the warp walks the 32 rows, K then V, as a
+ * stream of batches, broadcasting each row's block and offset with a shuffle;
+ * the next batch's loads are issued before the current batch is computed.
+ *
+ * Write: one lane per 16 values (a 16-value block, or half of a 32-value
+ * block: the lane pair exchanges its amax with one shuffle), lanes on
+ * consecutive blocks of the row, two 16-value blocks (or one half of a
+ * 32-value block) per lane per batch with 16-bit IO; the format is a template
+ * argument. Per block: amax (max.NaN; F16/BF16 in packed half arithmetic),
+ * the scale byte (fp4_fast.h's exact
+ * integer forms of the E4M3 steps; NVFP4's amax / (6 g) by Markstein's
+ * reciprocal-multiply, the divisor float(s) * g and its reciprocal from a
+ * 128-entry shared table for a per-tensor g; MXFP4's amax / 6 likewise), the
+ * codes through fp4_fast::e2m1_f16_scaled (five FP32-pipe instructions
+ * instead of integer rounding; exhaustively equal to fp4.h), two
+ * codes per packed F16 conversion, the signs copied from the input bits,
+ * nibbles gathered with byte permutes. A block with a NaN or Inf, an
+ * out-of-range amax, g or divisor (see encode16) takes encode_block / fp4.h.
+ *
+ * Gather: one lane per 16 bytes of output (8 F16/BF16 or 4 F32 values), so
+ * each store instruction of a warp writes 512 contiguous bytes; the lane
+ * loads its 4 (or 2) code bytes and its block's scale byte; the scale bytes
+ * are decoded through a 256-entry shared table (fp4_scale_f32), the codes
+ * through the 16-entry E2M1 table; the arithmetic is fp4_decode_with's. With
+ * heads packed (P.lin) chunk c's offsets are c * VPC / 2 (codes), c / CPB
+ * (scale) and c * 16 (output); a chunk of a NaN block goes out of line
+ * (store_nan16), so the F16 and BF16 loops differ only in the conversion. */
+
+constexpr bool kFp4Mutant = KVX_MUT(FP4_NIBBLE_SWAP) || KVX_MUT(FP4_TIES_AWAY) || KVX_MUT(FP4_UNROUNDED_SCALE) ||
+                            KVX_MUT(FP4_ZERO_BLOCK_NAN) || KVX_MUT(FP4_SCALE_LOGICAL_BLOCK);
+
+/* max(m, |x|), NaN if either is NaN. */
+__device__ __forceinline__ float max_abs_nan(float m, float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
+  return r;
+}
+
+/* FP32 values of the NW words of a block of IO dtype DT. */
+template <int DT, int NW>
+__device__ __forceinline__ void unpack(const uint32_t* w, float* x) {
+#pragma unroll
+  for (int k = 0; k < NW; ++k) {
+    if (DT == KVX_DTYPE_F32) {
+      x[k] = __uint_as_float(w[k]);
+    } else if (DT == KVX_DTYPE_F16) {
+      __half2 h;
+      memcpy(&h, &w[k], 4);
+      const float2 f = __half22float2(h);
+      x[2 * k] = f.x;
+      x[2 * k + 1] = f.y;
+    } else {
+      x[2 * k] = __uint_as_float(w[k] << 16);
+      x[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+}
+
+/* Encodes one block given as its raw IO words `w`: returns the scale byte and
+ * writes the B/8 words of packed codes. Bit-identical to encode_block (fp4.h):
+ *  - NVFP4 fast when g is in [2^-60, 2^60) and amax < 2^60 (neither NaN nor
+ *    inf): wanted = amax / (6 g) (IEEE), s = E4M3(min(wanted, 448)) (s = 0: a
+ *    dead block, codes 0), d = float(s) * g; codes by Markstein's division
+ *    when d is in [2^-40, 2^60) (|x| / d for |x| < 2^-60 is below 2^-20 then:
+ *    magnitude 0 either way), else encode_block;
+ *  - MXFP4: amax a normal FP32 (and amax / 6 normal for the ceil rule): the
+ *    exponent from the bits, codes of |x| * 2^-e; amax == 0: byte 0, codes 0;
+ *  - the code's sign is the input's (d, 2^-e > 0: RN(x / d) has x's sign). */
+/* encode_block (fp4.h's steps), packed: the rare blocks the fast path leaves
+ * (NaN, Inf, extreme amax, g or divisor), out of line and reloading the block
+ * from `src`, to keep the fast path's registers. */
+template <int B>
+struct Packed {
+  uint32_t w[B / 8];
+  uint32_t sbyte;
+};
+
+template <int B, int DT>
+__device__ __noinline__ Packed<B> encode_slow(int format, const uint4* src, float g) {
+  constexpr int NV = B * Es<DT>::value / 16;
+  uint32_t w[NV * 4];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    const uint4 u = __ldg(src + v);
+    w[4 * v] = u.x;
+    w[4 * v + 1] = u.y;
+    w[4 * v + 2] = u.z;
+    w[4 * v + 3] = u.w;
+  }
+  float x[B];
+  unpack<DT, NV * 4>(w, x);
+  uint8_t codes[B];
+  Packed<B> r;
+  r.sbyte = encode_block<B>(format, x, g, codes);
+#pragma unroll
+  for (int o = 0; o < B / 8; ++o) {
+    uint32_t v = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v |= (uint32_t)kvx_ref::fp4_pack(codes[8 * o + 2 * k], codes[8 * o + 2 * k + 1]) << (8 * k);
+    r.w[o] = v;
+  }
+  return r;
+}
+
+/* RN(x / s) by Markstein's reciprocal-multiply, r = RN(1 / s): exact for |x|
+ * and |s| in [2^-60, 2^60) (csrc/tests/fp_identities_check.cpp), x = +0 too. */
+__device__ __forceinline__ float div_rcp(float x, float s, float r) {
+  const float q0 = __fmul_rn(x, r);
+  return __fmaf_rn(__fmaf_rn(-q0, s, x), r, q0);
+}
+
+/* |v| in [2^-60, 2^60) for v >= 0 (bits). */
+__device__ __forceinline__ bool pos_range(uint32_t b) { return b - 0x21800000u < 0x3C000000u; }
+
+/* d in [2^-40, 2^46): the codes of x / d by Markstein's division of x by
+ * d * 2^14 (in [2^-26, 2^60)), which is RN(x / d) * 2^-14, the input of
+ * e2m1_f16_scaled (|x| < 2^-60 gives a quotient below 2^-20: magnitude 0). */
+__device__ __forceinline__ bool d_fast(float d) { return __float_as_uint(d) - 0x2B800000u < 0x2B000000u; }
+
+/* max |x| of the 16 values of 8 words of F16 or BF16 in packed arithmetic
+ * (NaN-propagating max of the magnitudes, the sign bits cleared), as FP32
+ * (exact): equal to the FP32 max.NaN of |x| except that a NaN is the canonical
+ * one, which the callers only test for being NaN. */
+template <int DT>
+__device__ __forceinline__ float amax16(const uint32_t* w) {
+  if (DT == KVX_DTYPE_F16) {
+    __half2 m[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      __half2 h;
+      memcpy(&h, &w[k], 4);
+      m[k] = __habs2(h);
+    }
+    m[0] = __hmax2_nan(__hmax2_nan(m[0], m[1]), m[2]);
+    m[3] = __hmax2_nan(__hmax2_nan(m[3], m[4]), m[5]);
+    m[6] = __hmax2_nan(__hmax2_nan(m[6], m[7]), m[0]);
+    m[0] = __hmax2_nan(m[3], m[6]);
+    return __low2float(__hmax2_nan(m[0], __lowhigh2highlow(m[0])));
+  } else {
+    __nv_bfloat162 m[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t u = w[k] & 0x7FFF7FFFu;
+      memcpy(&m[k], &u, 4);
+    }
+    m[0] = __hmax2_nan(__hmax2_nan(m[0], m[1]), m[2]);
+    m[3] = __hmax2_nan(__hmax2_nan(m[3], m[4]), m[5]);
+    m[6] = __hmax2_nan(__hmax2_nan(m[6], m[7]), m[0]);
+    m[0] = __hmax2_nan(m[3], m[6]);
+    const __nv_bfloat162 r = __hmax2_nan(m[0], __lowhigh2highlow(m[0]));
+    uint32_t u;
+    memcpy(&u, &r, 4);
+    return __uint_as_float(u << 16);
+  }
+}
+
+/* Per-side constants of the fast write. */
+struct WSide {
+  float g, sixg, r6; /* NVFP4 per-tensor g (1.0 without), 6 g, RN(1 / (6 g)) (0: divide) */
+  int g_ok;          /* g in [2^-60, 2^60): else every NVFP4 block takes encode_slow */
+};
+
+/* Encodes 16 values of a block of B (16, or 32 over a lane pair: PAIR) given
+ * as their raw IO words `w`; returns the scale byte and writes the two words
+ * of packed codes, or sets `slow` (then the caller takes encode_slow).
+ * Bit-identical to encode_block (fp4.h):
+ *  - NVFP4 fast when g is in [2^-60, 2^60) and amax < 2^60 (neither NaN nor
+ *    inf): wanted = RN(amax / (6 g)) (Markstein with RN(1 / (6 g)) when amax
+ *    and 6 g allow it, else IEEE), s = E4M3(min(wanted, 448)) (s = 0: a dead
+ *    block, codes 0), d = float(s) * g (from the shared table `tab` for a
+ *    per-tensor g, with d * 2^14 and its reciprocal); codes by Markstein's
+ *    division of |x| by d * 2^14 when d is in [2^-40, 2^46) (see d_fast), else
+ *    encode_block;
+ *  - MXFP4: amax a normal FP32 (and amax / 6 normal for the ceil rule, by
+ *    Markstein with RN(1/6) when amax >= 2^-60): the exponent from the bits,
+ *    codes of |x| * 2^(-e-14); amax == 0: byte 0, codes 0;
+ *  - the code's sign is the input's (d, 2^-e > 0: RN(x / d) has x's sign). */
+template <int DT, bool PAIR, int format>
+__device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws, float g_head, bool use_tab,
+                                             const float2* tab, bool& slow, uint32_t* out) {
+  float x[16];
+  unpack<DT, 16 * Es<DT>::value / 4>(w, x);
+  float amax;
+  if (DT == KVX_DTYPE_F32) {
+    float m[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m[i] = max_abs_nan(fabsf(x[2 * i]), x[2 * i + 1]);
+#pragma unroll
+    for (int s = 4; s >= 1; s /= 2) {
+#pragma unroll
+      for (int i = 0; i < s; ++i) {
+        float r;
+        asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m[i]), "f"(m[i + s]));
+        m[i] = r;
+      }
+    }
+    amax = m[0];
+  } else {
+    amax = amax16<DT>(w);
+  }
+  if (PAIR) {
+    const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(amax), "f"(o));
+    amax = r;
+  }
+  const uint32_t ab = __float_as_uint(amax);
+  float d = 0.0f, r = 0.0f, inv = 0.0f;
+  int state = 0; /* 0 slow, 1 dead (codes 0), 2 NVFP4 live (d, r), 3 MXFP4 live (inv) */
+  uint32_t sbyte = 0;
+  if (format == kvx_ref::FP4_NVFP4) {
+    const float g = use_tab ? ws.g : g_head;
+    if ((use_tab ? ws.g_ok : pos_range(__float_as_uint(g))) && ab < 0x5D800000u) {
+      float wanted;
+      if (use_tab && ws.r6 != 0.0f && (pos_range(ab) || ab == 0u)) {
+        wanted = div_rcp(amax, ws.sixg, ws.r6);
+      } else {
+        wanted = __fdiv_rn(amax, __fmul_rn(6.0f, g));
+      }
+      const uint32_t s8 = kvx_fp4_fast::e4m3_pos(wanted < kvx_ref::kE4M3Max ? wanted : kvx_ref::kE4M3Max);
+      if (s8 == 0) {
+        state = 1;
+      } else {
+        if (use_tab) {
+          const float2 dr = tab[s8];
+          d = dr.x;
+          r = dr.y;
+        } else {
+          d = __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), g);
+          if (d_fast(d)) {
+            d = __fmul_rn(d, 16384.0f);
+            r = __frcp_rn(d);
+          }
+        }
+        if (r != 0.0f) {
+          sbyte = s8;
+          state = 2;
+        }
+      }
+    }
+  } else if (ab == 0) {
+    state = 1;
+  } else if (ab - 0x00800000u < 0x7F000000u) { /* normal, finite */
+    int e = 0;
+    bool ok = true;
+    if (format == kvx_ref::FP4_MXFP4) {
+      const float v6 = pos_range(ab) ? div_rcp(amax, 6.0f, 0.16666667163372039795f) : __fdiv_rn(amax, 6.0f);
+      const uint32_t v = __float_as_uint(v6);
+      ok = v >= 0x00800000u;
+      e = (int)(v >> 23) - 127 + ((v & 0x7FFFFFu) != 0u);
+    } else {
+      e = max((int)(ab >> 23) - 129, -127);
+    }
+    if (ok) { /* 2^(-e-14), subnormal for e > 112 */
+      inv = __uint_as_float(e <= 112 ? (uint32_t)(113 - e) << 23 : 1u << (135 - e));
+      sbyte = (uint32_t)(e + 127);
+      state = 3;
+    }
+  }
+  slow = state == 0;
+  if (state >= 2) {
+    float f[16];
+    if (state == 2) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) f[i] = kvx_fp4_fast::e2m1_f16_scaled(div_rcp(fabsf(x[i]), d, r));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) f[i] = kvx_fp4_fast::e2m1_f16_scaled(__fmul_rn(fabsf(x[i]), inv));
+    }
+    uint32_t hw[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+      uint32_t u;
+      memcpy(&u, &h, 4);
+      if (DT == KVX_DTYPE_F32) {
+        u |= ((w[2 * k] >> 16) & 0x8000u) | (w[2 * k + 1] & 0x80000000u);
+      } else {
+        u |= w[k] & 0x80008000u;
+      }
+      hw[k] = u;
+    }
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+      const uint32_t p01 = __byte_perm(hw[4 * o], hw[4 * o + 1], 0x7531);
+      const uint32_t p23 = __byte_perm(hw[4 * o + 2], hw[4 * o + 3], 0x7531);
+      const uint32_t x01 = ((p01 >> 1) | (p01 >> 4)) & 0x0F0F0F0Fu;
+      const uint32_t x23 = ((p23 >> 1) | (p23 >> 4)) & 0x0F0F0F0Fu;
+      out[o] = __byte_perm(x01 | (x01 >> 4), x23 | (x23 >> 4), 0x6420);
+    }
+  } else {
+    out[0] = 0;
+    out[1] = 0;
+  }
+  return sbyte;
+}
+
+constexpr unsigned kNoBlock = 0xFFFFFFFFu;
+
+/* Warms L2 with `bytes` from `p` (16-byte aligned, a multiple of 16): the bulk
+ * prefetch of sm_90; older GPUs (the sm_80 build) skip it. */
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+/* Tuning knobs (H100, docs/fp4.md "CUDA figures"): none changes a result. */
+#ifndef KVX_FP4_W16_NI
+#define KVX_FP4_W16_NI 1 /* write, 16-bit IO, 32-value blocks: half-blocks per lane per batch (2 spilled 92 bytes) */
+#endif
+#ifndef KVX_FP4_WRITE_MIN_BLOCKS
+#define KVX_FP4_WRITE_MIN_BLOCKS 2 /* at most 128 registers: more CTAs spill */
+#endif
+#ifndef KVX_FP4_G32_NI
+#define KVX_FP4_G32_NI 4 /* gather into F32: 16-byte chunks per lane per batch (8: 2-3 % slower) */
+#endif
+#ifndef KVX_FP4_PREFETCH_W16
+#define KVX_FP4_PREFETCH_W16 1 /* write, 16-bit IO: the next row into L2 (+3-6 %; with F32 IO, or the
+                                  gathers' codes, it cost 10-30 %) */
+#endif
+#ifndef KVX_FP4_W16_NI_16
+#define KVX_FP4_W16_NI_16 2 /* the same, 16-value blocks (1 at 3 CTAs per SM: 6-20 points slower on the H100) */
+#endif
+#ifndef KVX_FP4_WRITE_MIN_BLOCKS_16
+#define KVX_FP4_WRITE_MIN_BLOCKS_16 KVX_FP4_WRITE_MIN_BLOCKS /* the same, 16-value blocks from 16-bit IO */
+#endif
+#ifndef KVX_FP4_W16_THREADS
+#define KVX_FP4_W16_THREADS 256 /* write, 16-bit IO: threads per CTA */
+#endif
+/* Threads per CTA of the fast write kernel (the launch reads it too). */
+template <int DT>
+struct WThreads {
+  static constexpr int value = DT == KVX_DTYPE_F32 ? 256 : KVX_FP4_W16_THREADS;
+};
+template <int B, int DT, int FMT> /* FMT: P.format, a template argument so each kernel keeps one format's path */
+__global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYPE_F32
+                                                          ? KVX_FP4_WRITE_MIN_BLOCKS_16
+                                                          : KVX_FP4_WRITE_MIN_BLOCKS * 256 / WThreads<DT>::value)
+    write_fast_kernel(Params P) {
+  /* LB lanes per block, 16 values per lane; NI sub-blocks per lane in flight */
+  constexpr int ES = Es<DT>::value, LB = B / 16, NV = 16 * ES / 16,
+                NI = 16 * ES >= 64 ? 1 : B == 16 ? KVX_FP4_W16_NI_16 : KVX_FP4_W16_NI;
+  __shared__ float2 tab[2][128];
+  WSide ws[2];
+  const bool use_tab = FMT == kvx_ref::FP4_NVFP4 && !P.side[0].g_per_head && !P.side[1].g_per_head;
+#pragma unroll
+  for (int sd = 0; sd < 2; ++sd) {
+    const Side& S = P.side[sd];
+    ws[sd].g = S.g && !S.g_per_head ? S.g[0] : 1.0f;
+    ws[sd].g_ok = pos_range(__float_as_uint(ws[sd].g));
+    ws[sd].sixg = __fmul_rn(6.0f, ws[sd].g);
+    ws[sd].r6 = ws[sd].g_ok && pos_range(__float_as_uint(ws[sd].sixg)) ? __frcp_rn(ws[sd].sixg) : 0.0f;
+  }
+  if (use_tab) {
+    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
+      const unsigned sd = k >> 7, s8 = k & 127u;
+      const float g = sd ? ws[1].g : ws[0].g;
+      const float d = s8 <= 0x7Eu ? __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), g) : 0.0f;
+      const float ds = __fmul_rn(d, 16384.0f);
+      tab[sd][s8] = make_float2(ds, d_fast(d) ? __frcp_rn(ds) : 0.0f);
+    }
+    __syncthreads();
+  }
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned long long r0 = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x - lane;
+  if (r0 >= P.rows) return;
+  unsigned bl = kNoBlock, tl = 0;
+  if (r0 + lane < P.rows) {
+    const long long slot = ld_index(P.slots, P.slot64, P.row_begin + r0 + lane);
+    if (!(slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots)) {
+      unsigned long long b, t;
+      if (P.slot32) {
+        b = divu(P.fd_bs, (unsigned)slot);
+        t = (unsigned long long)slot - b * P.block_size;
+      } else {
+        b = (unsigned long long)slot / P.block_size;
+        t = (unsigned long long)slot % P.block_size;
+      }
+      bl = (unsigned)b;
+      tl = (unsigned)t;
+    }
+  }
+  const unsigned n = P.rows - r0 < 32ull ? (unsigned)(P.rows - r0) : 32u;
+  const unsigned NB = (unsigned)(P.H * P.J), NS = NB * LB, NQ = (NS + 32u * NI - 1u) / (32u * NI);
+  const unsigned row_bytes = NB * B * ES, T = n * 2u * NQ;
+  /* The warp's work is a stream of T batches (row i, side, batch q of NI
+   * sub-blocks per lane); batch k + 1 is loaded while batch k is encoded. */
+  uint4 nraw[NI][NV];
+  unsigned ni = 0, ns = 0, nq = 0; /* the batch held in nraw */
+  auto load = [&](unsigned i, unsigned side, unsigned q) {
+    const Side& S = P.side[side];
+    const char* io_row = S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES;
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      const unsigned sb = q * 32u * NI + lane + 32u * m;
+#pragma unroll
+      for (int v = 0; v < NV; ++v) nraw[m][v] = make_uint4(0, 0, 0, 0);
+      if (sb < NS) {
+        long long off;
+        if (P.lin) {
+          off = (long long)sb * 16;
+        } else {
+          const unsigned bi = sb / LB, h = divu(P.fd_j, bi), j = bi - h * (unsigned)P.J;
+          off = (long long)h * S.io_head + (long long)j * B + (sb % LB) * 16;
+        }
+        const uint4* src = (const uint4*)(io_row + off * ES);
+#pragma unroll
+        for (int v = 0; v < NV; ++v) nraw[m][v] = __ldg(src + v);
+      }
+    }
+  };
+  load(0, 0, 0);
+#pragma unroll 1
+  for (unsigned k = 0; k < T; ++k) {
+    uint4 raw[NI][NV];
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+#pragma unroll
+      for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
+    }
+    const unsigned i = ni, side = ns, q = nq;
+    if (++nq == NQ) {
+      nq = 0;
+      if (++ns == 2) {
+        ns = 0;
+        ++ni;
+      }
+    }
+    if (k + 1 < T) load(ni, ns, nq);
+    const unsigned long long row = P.row_begin + r0 + i;
+    if (KVX_FP4_PREFETCH_W16 && ES == 2 && P.lin && side == 0 && q == 0 && lane < 2 && r0 + i + 1 < P.rows)
+      prefetch_l2(P.side[lane].io + (long long)(row + 1) * P.side[lane].io_token * ES, row_bytes);
+    const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
+    if (b == kNoBlock) continue;
+    const Side& S = P.side[side];
+    const char* io_row = S.io + (long long)row * S.io_token * ES;
+    char* code_row = S.codes + ((long long)b * S.c_block + (long long)t * S.c_token) / 2;
+    char* sc_row = S.scales + (long long)b * S.s_block + (long long)t * S.s_token;
+    const WSide wsd = side ? ws[1] : ws[0];
+    const float2* tabs = tab[side]; /* read only when use_tab */
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      const unsigned sb = q * 32u * NI + lane + 32u * m, bi = sb / LB, half = sb % LB;
+      unsigned h = 0, j = 0;
+      if (!P.lin || (!use_tab && S.g_per_head)) {
+        h = divu(P.fd_j, bi);
+        j = bi - h * (unsigned)P.J;
+      }
+      const float g_head = !use_tab && S.g ? S.g[S.g_per_head ? h : 0u] : 1.0f;
+      uint32_t out[2];
+      bool slow;
+      uint32_t sbyte = encode16<DT, (LB == 2), FMT>((const uint32_t*)raw[m], wsd, g_head, use_tab, tabs, slow, out);
+      if (slow && sb < NS) {
+        const long long boff = P.lin ? (long long)bi * B : (long long)h * S.io_head + (long long)j * B;
+        const Packed<B> pk = encode_slow<B, DT>(FMT, (const uint4*)(io_row + boff * ES), use_tab ? wsd.g : g_head);
+        out[0] = pk.w[half * 2];
+        out[1] = pk.w[half * 2 + 1];
+        sbyte = pk.sbyte;
+      }
+      if (sb < NS) {
+        long long coff, soff;
+        if (P.lin) {
+          coff = (long long)sb * 16;
+          soff = bi;
+        } else {
+          coff = (long long)h * S.c_head + (long long)j * B + half * 16;
+          soff = (long long)h * S.s_head + (long long)j * S.s_dim;
+        }
+        *(uint2*)(code_row + coff / 2) = make_uint2(out[0], out[1]);
+        if (half == 0) sc_row[soff] = (char)sbyte;
+      }
+    }
+  }
+}
+
+/* The 16 output bytes of a chunk of a NaN block: every value is the scale's
+ * NaN, its bits as fp4_decode_with (F32) or through convert.h (F16, BF16: the
+ * bits numpy and ml_dtypes give). Out of line: the hot path only tests sf. */
+template <int DT>
+__device__ __noinline__ void store_nan16(char* dst, float sf) {
+  unsigned w = __float_as_uint(sf);
+  if (DT != KVX_DTYPE_F32) w = (unsigned)out16<DT>(sf) * 0x10001u;
+  *(uint4*)dst = make_uint4(w, w, w, w);
+}
+
+template <int B, int DT>
+__global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
+  constexpr int ES = Es<DT>::value, VPC = 16 / ES, CPB = B / VPC, NI = VPC == 4 ? KVX_FP4_G32_NI : 4;
+  __shared__ float e2m1[16];
+  __shared__ float sdec[256];
+  if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
+  for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) sdec[k] = kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
+  __syncthreads();
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned long long r0 = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x - lane;
+  if (r0 >= P.rows) return;
+  const float g0 = P.side[0].g ? P.side[0].g[0] : 1.0f, g1 = P.side[1].g ? P.side[1].g[0] : 1.0f;
+  unsigned bl = kNoBlock, ol = 0;
+  if (r0 + lane < P.rows) {
+    const unsigned long long row = P.row_begin + r0 + lane;
+    const unsigned long long s = row < 0x80000000ull ? divu(P.fd_msl, (unsigned)row) : row / P.max_seq_len;
+    const unsigned long long t = row - s * P.max_seq_len;
+    long long L = ld_index(P.seq_lens, P.len64, s);
+    if (L > (long long)P.max_seq_len) L = P.max_seq_len;
+    if (L >= 0 && t < (unsigned long long)L) {
+      const unsigned long long jb = t < 0x80000000ull ? divu(P.fd_bs, (unsigned)t) : t / P.block_size;
+      long long b = -1;
+      if (P.ragged) {
+        const long long lo = ld_index(P.indptr, P.indptr64, s), hi = ld_index(P.indptr, P.indptr64, s + 1);
+        if (!(lo < 0 || hi < lo || (long long)t >= hi - lo || (unsigned long long)(lo + t) >= P.indices_count))
+          b = ld_index(P.indices, P.idx64, lo + t);
+      } else if (jb < P.max_blocks) {
+        b = ld_index(P.indices, P.idx64, s * P.max_blocks + jb);
+      }
+      if (b >= 0 && (unsigned long long)b < P.num_blocks) {
+        bl = (unsigned)b;
+        ol = (unsigned)(t - jb * P.block_size);
+      }
+    }
+  }
+  const unsigned n = P.rows - r0 < 32ull ? (unsigned)(P.rows - r0) : 32u;
+  const unsigned NC = (unsigned)(P.H * P.J) * CPB, NQ = (NC + 32u * NI - 1u) / (32u * NI), T = n * 2u * NQ;
+  /* The warp's work is a stream of T batches (row i, side, batch q of NI
+   * chunks per lane); the codes and scale bytes of batch k + 1 are loaded
+   * while batch k is decoded and stored. */
+  uint32_t ncw[NI];
+  unsigned nsb[NI];
+  bool nvalid = false;
+  unsigned ni = 0, ns = 0, nq = 0; /* the batch held in ncw, nsb */
+  auto load = [&](unsigned i, unsigned side, unsigned q) {
+    const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), off = __shfl_sync(0xFFFFFFFFu, ol, i);
+    nvalid = b != kNoBlock;
+    if (!nvalid) return;
+    const Side& S = P.side[side];
+    const char* code_row = S.codes + ((long long)b * S.c_block + (long long)off * S.c_token) / 2;
+    const unsigned char* sc_row = (const unsigned char*)S.scales + (long long)b * S.s_block + (long long)off * S.s_token;
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      const unsigned c = q * 32u * NI + lane + 32u * m;
+      ncw[m] = 0;
+      nsb[m] = 0;
+      if (c < NC) {
+        const char* src;
+        const unsigned char* sp;
+        if (P.lin) { /* chunk c: code bytes at c * VPC / 2, its block's scale at c / CPB */
+          src = code_row + c * (unsigned)(VPC / 2);
+          sp = sc_row + c / CPB;
+        } else {
+          const unsigned bi = c / CPB, p = c % CPB;
+          const unsigned h = divu(P.fd_j, bi), j = bi - h * (unsigned)P.J;
+          src = code_row + ((long long)h * S.c_head + (long long)j * B) / 2 + p * (VPC / 2);
+          sp = sc_row + (long long)h * S.s_head + (long long)j * S.s_dim;
+        }
+        if (VPC == 8) {
+          ncw[m] = __ldg((const unsigned*)src);
+        } else {
+          ncw[m] = __ldg((const unsigned short*)src);
+        }
+        nsb[m] = __ldg(sp);
+      }
+    }
+  };
+  load(0, 0, 0);
+#pragma unroll 1
+  for (unsigned k = 0; k < T; ++k) {
+    uint32_t cw[NI];
+    unsigned sb[NI];
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      cw[m] = ncw[m];
+      sb[m] = nsb[m];
+    }
+    const bool valid = nvalid;
+    const unsigned i = ni, side = ns, q = nq;
+    if (++nq == NQ) {
+      nq = 0;
+      if (++ns == 2) {
+        ns = 0;
+        ++ni;
+      }
+    }
+    if (k + 1 < T) load(ni, ns, nq);
+    if (!valid) continue;
+    const Side& S = P.side[side];
+    char* io_row = S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES;
+    const float g_t = side ? g1 : g0;
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      const unsigned c = q * 32u * NI + lane + 32u * m;
+      if (c < NC) {
+        unsigned h = 0;
+        char* dst;
+        if (P.lin) { /* chunk c: output bytes at c * 16 */
+          if (S.g_per_head) h = divu(P.fd_j, c / CPB);
+          dst = io_row + (size_t)c * 16u;
+        } else {
+          const unsigned bi = c / CPB, p = c % CPB;
+          h = divu(P.fd_j, bi);
+          const unsigned j = bi - h * (unsigned)P.J;
+          dst = io_row + ((long long)h * S.io_head + (long long)j * B + (long long)p * VPC) * ES;
+        }
+        const float sf = sdec[sb[m]];
+        if (sf != sf) { /* a NaN block: rare, out of line */
+          store_nan16<DT>(dst, sf);
+          continue;
+        }
+        const float g = S.g_per_head ? S.g[h] : g_t;
+        float v[VPC];
+        if (P.format == kvx_ref::FP4_NVFP4) {
+#pragma unroll
+          for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(__fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf), g);
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf);
+        }
+        unsigned o[4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          if (ES == 4) {
+            o[kk] = __float_as_uint(v[kk]);
+          } else if (DT == KVX_DTYPE_F16) { /* not NaN: two RN conversions in one instruction */
+            const __half2 hh = __floats2half2_rn(v[2 * kk], v[2 * kk + 1]);
+            memcpy(&o[kk], &hh, 4);
+          } else {
+            const __nv_bfloat162 hh = __floats2bfloat162_rn(v[2 * kk], v[2 * kk + 1]);
+            memcpy(&o[kk], &hh, 4);
+          }
+        }
+        *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  }
+}
+
 bool aligned(const void* p, unsigned long long n) { return ((uintptr_t)p % n) == 0; }
 
 void fill_side(Side& S, const CacheTensorPlan& c, const CacheTensorPlan& sc, const IoTensorPlan& io,
@@ -466,6 +1115,64 @@ template <bool W>
 Kernel pick(const Params& P) {
   const int dt = P.raw ? 0 : P.io_dtype;
   return P.B == 32 ? pick_dt<W, 32>(dt) : pick_dt<W, 16>(dt);
+}
+
+template <bool W, int B, int FMT>
+Kernel pick_fast_dt(int dt) {
+  switch (dt) {
+    case KVX_DTYPE_F16:
+      return W ? write_fast_kernel<B, KVX_DTYPE_F16, FMT> : gather_fast_kernel<B, KVX_DTYPE_F16>;
+    case KVX_DTYPE_BF16:
+      return W ? write_fast_kernel<B, KVX_DTYPE_BF16, FMT> : gather_fast_kernel<B, KVX_DTYPE_BF16>;
+    default:
+      return W ? write_fast_kernel<B, KVX_DTYPE_F32, FMT> : gather_fast_kernel<B, KVX_DTYPE_F32>;
+  }
+}
+
+/* The fast kernels take IO F16/BF16/F32 with vec_ok, code rows whose blocks
+ * start on B/2-byte boundaries of a 16-byte aligned pool, in the reference
+ * build (a mutant build keeps the per-block kernels). */
+bool fast_ok(const Params& P) {
+  if (kFp4Mutant || P.raw || !P.vec_ok) return false;
+  if (P.io_dtype != KVX_DTYPE_F16 && P.io_dtype != KVX_DTYPE_BF16 && P.io_dtype != KVX_DTYPE_F32) return false;
+  for (int i = 0; i < 2; ++i) {
+    const Side& S = P.side[i];
+    if (!aligned(S.codes, 16) || S.c_block % P.B || S.c_token % P.B || S.c_head % P.B) return false;
+  }
+  return true;
+}
+
+/* Heads packed one after the other in the IO row, the code row and the scale row. */
+bool lin_ok(const Params& P) {
+  const long long D = (long long)P.J * P.B;
+  for (int i = 0; i < 2; ++i) {
+    const Side& S = P.side[i];
+    if (S.io_head != D || S.c_head != D || S.s_dim != 1 || S.s_head != P.J) return false;
+  }
+  return true;
+}
+
+template <bool W>
+Kernel pick_fast(const Params& P) {
+  if (P.B == 32) return pick_fast_dt<W, 32, kvx_ref::FP4_MXFP4_OCP>(P.io_dtype);
+  /* the gathers take the format at run time: one instantiation serves both */
+  return P.format == kvx_ref::FP4_NVFP4 || !W ? pick_fast_dt<W, 16, kvx_ref::FP4_NVFP4>(P.io_dtype)
+                                              : pick_fast_dt<W, 16, kvx_ref::FP4_MXFP4>(P.io_dtype);
+}
+
+/* Fast kernels: 32 rows per warp, 256 rows per CTA, chunks of 2^30 rows. */
+kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaStream_t stream, unsigned threads = 256) {
+  P.fd_j = make_div((unsigned)P.J);
+  P.fd_bs = make_div(P.block_size);
+  P.lin = lin_ok(P);
+  const unsigned long long max_rows = 1ull << 30;
+  for (unsigned long long r0 = 0; r0 < rows; r0 += max_rows) {
+    P.row_begin = r0;
+    P.rows = rows - r0 < max_rows ? rows - r0 : max_rows;
+    kernel<<<(unsigned)((P.rows + threads - 1) / threads), threads, 0, stream>>>(P);
+    if (cudaGetLastError() != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+  }
+  return KVX_STATUS_OK;
 }
 
 kvx_status_t launch_chunk(Kernel kernel, const Params& P, cudaStream_t stream) {
@@ -543,6 +1250,9 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
   P.block_size = plan.block_size;
   P.slot32 = P.num_slots < (1ull << 31);
   P.vec_ok = vec_ok(P);
+  if (fast_ok(P))
+    return launch_fast(pick_fast<true>(P), P, plan.num_tokens, (cudaStream_t)stream,
+                       P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS);
   return launch(pick<true>(P), P, plan.num_tokens, (cudaStream_t)stream);
 }
 
@@ -576,6 +1286,7 @@ kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream) {
   P.num_blocks = plan.num_blocks;
   P.indices_count = plan.indices_count;
   P.vec_ok = vec_ok(P);
+  if (fast_ok(P)) return launch_fast(pick_fast<false>(P), P, rows, (cudaStream_t)stream);
   return launch(pick<false>(P), P, rows, (cudaStream_t)stream);
 }
 

@@ -1,0 +1,89 @@
+/*
+ * fp4_fast.h -- the few exact FP4 encoding steps of the fast CUDA kernels
+ * (move_fp4.cu), written so that the host can check them against fp4.h /
+ * convert.h on every input they are used for (csrc/tests/fp4_fast_check.cpp,
+ * exhaustive). They replace branchy integer code by FP32 additions on the
+ * GPU's FMA pipe where that is exact:
+ *
+ *   e2m1_f16(a)   a >= 0, not NaN (inf allowed): the FP32 value h * 2^-14, h
+ *                 the E2M1 value of fp4.h's f32_to_e2m1(a) (round to nearest,
+ *                 ties to the even code, saturating at 6). h * 2^-14 is exactly
+ *                 an F16 whose bits are (code << 9), so one packed F16
+ *                 conversion of two such values gives two codes. Below 1 the
+ *                 FP32 addition of 2^22 rounds to the 0.5 grid (ties to even
+ *                 on the codes); from 1 Veltkamp's splitting with 2^22 + 1
+ *                 rounds to two significant bits, to nearest, ties to even
+ *                 (c = RN(a (2^22+1)), RN(c - RN(c - a))); above 6 (inf too)
+ *                 min(., 6) saturates (fminf drops the NaN that inf makes).
+ *   e2m1_f16_scaled(s)  the same from s = a * 2^-14, in five instructions
+ *                 (see below).
+ *   e4m3_pos(w)   w in [0, 448]: convert.h's f32_to_e4m3(w) (RNE, subnormals)
+ *                 by the addition of 2^14 below 2^-6 and integer RNE on the
+ *                 bits above.
+ *   e4m3_pos_f32(s)  s in [0, 0x7E]: e4m3_to_f32(s) without the loop.
+ */
+#ifndef KVX_REFERENCE_CUDA_FP4_FAST_H
+#define KVX_REFERENCE_CUDA_FP4_FAST_H
+
+#include <stdint.h>
+
+#include "convert.h"
+
+#if defined(__CUDA_ARCH__)
+#define KVX_FADD(a, b) __fadd_rn(a, b)
+#define KVX_FSUB(a, b) __fsub_rn(a, b)
+#define KVX_FMUL(a, b) __fmul_rn(a, b)
+#define KVX_FFMA(a, b, c) __fmaf_rn(a, b, c)
+#define KVX_FMIN(a, b) fminf(a, b)
+#define KVX_FMAX(a, b) fmaxf(a, b)
+#else
+#include <math.h>
+#define KVX_FADD(a, b) ((a) + (b))
+#define KVX_FSUB(a, b) ((a) - (b))
+#define KVX_FMUL(a, b) ((a) * (b))
+#define KVX_FFMA(a, b, c) fmaf(a, b, c)
+#define KVX_FMIN(a, b) fminf(a, b)
+#define KVX_FMAX(a, b) fmaxf(a, b)
+#endif
+
+namespace kvx_fp4_fast {
+
+KVX_HD inline float e2m1_f16(float a) {
+  const float hA = KVX_FSUB(KVX_FADD(a, 4194304.0f), 4194304.0f);
+  const float c = KVX_FFMA(a, 4194304.0f, a);
+  const float hB = KVX_FSUB(c, KVX_FSUB(c, a));
+  const float h = KVX_FMIN(a < 1.0f ? hA : hB, 6.0f);
+  return KVX_FMUL(h, 6.103515625e-05f); /* 2^-14 */
+}
+
+/* e2m1_f16 of a = s * 2^14, given s (the kernels fold the 2^-14 into the
+ * divisor or the exponent): for every FP32 a >= 0 (not NaN) and s = RN(a *
+ * 2^-14), the F16 bits of e2m1_f16_scaled(s) are f32_to_e2m1(a) << 9 (below
+ * 2^-112, where s loses bits, a < 0.25 and the code is 0). Five FP32-pipe
+ * instructions: P = 2^floor(log2(max(s, 2^-14))) (the exponent bits), so the
+ * E2M1 step is P / 2 (0.5 below a = 1, two significant bits above);
+ * c = RN(P 2^22 + s) rounds s to that step, ties to the even multiple (the
+ * power of two P 2^22 fixes c's binade, whose ulp is P / 2), which is the
+ * even code; c - P 2^22 is exact; min(., 6 2^-14) saturates (when P 2^22
+ * overflows, c and the difference are inf or NaN, and min gives 6 2^-14). */
+KVX_HD inline float e2m1_f16_scaled(float s) {
+  const float m = KVX_FMAX(s, 6.103515625e-05f);
+  const float p = kvx_ref::bits_to_f32(kvx_ref::f32_to_bits(m) & 0x7F800000u);
+  const float c = KVX_FFMA(p, 4194304.0f, s);
+  return KVX_FMIN(KVX_FFMA(-p, 4194304.0f, c), 3.662109375e-04f); /* 2^-14, 6 * 2^-14 */
+}
+
+KVX_HD inline uint32_t e4m3_pos(float w) {
+  const uint32_t a = kvx_ref::f32_to_bits(w);
+  if (a < 0x3C800000u) return kvx_ref::f32_to_bits(KVX_FADD(w, 16384.0f)) - 0x46800000u;
+  return ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - 960u;
+}
+
+KVX_HD inline float e4m3_pos_f32(uint32_t s) {
+  if (s >= 8u) return kvx_ref::bits_to_f32((s << 20) + (120u << 23));
+  return KVX_FSUB(kvx_ref::bits_to_f32((s << 20) + (121u << 23)), 0.015625f);
+}
+
+}  // namespace kvx_fp4_fast
+
+#endif /* KVX_REFERENCE_CUDA_FP4_FAST_H */

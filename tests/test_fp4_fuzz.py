@@ -1,0 +1,104 @@
+"""The reference provider's FP4 write and gather on random geometries, against the oracle, bit for bit.
+
+Aimed at the CUDA backend's fast kernels (csrc/reference/cuda/move_fp4.cu): random head
+count, head_dim, block size, layout (NHD / HND: the packed and the strided paths), IO dtype
+(F32 / F16 / BF16), global scales (absent, per tensor, per head, and values that force the
+exact fallbacks), 1-199 tokens (several warps of 32 rows), rows full of edge values
+(``test_fp4_provider.nasty_rows``), an invalid slot; then PACKED gathers of the oracle's
+cache into F32, F16 and BF16 with random tables and lengths. The same cases run on HOST
+memory (the host backend) and, where torch sees a GPU, on DEVICE memory (these 60 cases
+are the first of the 250 that were run on the H100 against the fast kernels, 0
+mismatches; docs/fp4.md "CUDA figures"). Readings: "FP4
+extension" (docs/spec-readings.md), docs/fp4.md. Repro: the seed range is in the test id
+(``pytest tests/test_fp4_fuzz.py -k 'device and cases0'``); each failure names its case.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_fp4_provider import MEMORIES, nasty_rows
+
+from kvx_conformance import fp4exec as fx
+from kvx_conformance import native
+from kvx_conformance.abi import DType, Fp4Format, Layout, Status
+from kvx_conformance.loader import load_provider
+
+CLAUSE = "FP4 extension (docs/spec-readings.md; docs/fp4.md 'NVFP4', 'MXFP4')"
+PER_CHUNK = 15
+
+
+@pytest.fixture(scope="module")
+def provider():
+    return load_provider(native.reference_provider())
+
+
+def _case(provider, seed: int, memory) -> list[str]:
+    rng = np.random.default_rng(50000 + seed)
+    fmt = [Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP][seed % 3]
+    B = fx.block_values(fmt)
+    H = int(rng.choice([1, 2, 3, 5, 8]))
+    D = B * int(rng.integers(1, 9))
+    bs = int(rng.choice([1, 3, 4, 16]))
+    layout = [Layout.BLOCK_NHD, Layout.BLOCK_HND][int(rng.integers(2))]
+    n = int(rng.integers(1, 200))
+    nb = (n + bs - 1) // bs + int(rng.integers(0, 4))
+    gsel = int(rng.integers(5))
+    gvals = [None, np.float32(rng.choice([1.0, 2.0 ** -9, 0.01, 3.7])),
+             rng.choice([0.004, 1.5, 2.0 ** -70, 2.0 ** 70, 0.3], H).astype(np.float32),
+             np.float32(rng.choice([2.0 ** -65, 2.0 ** 66, 1e-30, 1e30, 2.0 ** -50, 2.0 ** 50, 2.0 ** -36, 2.0 ** 44])),
+             np.float32(0.37)]
+    gk = gvals[gsel] if fmt == Fp4Format.NVFP4 else None
+    gv = np.float32(0.37) if gk is not None else None
+    cache = fx.new_cache(fmt, nb, bs, H, D, layout, k_global=gk, v_global=gv)
+    g1 = 1.0 if gk is None else float(np.atleast_1d(gk)[0])
+    with np.errstate(over="ignore"):
+        key = nasty_rows(rng, n, H, D, fmt, g1)
+        value = nasty_rows(rng, n, H, D, fmt, 0.37 if gk is not None else 1.0)
+        io = ["f32", "f16", "bf16"][int(rng.integers(3))]
+        if io == "bf16":
+            key, value = key.astype(ml_dtypes.bfloat16), value.astype(ml_dtypes.bfloat16)
+        elif io == "f16":
+            key, value = key.astype(np.float16), value.astype(np.float16)
+    slots = rng.permutation(nb * bs)[:n].astype(np.int64)
+    slots[rng.integers(n)] = -1
+    where = f"case {seed} ({fmt.name}, H={H}, D={D}, block_size={bs}, {layout.name}, {n} tokens, IO {io}, g kind {gsel})"
+    res = fx.run_write(provider, cache, key, value, slots, memory=memory)
+    if res.status != Status.OK or res.violations:
+        return [f"{where}: write: expected OK and no violation, got status {res.status}, {res.violations[:2]}"]
+    want = fx.expected_write(cache, key.astype(np.float32), value.astype(np.float32), slots)
+    problems = []
+    for a in ("k_codes", "v_codes", "k_scales", "v_scales"):
+        got, exp = getattr(res.cache, a), getattr(want, a)
+        bad = np.argwhere(got != exp)
+        if bad.size:
+            i = tuple(bad[0])
+            problems.append(f"{where}: write {a}: {len(bad)} bytes differ, first at {[int(v) for v in i]}: "
+                            f"expected {exp[i]:#04x}, got {got[i]:#04x}")
+    S, msl = int(rng.integers(1, 4)), int(rng.integers(1, 3 * bs + 40))
+    table = rng.integers(0, nb, size=(S, (msl + bs - 1) // bs)).astype(np.int32)
+    lens = rng.integers(0, msl + 1, size=S)
+    for od in (DType.F32, DType.F16, DType.BF16):
+        gr = fx.run_gather(provider, want, table, lens, msl, od, memory=memory)
+        if gr.status != Status.OK or gr.violations:
+            problems.append(f"{where}: gather {od.name}: expected OK, got status {gr.status}, {gr.violations[:2]}")
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            exp = fx.expected_gather(want, table, lens, msl, od, fx.out_init(want, S * msl, od))
+        for k in exp:
+            g8, e8 = gr.out[k].view(np.uint8), exp[k].view(np.uint8)
+            if not np.array_equal(g8, e8):
+                problems.append(f"{where}: gather {od.name} {k}: expected the oracle's bytes, "
+                                f"{np.count_nonzero(g8 != e8)} bytes differ")
+    return problems
+
+
+@pytest.mark.parametrize("memory", MEMORIES)
+@pytest.mark.parametrize("chunk", range(4), ids=lambda c: f"cases{c * PER_CHUNK}-{c * PER_CHUNK + PER_CHUNK - 1}")
+def test_random_geometries_bit_exact(provider, chunk, memory):
+    problems = []
+    for seed in range(chunk * PER_CHUNK, (chunk + 1) * PER_CHUNK):
+        problems += _case(provider, seed, memory)
+    assert not problems, (f"{CLAUSE}: {len(problems)} problems; first: " + " | ".join(problems[:3]) +
+                          f"; repro: pytest tests/test_fp4_fuzz.py -k '{memory.name.lower()} and "
+                          f"cases{chunk * PER_CHUNK}'")
