@@ -3,11 +3,13 @@
 The CUDA backend replaces some of the host backend's operations with cheaper
 ones that give the same bits: Markstein's reciprocal division (FP8 and NVFP4
 quantization), an integer E2M1 rounding, packed 16x2 range tests of F16/BF16
-inputs (docs/cuda-reference.md "FP8 division", docs/fp4.md "CUDA figures").
-csrc/tests/fp_identities_check.cpp mirrors those formulas on the host and
-compares them with the host backend's (convert.h / fp4.h) operations; CI has no
-GPU, so this is where a change to one of the formulas is caught on every run.
-The "quick" mode samples the exhaustive run (docs give its figures).
+inputs (docs/cuda-reference.md "FP8 division"), and the fast FP4 kernels' E2M1
+and E4M3 shortcuts of cuda/fp4_fast.h (docs/fp4.md "CUDA figures").
+csrc/tests/fp_identities_check.cpp and csrc/tests/fp4_fast_check.cpp compare those
+formulas with the host backend's (convert.h / fp4.h) operations; CI has no GPU,
+so this is where a change to one of them is caught on every run. The "quick"
+mode samples the exhaustive run (docs give its figures) and covers every
+rounding boundary densely.
 """
 from __future__ import annotations
 
@@ -39,3 +41,11 @@ def test_fp8_division_e2m1_and_packed_range_identities(tmp_path):
     # each part ran over a non-trivial input set and reported its count
     assert "division: " in out and " 0 mismatches" in out.splitlines()[0], out
     assert "e2m1: " in out and "packed range tests: every 16-bit half, 0 mismatches" in out, out
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a C++ compiler (g++), as the package build does")
+def test_fp4_fast_encode_shortcuts(tmp_path):
+    out = _build_and_run("csrc/tests/fp4_fast_check.cpp", tmp_path, "quick")
+    lines = out.splitlines()
+    # all five parts ran, each with 0 mismatches
+    assert len(lines) == 5 and all(line.endswith(" 0 mismatches") for line in lines), out

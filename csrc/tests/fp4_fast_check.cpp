@@ -5,43 +5,89 @@
  *      FP32 a >= 0 that is not NaN (inf included): 2^31 inputs; and so is
  *      e2m1_f16_scaled(RN(a * 2^-14)), the form the kernels use;
  *   2. e4m3_pos(w) == convert.h's f32_to_e4m3(w) for every FP32 w in [0, 448];
- *   3. e4m3_pos_f32(s) == e4m3_to_f32(s) (bits) for s in [0, 0x7E].
- * Build and run (about 30 s):
+ *   3. e4m3_pos_f32(s) == e4m3_to_f32(s) (bits) for s in [0, 0x7E];
+ *   4. e4m3_sat(w) (its host / sm_80 form) == f32_to_e4m3(min(w, 448)) for
+ *      every finite FP32 w >= 0 (the sm_89+ hardware form is checked on the
+ *      GPU: tools/fp4_gpu_check.sh E4M3CHECK=1).
+ * Build and run (about 50 s):
  *   g++ -O2 -ffp-contract=off -std=c++17 -Icsrc/reference -Icsrc/include \
  *       csrc/tests/fp4_fast_check.cpp -o /tmp/fp4fast && /tmp/fp4fast
+ *   /tmp/fp4fast quick   (CI: tests/test_kernel_identities.py; every 509th input of
+ *                         each range plus dense windows around every E2M1 tie and
+ *                         code value and every E4M3 value and midpoint; < 1 s)
  * Exit status 0 when all hold.
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+
+#include <initializer_list>
+#include <vector>
 
 #include "cuda/fp4_fast.h"
 #include "fp4.h"
 
-int main() {
+int main(int argc, char** argv) {
   using namespace kvx_ref;
+  const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+  /* the inputs of one range: all of [lo, hi], or (quick) a stride plus windows */
+  std::vector<uint32_t> dense;
+  if (quick) {
+    auto window = [&](float c, int half) {
+      for (int d = -half; d <= half; ++d) dense.push_back(f32_to_bits(c) + (uint32_t)d);
+    };
+    for (const float c : {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f})
+      for (const float sc : {1.0f, 6.103515625e-05f}) window(c * sc, 2048); /* E2M1 ties and codes, plain and 2^-14 */
+    float prev = 0.0f;
+    for (uint32_t b = 1; b <= 0x7Eu; ++b) { /* every E4M3 value and the midpoint below it */
+      const float v = e4m3_to_f32((uint8_t)b);
+      window(v, 64);
+      window(0.5f * (prev + v), 64);
+      prev = v;
+    }
+  }
+  auto each = [&](uint64_t lo, uint64_t hi, auto&& f) {
+    if (!quick) {
+      for (uint64_t u = lo; u <= hi; ++u) f((uint32_t)u);
+      return;
+    }
+    for (uint64_t u = lo; u <= hi; u += 509) f((uint32_t)u);
+    f((uint32_t)hi);
+    for (const uint32_t u : dense)
+      if (u >= lo && u <= hi) f(u);
+  };
   long long bad1 = 0, bad2 = 0, bad3 = 0;
-  for (uint64_t u = 0; u <= 0x7F800000ull; ++u) {
-    const float a = bits_to_f32((uint32_t)u);
+  each(0, 0x7F800000ull, [&](uint32_t u) {
+    const float a = bits_to_f32(u);
     const uint32_t got = f32_to_f16(kvx_fp4_fast::e2m1_f16(a));
     const uint32_t want = (uint32_t)f32_to_e2m1(a) << 9;
-    if (got != want && bad1++ < 10) printf("e2m1 mismatch: %08x got %04x want %04x\n", (uint32_t)u, got, want);
-  }
-  printf("e2m1_f16: %llu inputs, %lld mismatches\n", 0x7F800001ull, bad1);
+    if (got != want && bad1++ < 10) printf("e2m1 mismatch: %08x got %04x want %04x\n", u, got, want);
+  });
+  printf("e2m1_f16: FP32 in [0, inf]%s, %lld mismatches\n", quick ? " (sampled)" : "", bad1);
   long long bad4 = 0;
-  for (uint64_t u = 0; u <= 0x7F800000ull; ++u) {
-    const float a = bits_to_f32((uint32_t)u);
+  each(0, 0x7F800000ull, [&](uint32_t u) {
+    const float a = bits_to_f32(u);
     const uint32_t got = f32_to_f16(kvx_fp4_fast::e2m1_f16_scaled(a * 6.103515625e-05f));
     const uint32_t want = (uint32_t)f32_to_e2m1(a) << 9;
-    if (got != want && bad4++ < 10) printf("e2m1 scaled mismatch: %08x got %04x want %04x\n", (uint32_t)u, got, want);
-  }
-  printf("e2m1_f16_scaled: %llu inputs a, s = RN(a 2^-14), %lld mismatches\n", 0x7F800001ull, bad4);
+    if (got != want && bad4++ < 10) printf("e2m1 scaled mismatch: %08x got %04x want %04x\n", u, got, want);
+  });
+  printf("e2m1_f16_scaled: a in [0, inf]%s, s = RN(a 2^-14), %lld mismatches\n", quick ? " (sampled)" : "", bad4);
   bad1 += bad4;
-  for (uint32_t u = 0; u <= 0x43E00000u; ++u) {
+  each(0, 0x43E00000u, [&](uint32_t u) {
     const float w = bits_to_f32(u);
     if (kvx_fp4_fast::e4m3_pos(w) != f32_to_e4m3(w) && bad2++ < 10)
       printf("e4m3 mismatch: %08x got %02x want %02x\n", u, kvx_fp4_fast::e4m3_pos(w), f32_to_e4m3(w));
-  }
-  printf("e4m3_pos: all FP32 in [0, 448], %lld mismatches\n", bad2);
+  });
+  printf("e4m3_pos: FP32 in [0, 448]%s, %lld mismatches\n", quick ? " (sampled)" : "", bad2);
+  long long bad5 = 0;
+  each(0, 0x7F7FFFFFu, [&](uint32_t u) {
+    const float w = bits_to_f32(u);
+    const uint32_t want = f32_to_e4m3(w < 448.0f ? w : 448.0f);
+    if (kvx_fp4_fast::e4m3_sat(w) != want && bad5++ < 10)
+      printf("e4m3_sat mismatch: %08x got %02x want %02x\n", u, kvx_fp4_fast::e4m3_sat(w), want);
+  });
+  printf("e4m3_sat: finite FP32 >= 0%s, %lld mismatches\n", quick ? " (sampled)" : "", bad5);
+  bad2 += bad5;
   for (uint32_t s = 0; s <= 0x7Eu; ++s)
     if (f32_to_bits(kvx_fp4_fast::e4m3_pos_f32(s)) != f32_to_bits(e4m3_to_f32((uint8_t)s)) && bad3++ < 10)
       printf("e4m3 decode mismatch: %02x\n", s);

@@ -21,6 +21,10 @@
  *                 by the addition of 2^14 below 2^-6 and integer RNE on the
  *                 bits above.
  *   e4m3_pos_f32(s)  s in [0, 0x7E]: e4m3_to_f32(s) without the loop.
+ *   e4m3_sat(w)   w >= 0 finite: f32_to_e4m3(min(w, 448)); on sm_89+ the
+ *                 hardware conversion cvt.rn.satfinite.e4m3x2.f32 (checked
+ *                 against f32_to_e4m3 on every such w on an H100 by
+ *                 tools/fp4_gpu_check.sh E4M3CHECK=1), elsewhere e4m3_pos.
  */
 #ifndef KVX_REFERENCE_CUDA_FP4_FAST_H
 #define KVX_REFERENCE_CUDA_FP4_FAST_H
@@ -82,6 +86,20 @@ KVX_HD inline uint32_t e4m3_pos(float w) {
 KVX_HD inline float e4m3_pos_f32(uint32_t s) {
   if (s >= 8u) return kvx_ref::bits_to_f32((s << 20) + (120u << 23));
   return KVX_FSUB(kvx_ref::bits_to_f32((s << 20) + (121u << 23)), 0.015625f);
+}
+
+#ifndef KVX_FP4_HW_E4M3
+#define KVX_FP4_HW_E4M3 1 /* 0: the integer form on every GPU */
+#endif
+
+KVX_HD inline uint32_t e4m3_sat(float w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && KVX_FP4_HW_E4M3
+  unsigned short h;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(h) : "f"(w));
+  return h & 0xFFu;
+#else
+  return e4m3_pos(w < 448.0f ? w : 448.0f);
+#endif
 }
 
 }  // namespace kvx_fp4_fast

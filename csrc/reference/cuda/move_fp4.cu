@@ -7,8 +7,9 @@
  * identical to the oracle (reference_impl/fp4.py). Two kernel families:
  *  - the fast kernels (below "Fast kernels"): IO F16/BF16/F32 rows contiguous
  *    and 16-byte aligned, code rows aligned to whole blocks, the reference
- *    build; a warp per 32 rows, a lane per 16 input values (write) or per 16
- *    output bytes (gather), the exact shortcuts of fp4_fast.h;
+ *    build; a warp per 32 rows, a lane per 16 input values (write; 32, a
+ *    whole OCP block, from F16/BF16) or per 16 output bytes (gather), the
+ *    exact shortcuts of fp4_fast.h;
  *  - the per-block kernels (everything else: raw transfers, strided IO, the
  *    mutant builds): one thread per scale block (16 or 32 values) of one (row,
  *    K|V, head), every step through fp4.h.
@@ -420,17 +421,20 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) 
  * rows aligned to whole blocks; the reference build only: a mutant build keeps
  * the per-block kernels above, which take every step through fp4.h). One warp
  * takes 32 rows (tokens): lane i resolves the slot (write) or the table entry
- * (gather) of row i once, then the warp walks the 32 rows, K then V, as a
- * stream of batches, broadcasting each row's block and offset with a shuffle;
+ * (gather) of row i once, then the warp walks the 32 rows, K then V (write:
+ * per batch of a row), as a stream of batches, broadcasting each row's block
+ * and offset with a shuffle;
  * the next batch's loads are issued before the current batch is computed.
  *
  * Write: one lane per 16 values (a 16-value block, or half of a 32-value
- * block: the lane pair exchanges its amax with one shuffle), lanes on
- * consecutive blocks of the row, two 16-value blocks (or one half of a
- * 32-value block) per lane per batch with 16-bit IO; the format is a template
- * argument. Per block: amax (max.NaN; F16/BF16 in packed half arithmetic),
- * the scale byte (fp4_fast.h's exact
- * integer forms of the E4M3 steps; NVFP4's amax / (6 g) by Markstein's
+ * block from F32: the lane pair exchanges its amax with one shuffle), or per
+ * whole 32-value block from F16/BF16 (64 bytes), lanes on consecutive blocks
+ * of the row, two 16-value blocks per lane per batch with 16-bit IO; the
+ * format is a template argument; NVFP4 takes K and V of a batch in one
+ * unrolled step, so each side's parameters are constant operands. Per block:
+ * amax (max.NaN; F16/BF16 in packed F16 arithmetic, BF16 through the F16 max,
+ * see amax16), the scale byte (fp4_fast.h's exact forms of the E4M3 steps,
+ * the hardware conversion on sm_89+; NVFP4's amax / (6 g) by Markstein's
  * reciprocal-multiply, the divisor float(s) * g and its reciprocal from a
  * 128-entry shared table for a per-tensor g; MXFP4's amax / 6 likewise), the
  * codes through fp4_fast::e2m1_f16_scaled (five FP32-pipe instructions
@@ -539,37 +543,63 @@ __device__ __forceinline__ bool pos_range(uint32_t b) { return b - 0x21800000u <
  * e2m1_f16_scaled (|x| < 2^-60 gives a quotient below 2^-20: magnitude 0). */
 __device__ __forceinline__ bool d_fast(float d) { return __float_as_uint(d) - 0x2B800000u < 0x2B000000u; }
 
-/* max |x| of the 16 values of 8 words of F16 or BF16 in packed arithmetic
- * (NaN-propagating max of the magnitudes, the sign bits cleared), as FP32
- * (exact): equal to the FP32 max.NaN of |x| except that a NaN is the canonical
- * one, which the callers only test for being NaN. */
-template <int DT>
+/* max |x| of the 16 NG values of 8 NG words of F16 or BF16 in packed
+ * arithmetic (NaN-propagating max of the magnitudes), as FP32 (exact): equal
+ * to the FP32 max.NaN of |x| except that a NaN is the canonical one, which the
+ * callers only test for being NaN. */
+#ifndef KVX_FP4_BF16_AMAX_F16
+#define KVX_FP4_BF16_AMAX_F16 1 /* BF16 amax through the F16 max (0: the BF16 max of the ANDed words) */
+#endif
+template <typename H2>
+__device__ __forceinline__ H2 hmax8_nan(H2* m) {
+  m[0] = __hmax2_nan(__hmax2_nan(m[0], m[1]), m[2]);
+  m[3] = __hmax2_nan(__hmax2_nan(m[3], m[4]), m[5]);
+  m[6] = __hmax2_nan(__hmax2_nan(m[6], m[7]), m[0]);
+  return __hmax2_nan(m[3], m[6]);
+}
+
+template <int DT, int NG>
 __device__ __forceinline__ float amax16(const uint32_t* w) {
+  constexpr int N = 8 * NG;
   if (DT == KVX_DTYPE_F16) {
-    __half2 m[8];
+    __half2 m[N];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < N; ++k) {
       __half2 h;
       memcpy(&h, &w[k], 4);
       m[k] = __habs2(h);
     }
-    m[0] = __hmax2_nan(__hmax2_nan(m[0], m[1]), m[2]);
-    m[3] = __hmax2_nan(__hmax2_nan(m[3], m[4]), m[5]);
-    m[6] = __hmax2_nan(__hmax2_nan(m[6], m[7]), m[0]);
-    m[0] = __hmax2_nan(m[3], m[6]);
-    return __low2float(__hmax2_nan(m[0], __lowhigh2highlow(m[0])));
+    __half2 r = hmax8_nan(m);
+    if (NG == 2) r = __hmax2_nan(r, hmax8_nan(m + 8 % N));
+    return __low2float(__hmax2_nan(r, __lowhigh2highlow(r)));
   } else {
-    __nv_bfloat162 m[8];
+#if KVX_FP4_BF16_AMAX_F16
+    /* BF16 through the F16 max, whose |.| operand modifier is free (a BF16 |x| is
+     * one more instruction per word): non-negative values of either format are
+     * ordered as their bits, so below 0x7C00 (BF16 2^121) the F16 max of the BF16
+     * magnitudes' bits is their max, exactly; from there on (huge, inf or NaN) the
+     * result is 0x7C00 (= BF16 2^121, exact) or the F16 NaN 0x7FFF, a BF16 NaN,
+     * which sends the block to encode_slow (fp4.h, from the input). */
+    __half2 m[N];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t u = w[k] & 0x7FFF7FFFu;
+    for (int k = 0; k < N; ++k) {
+      __half2 h;
+      memcpy(&h, &w[k], 4);
+      m[k] = __habs2(h);
+    }
+    __half2 r = hmax8_nan(m);
+    if (NG == 2) r = __hmax2_nan(r, hmax8_nan(m + 8 % N));
+#else
+    __nv_bfloat162 m[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const uint32_t u = w[k] & 0x7FFF7FFFu; /* an integer AND (__habs2 would be an FMA-pipe HFMA2) */
       memcpy(&m[k], &u, 4);
     }
-    m[0] = __hmax2_nan(__hmax2_nan(m[0], m[1]), m[2]);
-    m[3] = __hmax2_nan(__hmax2_nan(m[3], m[4]), m[5]);
-    m[6] = __hmax2_nan(__hmax2_nan(m[6], m[7]), m[0]);
-    m[0] = __hmax2_nan(m[3], m[6]);
-    const __nv_bfloat162 r = __hmax2_nan(m[0], __lowhigh2highlow(m[0]));
+    __nv_bfloat162 r = hmax8_nan(m);
+    if (NG == 2) r = __hmax2_nan(r, hmax8_nan(m + 8 % N));
+#endif
+    r = __hmax2_nan(r, __lowhigh2highlow(r));
     uint32_t u;
     memcpy(&u, &r, 4);
     return __uint_as_float(u << 16);
@@ -582,10 +612,10 @@ struct WSide {
   int g_ok;          /* g in [2^-60, 2^60): else every NVFP4 block takes encode_slow */
 };
 
-/* Encodes 16 values of a block of B (16, or 32 over a lane pair: PAIR) given
- * as their raw IO words `w`; returns the scale byte and writes the two words
- * of packed codes, or sets `slow` (then the caller takes encode_slow).
- * Bit-identical to encode_block (fp4.h):
+/* Encodes 16 NG values of a block of B (16, or 32: over a lane pair, PAIR,
+ * or NG = 2 in one lane) given as their raw IO words `w`; returns the scale
+ * byte and writes the 2 NG words of packed codes, or sets `slow` (then the
+ * caller takes encode_slow). Bit-identical to encode_block (fp4.h):
  *  - NVFP4 fast when g is in [2^-60, 2^60) and amax < 2^60 (neither NaN nor
  *    inf): wanted = RN(amax / (6 g)) (Markstein with RN(1 / (6 g)) when amax
  *    and 6 g allow it, else IEEE), s = E4M3(min(wanted, 448)) (s = 0: a dead
@@ -597,28 +627,27 @@ struct WSide {
  *    Markstein with RN(1/6) when amax >= 2^-60): the exponent from the bits,
  *    codes of |x| * 2^(-e-14); amax == 0: byte 0, codes 0;
  *  - the code's sign is the input's (d, 2^-e > 0: RN(x / d) has x's sign). */
-template <int DT, bool PAIR, int format>
+template <int DT, bool PAIR, int format, int NG>
 __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws, float g_head, bool use_tab,
                                              const float2* tab, bool& slow, uint32_t* out) {
-  float x[16];
-  unpack<DT, 16 * Es<DT>::value / 4>(w, x);
+  constexpr int WG = 16 * Es<DT>::value / 4; /* words per 16 values */
   float amax;
   if (DT == KVX_DTYPE_F32) {
-    float m[8];
+    float m[8 * NG];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) m[i] = max_abs_nan(fabsf(x[2 * i]), x[2 * i + 1]);
+    for (int i = 0; i < 8 * NG; ++i) m[i] = max_abs_nan(fabsf(__uint_as_float(w[2 * i])), __uint_as_float(w[2 * i + 1]));
 #pragma unroll
-    for (int s = 4; s >= 1; s /= 2) {
+    for (int lv = 1; lv <= 2 + NG; ++lv) { /* 8 NG = 2^(2 + NG) */
 #pragma unroll
-      for (int i = 0; i < s; ++i) {
+      for (int i = 0; i < ((8 * NG) >> lv); ++i) {
         float r;
-        asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m[i]), "f"(m[i + s]));
+        asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m[i]), "f"(m[i + ((8 * NG) >> lv)]));
         m[i] = r;
       }
     }
     amax = m[0];
   } else {
-    amax = amax16<DT>(w);
+    amax = amax16<DT, NG>(w);
   }
   if (PAIR) {
     const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
@@ -639,7 +668,7 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
       } else {
         wanted = __fdiv_rn(amax, __fmul_rn(6.0f, g));
       }
-      const uint32_t s8 = kvx_fp4_fast::e4m3_pos(wanted < kvx_ref::kE4M3Max ? wanted : kvx_ref::kE4M3Max);
+      const uint32_t s8 = kvx_fp4_fast::e4m3_sat(wanted); /* wanted finite, >= 0 */
       if (s8 == 0) {
         state = 1;
       } else {
@@ -681,38 +710,44 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
   }
   slow = state == 0;
   if (state >= 2) {
-    float f[16];
-    if (state == 2) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = kvx_fp4_fast::e2m1_f16_scaled(div_rcp(fabsf(x[i]), d, r));
-    } else {
+    for (int gi = 0; gi < NG; ++gi) {
+      const uint32_t* wg = w + gi * WG;
+      float x[16];
+      unpack<DT, WG>(wg, x);
+      float f[16];
+      if (state == 2) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = kvx_fp4_fast::e2m1_f16_scaled(__fmul_rn(fabsf(x[i]), inv));
-    }
-    uint32_t hw[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
-      uint32_t u;
-      memcpy(&u, &h, 4);
-      if (DT == KVX_DTYPE_F32) {
-        u |= ((w[2 * k] >> 16) & 0x8000u) | (w[2 * k + 1] & 0x80000000u);
+        for (int i = 0; i < 16; ++i) f[i] = kvx_fp4_fast::e2m1_f16_scaled(div_rcp(fabsf(x[i]), d, r));
       } else {
-        u |= w[k] & 0x80008000u;
-      }
-      hw[k] = u;
-    }
 #pragma unroll
-    for (int o = 0; o < 2; ++o) {
-      const uint32_t p01 = __byte_perm(hw[4 * o], hw[4 * o + 1], 0x7531);
-      const uint32_t p23 = __byte_perm(hw[4 * o + 2], hw[4 * o + 3], 0x7531);
-      const uint32_t x01 = ((p01 >> 1) | (p01 >> 4)) & 0x0F0F0F0Fu;
-      const uint32_t x23 = ((p23 >> 1) | (p23 >> 4)) & 0x0F0F0F0Fu;
-      out[o] = __byte_perm(x01 | (x01 >> 4), x23 | (x23 >> 4), 0x6420);
+        for (int i = 0; i < 16; ++i) f[i] = kvx_fp4_fast::e2m1_f16_scaled(__fmul_rn(fabsf(x[i]), inv));
+      }
+      uint32_t hw[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+        uint32_t u;
+        memcpy(&u, &h, 4);
+        if (DT == KVX_DTYPE_F32) {
+          u |= ((wg[2 * k] >> 16) & 0x8000u) | (wg[2 * k + 1] & 0x80000000u);
+        } else {
+          u |= wg[k] & 0x80008000u;
+        }
+        hw[k] = u;
+      }
+#pragma unroll
+      for (int o = 0; o < 2; ++o) {
+        const uint32_t p01 = __byte_perm(hw[4 * o], hw[4 * o + 1], 0x7531);
+        const uint32_t p23 = __byte_perm(hw[4 * o + 2], hw[4 * o + 3], 0x7531);
+        const uint32_t x01 = ((p01 >> 1) | (p01 >> 4)) & 0x0F0F0F0Fu;
+        const uint32_t x23 = ((p23 >> 1) | (p23 >> 4)) & 0x0F0F0F0Fu;
+        out[2 * gi + o] = __byte_perm(x01 | (x01 >> 4), x23 | (x23 >> 4), 0x6420);
+      }
     }
   } else {
-    out[0] = 0;
-    out[1] = 0;
+#pragma unroll
+    for (int o = 0; o < 2 * NG; ++o) out[o] = 0;
   }
   return sbyte;
 }
@@ -732,7 +767,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 
 /* Tuning knobs (H100, docs/fp4.md "CUDA figures"): none changes a result. */
 #ifndef KVX_FP4_W16_NI
-#define KVX_FP4_W16_NI 1 /* write, 16-bit IO, 32-value blocks: half-blocks per lane per batch (2 spilled 92 bytes) */
+#define KVX_FP4_W16_NI 1 /* write, 16-bit IO, 32-value blocks with KVX_FP4_W32_WHOLE=0: half-blocks per lane per
+                            batch (2 spilled 92 bytes) */
 #endif
 #ifndef KVX_FP4_WRITE_MIN_BLOCKS
 #define KVX_FP4_WRITE_MIN_BLOCKS 2 /* at most 128 registers: more CTAs spill */
@@ -753,6 +789,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_W16_THREADS
 #define KVX_FP4_W16_THREADS 256 /* write, 16-bit IO: threads per CTA */
 #endif
+#ifndef KVX_FP4_W32_WHOLE
+#define KVX_FP4_W32_WHOLE 1 /* write, 16-bit IO, 32-value blocks: a whole block per lane (0: a lane pair,
+                               the previous form) */
+#endif
+#ifndef KVX_FP4_SIDE_UNROLL
+#define KVX_FP4_SIDE_UNROLL 1 /* write, NVFP4: K and V of a batch in one unrolled step (0: one side per step) */
+#endif
 /* Threads per CTA of the fast write kernel (the launch reads it too). */
 template <int DT>
 struct WThreads {
@@ -761,11 +804,20 @@ struct WThreads {
 template <int B, int DT, int FMT> /* FMT: P.format, a template argument so each kernel keeps one format's path */
 __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYPE_F32
                                                           ? KVX_FP4_WRITE_MIN_BLOCKS_16
+                                                          : B == 32 && DT != KVX_DTYPE_F32 && KVX_FP4_W32_WHOLE
+                                                          ? KVX_FP4_WRITE_MIN_BLOCKS_16
                                                           : KVX_FP4_WRITE_MIN_BLOCKS * 256 / WThreads<DT>::value)
     write_fast_kernel(Params P) {
-  /* LB lanes per block, 16 values per lane; NI sub-blocks per lane in flight */
-  constexpr int ES = Es<DT>::value, LB = B / 16, NV = 16 * ES / 16,
-                NI = 16 * ES >= 64 ? 1 : B == 16 ? KVX_FP4_W16_NI_16 : KVX_FP4_W16_NI;
+  /* VPL values per lane and sub-block (16, or a whole 32-value block with
+   * 16-bit IO: NG = 2 groups of 16), LB lanes per block, NI sub-blocks per
+   * lane in flight */
+  constexpr int ES = Es<DT>::value;
+  constexpr bool WHOLE = B == 32 && ES == 2 && KVX_FP4_W32_WHOLE;
+  constexpr int VPL = WHOLE ? 32 : 16, NG = VPL / 16, LB = B / VPL, NV = VPL * ES / 16,
+                NI = VPL * ES >= 64 ? 1 : B == 16 ? KVX_FP4_W16_NI_16 : KVX_FP4_W16_NI;
+  /* sides per step: 2 for NVFP4 (+2-3 points on the H100); MXFP4 lost 1.4-3 points with 2 and the
+   * 32-value blocks spill */
+  constexpr int SU = KVX_FP4_SIDE_UNROLL && B == 16 && FMT == kvx_ref::FP4_NVFP4 ? 2 : 1;
   __shared__ float2 tab[2][128];
   WSide ws[2];
   const bool use_tab = FMT == kvx_ref::FP4_NVFP4 && !P.side[0].g_per_head && !P.side[1].g_per_head;
@@ -808,11 +860,13 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
   }
   const unsigned n = P.rows - r0 < 32ull ? (unsigned)(P.rows - r0) : 32u;
   const unsigned NB = (unsigned)(P.H * P.J), NS = NB * LB, NQ = (NS + 32u * NI - 1u) / (32u * NI);
-  const unsigned row_bytes = NB * B * ES, T = n * 2u * NQ;
-  /* The warp's work is a stream of T batches (row i, side, batch q of NI
-   * sub-blocks per lane); batch k + 1 is loaded while batch k is encoded. */
+  const unsigned row_bytes = NB * B * ES, T = n * NQ * (2 / SU);
+  /* The warp's work is a stream of T steps (row i, batch q of NI sub-blocks
+   * per lane, and with SU = 1 the side; with SU = 2 a step takes both sides,
+   * unrolled, so each side's parameters are constant operands); side k + 1 is
+   * loaded while side k is encoded. */
   uint4 nraw[NI][NV];
-  unsigned ni = 0, ns = 0, nq = 0; /* the batch held in nraw */
+  unsigned ni = 0, nq = 0, ns = 0; /* the step after the current one */
   auto load = [&](unsigned i, unsigned side, unsigned q) {
     const Side& S = P.side[side];
     const char* io_row = S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES;
@@ -824,10 +878,10 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
       if (sb < NS) {
         long long off;
         if (P.lin) {
-          off = (long long)sb * 16;
+          off = (long long)sb * VPL;
         } else {
           const unsigned bi = sb / LB, h = divu(P.fd_j, bi), j = bi - h * (unsigned)P.J;
-          off = (long long)h * S.io_head + (long long)j * B + (sb % LB) * 16;
+          off = (long long)h * S.io_head + (long long)j * B + (sb % LB) * VPL;
         }
         const uint4* src = (const uint4*)(io_row + off * ES);
 #pragma unroll
@@ -838,62 +892,76 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
   load(0, 0, 0);
 #pragma unroll 1
   for (unsigned k = 0; k < T; ++k) {
-    uint4 raw[NI][NV];
-#pragma unroll
-    for (int m = 0; m < NI; ++m) {
-#pragma unroll
-      for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
-    }
-    const unsigned i = ni, side = ns, q = nq;
-    if (++nq == NQ) {
-      nq = 0;
-      if (++ns == 2) {
-        ns = 0;
+    const unsigned i = ni, q = nq, s0 = ns;
+    if (SU == 1 && ++ns < 2) {
+    } else {
+      ns = 0;
+      if (++nq == NQ) {
+        nq = 0;
         ++ni;
       }
     }
-    if (k + 1 < T) load(ni, ns, nq);
     const unsigned long long row = P.row_begin + r0 + i;
-    if (KVX_FP4_PREFETCH_W16 && ES == 2 && P.lin && side == 0 && q == 0 && lane < 2 && r0 + i + 1 < P.rows)
+    if (KVX_FP4_PREFETCH_W16 && ES == 2 && P.lin && s0 == 0 && q == 0 && lane < 2 && r0 + i + 1 < P.rows)
       prefetch_l2(P.side[lane].io + (long long)(row + 1) * P.side[lane].io_token * ES, row_bytes);
     const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
-    if (b == kNoBlock) continue;
-    const Side& S = P.side[side];
-    const char* io_row = S.io + (long long)row * S.io_token * ES;
-    char* code_row = S.codes + ((long long)b * S.c_block + (long long)t * S.c_token) / 2;
-    char* sc_row = S.scales + (long long)b * S.s_block + (long long)t * S.s_token;
-    const WSide wsd = side ? ws[1] : ws[0];
-    const float2* tabs = tab[side]; /* read only when use_tab */
 #pragma unroll
-    for (int m = 0; m < NI; ++m) {
-      const unsigned sb = q * 32u * NI + lane + 32u * m, bi = sb / LB, half = sb % LB;
-      unsigned h = 0, j = 0;
-      if (!P.lin || (!use_tab && S.g_per_head)) {
-        h = divu(P.fd_j, bi);
-        j = bi - h * (unsigned)P.J;
+    for (int su = 0; su < SU; ++su) {
+      uint4 raw[NI][NV];
+#pragma unroll
+      for (int m = 0; m < NI; ++m) {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
       }
-      const float g_head = !use_tab && S.g ? S.g[S.g_per_head ? h : 0u] : 1.0f;
-      uint32_t out[2];
-      bool slow;
-      uint32_t sbyte = encode16<DT, (LB == 2), FMT>((const uint32_t*)raw[m], wsd, g_head, use_tab, tabs, slow, out);
-      if (slow && sb < NS) {
-        const long long boff = P.lin ? (long long)bi * B : (long long)h * S.io_head + (long long)j * B;
-        const Packed<B> pk = encode_slow<B, DT>(FMT, (const uint4*)(io_row + boff * ES), use_tab ? wsd.g : g_head);
-        out[0] = pk.w[half * 2];
-        out[1] = pk.w[half * 2 + 1];
-        sbyte = pk.sbyte;
+      if (SU == 2 && su == 0) {
+        load(i, 1, q);
+      } else if (k + 1 < T) {
+        load(ni, ns, nq);
       }
-      if (sb < NS) {
-        long long coff, soff;
-        if (P.lin) {
-          coff = (long long)sb * 16;
-          soff = bi;
-        } else {
-          coff = (long long)h * S.c_head + (long long)j * B + half * 16;
-          soff = (long long)h * S.s_head + (long long)j * S.s_dim;
+      if (b == kNoBlock) continue;
+      const unsigned side = SU == 2 ? (unsigned)su : s0;
+      const Side& S = P.side[side];
+      const char* io_row = S.io + (long long)row * S.io_token * ES;
+      char* code_row = S.codes + ((long long)b * S.c_block + (long long)t * S.c_token) / 2;
+      char* sc_row = S.scales + (long long)b * S.s_block + (long long)t * S.s_token;
+      const WSide wsd = side ? ws[1] : ws[0];
+      const float2* tabs = tab[side]; /* read only when use_tab */
+#pragma unroll
+      for (int m = 0; m < NI; ++m) {
+        const unsigned sb = q * 32u * NI + lane + 32u * m, bi = sb / LB, half = sb % LB;
+        unsigned h = 0, j = 0;
+        if (!P.lin || (!use_tab && S.g_per_head)) {
+          h = divu(P.fd_j, bi);
+          j = bi - h * (unsigned)P.J;
         }
-        *(uint2*)(code_row + coff / 2) = make_uint2(out[0], out[1]);
-        if (half == 0) sc_row[soff] = (char)sbyte;
+        const float g_head = !use_tab && S.g ? S.g[S.g_per_head ? h : 0u] : 1.0f;
+        uint32_t out[2 * NG];
+        bool slow;
+        uint32_t sbyte =
+            encode16<DT, (LB == 2), FMT, NG>((const uint32_t*)raw[m], wsd, g_head, use_tab, tabs, slow, out);
+        if (slow && sb < NS) {
+          const long long boff = P.lin ? (long long)bi * B : (long long)h * S.io_head + (long long)j * B;
+          const Packed<B> pk = encode_slow<B, DT>(FMT, (const uint4*)(io_row + boff * ES), use_tab ? wsd.g : g_head);
+#pragma unroll
+          for (int o = 0; o < 2 * NG; ++o) out[o] = pk.w[half * 2 * NG + o];
+          sbyte = pk.sbyte;
+        }
+        if (sb < NS) {
+          long long coff, soff;
+          if (P.lin) {
+            coff = (long long)sb * VPL;
+            soff = bi;
+          } else {
+            coff = (long long)h * S.c_head + (long long)j * B + half * VPL;
+            soff = (long long)h * S.s_head + (long long)j * S.s_dim;
+          }
+          if (NG == 2) {
+            *(uint4*)(code_row + coff / 2) = make_uint4(out[0], out[1], out[2 % (2 * NG)], out[3 % (2 * NG)]);
+          } else {
+            *(uint2*)(code_row + coff / 2) = make_uint2(out[0], out[1]);
+          }
+          if (half == 0) sc_row[soff] = (char)sbyte;
+        }
       }
     }
   }
