@@ -558,10 +558,11 @@ __device__ __forceinline__ H2 hmax8_nan(H2* m) {
   return __hmax2_nan(m[3], m[6]);
 }
 
-template <int DT, int NG>
-__device__ __forceinline__ float amax16(const uint32_t* w) {
+/* The packed F16 max of the magnitudes of 8 NG words of two 16-bit values each
+ * (NaN propagates; the |.| is a free operand modifier of the max). */
+template <int NG>
+__device__ __forceinline__ __half2 habs_max(const uint32_t* w) {
   constexpr int N = 8 * NG;
-  if (DT == KVX_DTYPE_F16) {
     __half2 m[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -571,6 +572,13 @@ __device__ __forceinline__ float amax16(const uint32_t* w) {
     }
     __half2 r = hmax8_nan(m);
     if (NG == 2) r = __hmax2_nan(r, hmax8_nan(m + 8 % N));
+  return r;
+}
+
+template <int DT, int NG>
+__device__ __forceinline__ float amax16(const uint32_t* w) {
+  if (DT == KVX_DTYPE_F16) {
+    __half2 r = habs_max<NG>(w);
     return __low2float(__hmax2_nan(r, __lowhigh2highlow(r)));
   } else {
 #if KVX_FP4_BF16_AMAX_F16
@@ -580,16 +588,9 @@ __device__ __forceinline__ float amax16(const uint32_t* w) {
      * magnitudes' bits is their max, exactly; from there on (huge, inf or NaN) the
      * result is 0x7C00 (= BF16 2^121, exact) or the F16 NaN 0x7FFF, a BF16 NaN,
      * which sends the block to encode_slow (fp4.h, from the input). */
-    __half2 m[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      __half2 h;
-      memcpy(&h, &w[k], 4);
-      m[k] = __habs2(h);
-    }
-    __half2 r = hmax8_nan(m);
-    if (NG == 2) r = __hmax2_nan(r, hmax8_nan(m + 8 % N));
+    __half2 r = habs_max<NG>(w);
 #else
+    constexpr int N = 8 * NG;
     __nv_bfloat162 m[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
