@@ -14,7 +14,10 @@
  * naive one-thread-per-element reference kernel (convert.h software
  * conversions) that ran on the same inputs: mismatching bytes are counted.
  *
- *   kvx_cuda_bench [--quick] [--reps N] [--no-small]
+ *   4. decode-sized calls of every layout and dtype under graph replay, warm
+ *      (the same buffers) and cold (every call on other rows, slots or
+ *      sequence, 512 regions).
+ *   kvx_cuda_bench [--quick] [--reps N] [--no-small | --small-only]
  * Values are random finite numbers in [-4, 4] (never zeros, never NaN).
  */
 #include <cuda_runtime.h>
@@ -458,11 +461,148 @@ static double eager_host_us(cudaStream_t s, const std::function<void()>& call) {
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
 }
 
+/* Decode-sized calls of every layout and dtype under graph replay, two ways:
+ * "warm", a graph of kGraphCalls calls on the same buffers (what a replayed
+ * decode step costs when its data is in L2), and "cold", kRotGraphs graphs of
+ * kGraphCalls calls each, every call on its own IO rows, slots or sequence
+ * (kRotGraphs x kGraphCalls regions, far more than L2 holds), replayed in turn:
+ * device time per call = the rotation's time / its calls. */
+constexpr int kRotGraphs = 16;
+
+static void small_all(Pools& P, cudaStream_t s, uint32_t N, uint32_t S, uint32_t msl, void* d_slots_rand,
+                      const float* d_scales, void* d_table, void* d_kvtable, void* d_full, void* d_indptr,
+                      void* d_ragged) {
+  const uint32_t H = 8, D = 128, bs = 16, mbps = msl / bs, regions = kRotGraphs * kGraphCalls;
+  printf("\n[small calls, every layout] 8 KV heads x 128, block 16; device us per call under graph replay: warm (the "
+         "same buffers, %d calls per graph) / cold (%d graphs x %d calls, each call on other rows, slots or "
+         "sequence)\n", kGraphCalls, kRotGraphs, kGraphCalls);
+  const uint32_t toks[] = {1u, 16u, 64u, 256u};
+  printf("  %-40s", "case");
+  for (uint32_t n : toks) printf(" %13u", n);
+  printf("\n");
+  struct Case {
+    bool write;
+    kvx_dtype_t io, cache;
+    LayoutKind l;
+    ScaleKind sk;
+    kvx_block_table_format_t fmt;
+  };
+  std::vector<Case> cases;
+  for (kvx_dtype_t dt : {KVX_DTYPE_F16, KVX_DTYPE_BF16, KVX_DTYPE_F32})
+    for (LayoutKind l : {NHD, HND, HND_PACKED}) cases.push_back({true, dt, dt, l, SCALE_ONE, KVX_BLOCK_TABLE_PACKED});
+  cases.push_back({true, KVX_DTYPE_BF16, KVX_DTYPE_F8_E4M3, HND, SCALE_PER_HEAD, KVX_BLOCK_TABLE_PACKED});
+  cases.push_back({true, KVX_DTYPE_F16, KVX_DTYPE_F8_E4M3, NHD, SCALE_PER_TENSOR, KVX_BLOCK_TABLE_PACKED});
+  for (kvx_dtype_t dt : {KVX_DTYPE_F16, KVX_DTYPE_BF16, KVX_DTYPE_F32})
+    for (LayoutKind l : {NHD, HND, HND_PACKED}) cases.push_back({false, dt, dt, l, SCALE_ONE, KVX_BLOCK_TABLE_PACKED});
+  cases.push_back({false, KVX_DTYPE_F8_E4M3, KVX_DTYPE_F8_E4M3, NHD, SCALE_ONE, KVX_BLOCK_TABLE_PACKED});
+  cases.push_back({false, KVX_DTYPE_F16, KVX_DTYPE_F16, NHD, SCALE_ONE, KVX_BLOCK_TABLE_RAGGED});
+  cases.push_back({false, KVX_DTYPE_F16, KVX_DTYPE_F16, HND, SCALE_ONE, KVX_BLOCK_TABLE_KV_OFFSETS});
+  double worst_warm = 0, worst_cold = 0;
+  for (const Case& c : cases) {
+    /* write: IO in a[], caches in b[]; gather: caches in a[], outputs in b[] */
+    for (int kv = 0; kv < 2; ++kv) {
+      fill(P.a[kv], P.bytes / 4, c.write ? c.io : c.cache, 71 + kv);
+      fill(P.b[kv], P.bytes / 4, c.write ? c.cache : c.io, 81 + kv);
+    }
+    CK(cudaDeviceSynchronize()); /* the fills run on the legacy stream, which `s` does not wait for */
+    char name[96];
+    if (c.write)
+      snprintf(name, sizeof name, "write %s->%s %s%s", dt_name(c.io), dt_name(c.cache), layout_name(c.l),
+               c.sk == SCALE_PER_HEAD ? " per-head" : c.sk == SCALE_PER_TENSOR ? " per-tensor" : "");
+    else
+      snprintf(name, sizeof name, "gather %s %s->%s %s",
+               c.fmt == KVX_BLOCK_TABLE_PACKED ? "PACKED" : c.fmt == KVX_BLOCK_TABLE_RAGGED ? "RAGGED" : "KV_OFFSETS",
+               dt_name(c.cache), dt_name(c.io), layout_name(c.l));
+    printf("  %-40s", name);
+    for (uint32_t n : toks) {
+      /* the call on region i (0 <= i < regions) */
+      auto call_of = [&](uint32_t i) -> std::function<void()> {
+        const size_t io_row = (size_t)(i % (N / 256u)) * n; /* distinct rows for every region (N >= 256 x 256) */
+        if (c.write) {
+          const uint32_t nb = N / bs;
+          WritePlan w;
+          memset(&w, 0, sizeof w);
+          w.memory = KVX_MEMORY_DEVICE;
+          w.num_tokens = n;
+          w.num_kv_heads = H;
+          w.head_dim = D;
+          w.block_size = bs;
+          w.num_blocks = nb;
+          w.k_cache = make_cache(P.b[0], c.cache, c.l, nb, bs, H, D);
+          w.v_cache = make_cache(P.b[1], c.cache, c.l, nb, bs, H, D);
+          w.key = make_io((char*)P.a[0] + io_row * H * D * dtype_size(c.io), c.io, H, D);
+          w.value = make_io((char*)P.a[1] + io_row * H * D * dtype_size(c.io), c.io, H, D);
+          w.slots = (int64_t*)d_slots_rand + io_row; /* distinct random slots */
+          w.slot_dtype = KVX_DTYPE_S64;
+          w.invalid_slot = -1;
+          w.k_scale = ScalePlan{c.sk, d_scales};
+          w.v_scale = ScalePlan{c.sk, d_scales + 8};
+          return [w, s] { KS(cuda_write(w, s)); };
+        }
+        const uint32_t sq = i % S, nb = S * mbps;
+        GatherPlan g;
+        memset(&g, 0, sizeof g);
+        g.memory = KVX_MEMORY_DEVICE;
+        g.num_kv_heads = H;
+        g.head_dim = D;
+        g.block_size = bs;
+        g.num_blocks = nb;
+        g.seq_count = 1;
+        g.beam_width = 1;
+        g.max_seq_len = n;
+        g.max_blocks_per_seq = mbps;
+        g.format = c.fmt;
+        g.seq_lens = d_full; /* msl >= n */
+        g.seq_lens_dtype = KVX_DTYPE_S32;
+        g.index_dtype = KVX_DTYPE_S32;
+        if (c.fmt == KVX_BLOCK_TABLE_PACKED) {
+          g.indices = (int32_t*)d_table + (size_t)sq * mbps;
+          g.indices_count = mbps;
+        } else if (c.fmt == KVX_BLOCK_TABLE_RAGGED) {
+          g.indices = d_ragged;
+          g.indices_count = S * msl;
+          g.indptr = (int32_t*)d_indptr + sq;
+          g.indptr_dtype = KVX_DTYPE_S32;
+        } else {
+          g.indices = (int32_t*)d_kvtable + (size_t)sq * 2 * mbps;
+          g.indices_count = 2 * mbps;
+          g.pool_primary = P.a[0];
+          g.bytes_per_block = (uint64_t)H * bs * D * dtype_size(c.cache);
+        }
+        g.k_cache = make_cache(P.a[0], c.cache, c.l, nb, bs, H, D);
+        g.v_cache = make_cache(P.a[1], c.cache, c.l, nb, bs, H, D);
+        g.key = make_io((char*)P.b[0] + io_row * H * D * dtype_size(c.io), c.io, H, D);
+        g.value = make_io((char*)P.b[1] + io_row * H * D * dtype_size(c.io), c.io, H, D);
+        return [g, s] { KS(cuda_gather(g, s)); };
+      };
+      const double warm = graph_us_per_call(s, call_of(0));
+      std::vector<cudaGraphExec_t> execs(kRotGraphs);
+      for (int gi = 0; gi < kRotGraphs; ++gi) {
+        cudaGraph_t graph;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int k = 0; k < kGraphCalls; ++k) call_of((uint32_t)(gi * kGraphCalls + k))();
+        CK(cudaStreamEndCapture(s, &graph));
+        CK(cudaGraphInstantiate(&execs[gi], graph, 0));
+        CK(cudaGraphDestroy(graph));
+      }
+      const double cold = median_us([&] { for (auto& e : execs) CK(cudaGraphLaunch(e, s)); }, s, g_reps) / regions;
+      for (auto& e : execs) CK(cudaGraphExecDestroy(e));
+      worst_warm = std::max(worst_warm, warm);
+      worst_cold = std::max(worst_cold, cold);
+      printf(" %5.2f / %5.2f", warm, cold);
+    }
+    printf("\n");
+    fflush(stdout);
+  }
+  printf("  worst over every case and size: warm %.2f us, cold %.2f us per call\n", worst_warm, worst_cold);
+}
+
 int main(int argc, char** argv) {
-  bool quick = false, small = true;
+  bool quick = false, small = true, large = true;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = true;
     else if (!strcmp(argv[i], "--no-small")) small = false;
+    else if (!strcmp(argv[i], "--small-only")) large = false;
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
   }
   if (!cuda_available()) {
@@ -573,6 +713,7 @@ int main(int argc, char** argv) {
   void* d_ragged = up(ragged.data(), ragged.size() * 4);
 
   /* 2. large calls */
+  if (large) {
   printf("\n[write] %u tokens, 8 KV heads x 128, block 16, S64 slots (random unique, or prefill = whole blocks)\n", N);
   for (kvx_dtype_t dt : {KVX_DTYPE_F16, KVX_DTYPE_BF16, KVX_DTYPE_F32}) {
     bench_write(P, s, dt, dt, NHD, false, N, d_slots_rand, d_slots_prefill, d_scales, SCALE_ONE);
@@ -601,6 +742,7 @@ int main(int argc, char** argv) {
   bench_gather(P, s, KVX_DTYPE_F16, KVX_DTYPE_F16, HND, KVX_BLOCK_TABLE_KV_OFFSETS, S, msl, d_kvtable, d_full, nullptr, nullptr, false);
   bench_gather(P, s, KVX_DTYPE_F16, KVX_DTYPE_F16, NHD, KVX_BLOCK_TABLE_PACKED, S, msl, d_table, d_mixed, nullptr, nullptr, true);
   bench_gather(P, s, KVX_DTYPE_BF16, KVX_DTYPE_F32, NHD, KVX_BLOCK_TABLE_PACKED, S, msl, d_table, d_full, nullptr, nullptr, false);
+  }
 
   /* 3. decode-sized calls */
   if (small) {
@@ -613,6 +755,7 @@ int main(int argc, char** argv) {
       fill(P.a[kv], (size_t)N * H * D, KVX_DTYPE_F16, 51 + kv);
       fill(P.b[kv], (size_t)N * H * D, KVX_DTYPE_F16, 61 + kv);
     }
+    CK(cudaDeviceSynchronize());
     for (uint32_t n : {1u, 2u, 4u, 8u, 16u, 32u, 64u, 128u, 256u}) {
       WritePlan w;
       memset(&w, 0, sizeof w);
@@ -636,7 +779,7 @@ int main(int argc, char** argv) {
       g.num_kv_heads = H;
       g.head_dim = D;
       g.block_size = bs;
-      g.num_blocks = nb;
+      g.num_blocks = nblk; /* d_table's entries address S x msl / 16 blocks (the buffers hold them all) */
       g.seq_count = 1;
       g.beam_width = 1;
       g.max_seq_len = n;
@@ -661,6 +804,9 @@ int main(int argc, char** argv) {
     }
   }
   }
+
+  /* 4. decode-sized calls of every layout and dtype */
+  if (small) small_all(P, s, N, S, msl, d_slots_rand, d_scales, d_table, d_kvtable, d_full, d_indptr, d_ragged);
 
   /* Markdown table for docs/cuda-reference.md. */
   printf("\n| case | MB moved | us | GB/s | %% of copy (%.0f GB/s) |\n| --- | ---: | ---: | ---: | ---: |\n", g_copy_gbs);

@@ -8,7 +8,12 @@
  *   3. e4m3_pos_f32(s) == e4m3_to_f32(s) (bits) for s in [0, 0x7E];
  *   4. e4m3_sat(w) (its host / sm_80 form) == f32_to_e4m3(min(w, 448)) for
  *      every finite FP32 w >= 0 (the sm_89+ hardware form is checked on the
- *      GPU: tools/fp4_gpu_check.sh E4M3CHECK=1).
+ *      GPU: tools/fp4_gpu_check.sh E4M3CHECK=1);
+ *   5. e2m1_h (the MXFP4 writes' packed F16 step, HostF16 arithmetic) gives
+ *      f32_to_e2m1(|x| * 2^-e) << 9, the oracle's code, from the kernels' s:
+ *      RN16(|x| 2^-e) for every finite F16 x and e in [-15, 14], and
+ *      RN16(RN32(|x| 2^-e)) for every finite BF16 x and e in [-127, 127]
+ *      (both whole in quick mode too: 9.3e6 inputs).
  * Build and run (about 50 s):
  *   g++ -O2 -ffp-contract=off -std=c++17 -Icsrc/reference -Icsrc/include \
  *       csrc/tests/fp4_fast_check.cpp -o /tmp/fp4fast && /tmp/fp4fast
@@ -92,5 +97,24 @@ int main(int argc, char** argv) {
     if (f32_to_bits(kvx_fp4_fast::e4m3_pos_f32(s)) != f32_to_bits(e4m3_to_f32((uint8_t)s)) && bad3++ < 10)
       printf("e4m3 decode mismatch: %02x\n", s);
   printf("e4m3_pos_f32: 127 bytes, %lld mismatches\n", bad3);
+  long long bad6 = 0, n6 = 0;
+  for (int src = 0; src < 2; ++src) { /* 0: F16 x, 1: BF16 x */
+    const int e_lo = src ? -127 : -15, e_hi = src ? 127 : 14;
+    const uint32_t x_hi = src ? 0x7F7Fu : 0x7BFFu; /* the largest finite magnitude */
+    for (int e = e_lo; e <= e_hi; ++e) {
+      const float inv = ue8m0_to_f32((uint8_t)(127 - e)); /* fp4_block_scale's 2^-e */
+      for (uint32_t xb = 0; xb <= x_hi; ++xb) {
+        const float x = src ? bf16_to_f32((uint16_t)xb) : f16_to_f32((uint16_t)xb);
+        const float s = f16_to_f32(f32_to_f16(x * inv)); /* x * inv: exact for F16 x, the kernel's FP32 product for BF16 */
+        const uint32_t got = f32_to_f16(kvx_fp4_fast::e2m1_h<kvx_fp4_fast::HostF16>(s));
+        const uint32_t want = (uint32_t)f32_to_e2m1(x * inv) << 9;
+        ++n6;
+        if (got != want && bad6++ < 10)
+          printf("e2m1_h mismatch: %s %04x e %d got %04x want %04x\n", src ? "bf16" : "f16", xb, e, got, want);
+      }
+    }
+  }
+  printf("e2m1_h: %lld (x, e) of F16 and BF16 x, %lld mismatches\n", n6, bad6);
+  bad1 += bad6;
   return bad1 || bad2 || bad3 ? 1 : 0;
 }

@@ -25,6 +25,12 @@
  *                 hardware conversion cvt.rn.satfinite.e4m3x2.f32 (checked
  *                 against f32_to_e4m3 on every such w on an H100 by
  *                 tools/fp4_gpu_check.sh E4M3CHECK=1), elsewhere e4m3_pos.
+ *   e2m1_h<A>(s)  the MXFP4 writes' E2M1 step in F16 arithmetic, two values
+ *                 per instruction (A = H2Ops on the GPU, HostF16 in the check):
+ *                 for an F16 s >= 0, its F16 bits are f32_to_e2m1(s) << 9.
+ *                 The MXFP4 scale is a power of two, so s = |x| 2^-e is exact
+ *                 in F16 wherever the code depends on it (s >= 2^-14; below,
+ *                 any rounding stays under the first tie 0.25).
  */
 #ifndef KVX_REFERENCE_CUDA_FP4_FAST_H
 #define KVX_REFERENCE_CUDA_FP4_FAST_H
@@ -101,6 +107,41 @@ KVX_HD inline uint32_t e4m3_sat(float w) {
   return e4m3_pos(w < 448.0f ? w : 448.0f);
 #endif
 }
+
+/* e2m1_h(s), six F16 operations (the checks: csrc/tests/fp4_fast_check.cpp,
+ * every F16 s = RN16(|x| 2^-e) of an F16 x and e in [-15, 14], and of an
+ * FP32 RN(|x| 2^-e) of a BF16 x and e in [-127, 127]): m = min(s, 6)
+ * saturates; p = 2^floor(log2(max(m, 1))) (the exponent bits), so the E2M1
+ * step is p / 2 (0.5 below 2, 1 on [2, 4), 2 on [4, 6]); c = RN(p 2^9 + m)
+ * rounds m to that step, ties to the even multiple (F16 has 10 fraction bits,
+ * so the binade of p 2^9 has ulp p / 2), which is the even code; c - p 2^9 is
+ * exact, and so is the product by 2^-14, whose F16 bits are then code << 9
+ * (0.5 2^-14 is the subnormal 0x0200). A: min, max, expo (the exponent bits),
+ * fma, neg, mul and c(v) (a constant) on its value type T. */
+template <class A>
+KVX_HD inline typename A::T e2m1_h(typename A::T s) {
+  const typename A::T m = A::min(s, A::c(6.0f));
+  const typename A::T p = A::expo(A::max(m, A::c(1.0f)));
+  const typename A::T c = A::fma(p, A::c(512.0f), m);
+  return A::mul(A::fma(A::neg(p), A::c(512.0f), c), A::c(6.103515625e-05f));
+}
+
+/* One F16 value held as a float; each operation rounds its FP32 result to
+ * F16. That is F16 arithmetic wherever the FP32 result is exact, or rounds to
+ * the same F16: in e2m1_h every product is exact, and p 2^9 + m is exact in
+ * FP32 except for m < 2^-4, where both roundings give p 2^9 (the F16 tie is at
+ * p 2^9 + 0.25). */
+struct HostF16 {
+  typedef float T;
+  static float r(float v) { return kvx_ref::f16_to_f32(kvx_ref::f32_to_f16(v)); }
+  static T c(float v) { return v; }
+  static T min(T a, T b) { return a < b ? a : b; }
+  static T max(T a, T b) { return a > b ? a : b; }
+  static T expo(T a) { return kvx_ref::f16_to_f32((uint16_t)(kvx_ref::f32_to_f16(a) & 0x7C00u)); }
+  static T fma(T a, T b, T c) { return r(KVX_FFMA(a, b, c)); }
+  static T neg(T a) { return -a; }
+  static T mul(T a, T b) { return r(KVX_FMUL(a, b)); }
+};
 
 }  // namespace kvx_fp4_fast
 

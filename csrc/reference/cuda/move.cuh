@@ -41,6 +41,9 @@ constexpr int kThreads = 256;
 #ifndef KVX_CUDA_FUSE_MIN_GROUPS
 #define KVX_CUDA_FUSE_MIN_GROUPS 8192 /* below: small calls, one task per warp and per K|V row */
 #endif
+#ifndef KVX_CUDA_SPREAD_SMALL
+#define KVX_CUDA_SPREAD_SMALL 1 /* small calls: blocks of fewer warps, over every SM (spread_threads; 0: 256 threads) */
+#endif
 #ifndef KVX_CUDA_PACKED_LG_TG
 #define KVX_CUDA_PACKED_LG_TG 3 /* HND_PACKED fast path: 2^3 tokens per task */
 #endif
@@ -331,6 +334,10 @@ int grid_for(const void* kernel, unsigned long long total_items);
 /* The same for a kernel with one warp per task: the resident grid (warps
  * stride over tasks) when `persistent`, else one task per warp. */
 int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent, int threads = kThreads);
+/* Threads per block for a small (decode-sized) launch of `warps` one-warp
+ * tasks: as few warps per block as spread them over every SM (at most
+ * `threads` / 32), so that no SM's load/store unit serializes the call. */
+int spread_threads(unsigned long long warps, int threads);
 
 }  // namespace kvx_cuda
 

@@ -90,11 +90,11 @@ cudaError_t launch_fast(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, c
 namespace {
 struct GridEntry {
   const void* kernel;
-  int device;
+  int device, threads;
   int blocks; /* SMs * resident blocks per SM */
 };
 std::mutex g_grid_mu;
-GridEntry g_grid[64];
+GridEntry g_grid[256];
 int g_grid_n = 0;
 }  // namespace
 
@@ -114,7 +114,25 @@ int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent
   return (int)(want < cap ? (want ? want : 1) : cap);
 }
 
-/* SMs x resident blocks per SM of `kernel` on the current device (cached). */
+int spread_threads(unsigned long long warps, int threads) {
+  if (!KVX_CUDA_SPREAD_SMALL) return threads;
+  static thread_local int cached_dev = -1, cached_sms = 0;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev != cached_dev) {
+    cached_sms = 0;
+    cudaDeviceGetAttribute(&cached_sms, cudaDevAttrMultiProcessorCount, dev);
+    cached_dev = dev;
+  }
+  const unsigned long long sms = cached_sms > 0 ? (unsigned long long)cached_sms : 1ull;
+  const unsigned long long most = (unsigned long long)(threads / 32);
+  unsigned long long wpb = (warps + sms - 1) / sms;
+  if (wpb < 1) wpb = 1;
+  if (wpb > most) wpb = most;
+  return (int)(32 * wpb);
+}
+
+/* SMs x resident blocks per SM of `kernel` with `threads` per block on the current device (cached). */
 static int resident_blocks(const void* kernel, int threads) {
   int dev = 0;
   cudaGetDevice(&dev);
@@ -122,13 +140,13 @@ static int resident_blocks(const void* kernel, int threads) {
   {
     std::lock_guard<std::mutex> lock(g_grid_mu);
     for (int i = 0; i < g_grid_n; ++i)
-      if (g_grid[i].kernel == kernel && g_grid[i].device == dev) cap = g_grid[i].blocks;
+      if (g_grid[i].kernel == kernel && g_grid[i].device == dev && g_grid[i].threads == threads) cap = g_grid[i].blocks;
     if (!cap) {
       int sms = 0, per_sm = 0;
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
       cap = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
-      if (g_grid_n < 64) g_grid[g_grid_n++] = GridEntry{kernel, dev, cap};
+      if (g_grid_n < 256) g_grid[g_grid_n++] = GridEntry{kernel, dev, threads, cap};
     }
   }
   return cap;

@@ -607,6 +607,43 @@ __device__ __forceinline__ float amax16(const uint32_t* w) {
   }
 }
 
+/* The two words of packed codes of 16 values from their 8 words of F16 code
+ * bits (code << 9 in each half, the sign in bit 15). */
+__device__ __forceinline__ void pack_codes(const uint32_t* hw, uint32_t* out) {
+#pragma unroll
+  for (int o = 0; o < 2; ++o) {
+    const uint32_t p01 = __byte_perm(hw[4 * o], hw[4 * o + 1], 0x7531);
+    const uint32_t p23 = __byte_perm(hw[4 * o + 2], hw[4 * o + 3], 0x7531);
+    const uint32_t x01 = ((p01 >> 1) | (p01 >> 4)) & 0x0F0F0F0Fu;
+    const uint32_t x23 = ((p23 >> 1) | (p23 >> 4)) & 0x0F0F0F0Fu;
+    out[o] = __byte_perm(x01 | (x01 >> 4), x23 | (x23 >> 4), 0x6420);
+  }
+}
+
+/* fp4_fast.h's e2m1_h on two F16 values at once. */
+struct H2Ops {
+  typedef __half2 T;
+  static __device__ __forceinline__ T c(float v) { return __float2half2_rn(v); }
+  static __device__ __forceinline__ T min(T a, T b) { return __hmin2(a, b); }
+  static __device__ __forceinline__ T max(T a, T b) { return __hmax2(a, b); }
+  static __device__ __forceinline__ T expo(T a) {
+    uint32_t u;
+    memcpy(&u, &a, 4);
+    u &= 0x7C007C00u;
+    memcpy(&a, &u, 4);
+    return a;
+  }
+  static __device__ __forceinline__ T fma(T a, T b, T c) { return __hfma2(a, b, c); }
+  static __device__ __forceinline__ T neg(T a) { return __hneg2(a); }
+  static __device__ __forceinline__ T mul(T a, T b) { return __hmul2(a, b); }
+};
+
+#ifndef KVX_FP4_MX_H2
+#define KVX_FP4_MX_H2 1 /* MXFP4 codes in packed F16 arithmetic: 1 for OCP blocks from F16 (+0.6 points on the
+                           H100); 2 for every MXFP4 write from F16/BF16 (16-value blocks -2.4 to -3.7 points, OCP
+                           from BF16 +-0.1); 0 never (FP32, one value at a time) */
+#endif
+
 /* Per-side constants of the fast write. */
 struct WSide {
   float g, sixg, r6; /* NVFP4 per-tensor g (1.0 without), 6 g, RN(1 / (6 g)) (0: divide) */
@@ -658,6 +695,7 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
   }
   const uint32_t ab = __float_as_uint(amax);
   float d = 0.0f, r = 0.0f, inv = 0.0f;
+  int e = 0;     /* MXFP4: the scale exponent */
   int state = 0; /* 0 slow, 1 dead (codes 0), 2 NVFP4 live (d, r), 3 MXFP4 live (inv) */
   uint32_t sbyte = 0;
   if (format == kvx_ref::FP4_NVFP4) {
@@ -693,7 +731,6 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
   } else if (ab == 0) {
     state = 1;
   } else if (ab - 0x00800000u < 0x7F000000u) { /* normal, finite */
-    int e = 0;
     bool ok = true;
     if (format == kvx_ref::FP4_MXFP4) {
       const float v6 = pos_range(ab) ? div_rcp(amax, 6.0f, 0.16666667163372039795f) : __fdiv_rn(amax, 6.0f);
@@ -710,6 +747,40 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
     }
   }
   slow = state == 0;
+  /* MXFP4 from F16 (2^-e a normal F16) or BF16: the codes in packed F16
+   * arithmetic (fp4_fast.h e2m1_h), two values per instruction: s = |x| 2^-e
+   * by one packed F16 product (F16) or by two FP32 products and one packed
+   * conversion (BF16) */
+  if (state == 3 && DT != KVX_DTYPE_F32 && (KVX_FP4_MX_H2 == 2 || (KVX_FP4_MX_H2 == 1 && DT == KVX_DTYPE_F16 && NG == 2)) &&
+      (DT == KVX_DTYPE_BF16 || e >= -15)) {
+    const uint32_t e16 = (uint32_t)(15 - e) << 10;
+    const uint32_t sc2u = e16 | (e16 << 16); /* 2^-e in both halves (F16) */
+    const float inv32 = __uint_as_float(e <= 126 ? (uint32_t)(127 - e) << 23 : 1u << 22); /* 2^-e (BF16) */
+#pragma unroll
+    for (int gi = 0; gi < NG; ++gi) {
+      const uint32_t* wg = w + gi * WG;
+      uint32_t hw[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        __half2 sv;
+        if (DT == KVX_DTYPE_F16) {
+          __half2 xv, sc2;
+          memcpy(&xv, &wg[k], 4);
+          memcpy(&sc2, &sc2u, 4);
+          sv = __hmul2(__habs2(xv), sc2);
+        } else {
+          sv = __floats2half2_rn(__fmul_rn(fabsf(__uint_as_float(wg[k] << 16)), inv32),
+                                 __fmul_rn(fabsf(__uint_as_float(wg[k] & 0xFFFF0000u)), inv32));
+        }
+        const __half2 cv = kvx_fp4_fast::e2m1_h<H2Ops>(sv);
+        uint32_t u;
+        memcpy(&u, &cv, 4);
+        hw[k] = u | (wg[k] & 0x80008000u);
+      }
+      pack_codes(hw, out + 2 * gi);
+    }
+    return sbyte;
+  }
   if (state >= 2) {
 #pragma unroll
     for (int gi = 0; gi < NG; ++gi) {
@@ -737,14 +808,7 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
         }
         hw[k] = u;
       }
-#pragma unroll
-      for (int o = 0; o < 2; ++o) {
-        const uint32_t p01 = __byte_perm(hw[4 * o], hw[4 * o + 1], 0x7531);
-        const uint32_t p23 = __byte_perm(hw[4 * o + 2], hw[4 * o + 3], 0x7531);
-        const uint32_t x01 = ((p01 >> 1) | (p01 >> 4)) & 0x0F0F0F0Fu;
-        const uint32_t x23 = ((p23 >> 1) | (p23 >> 4)) & 0x0F0F0F0Fu;
-        out[2 * gi + o] = __byte_perm(x01 | (x01 >> 4), x23 | (x23 >> 4), 0x6420);
-      }
+      pack_codes(hw, out + 2 * gi);
     }
   } else {
 #pragma unroll
@@ -781,6 +845,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #define KVX_FP4_PREFETCH_W16 1 /* write, 16-bit IO: the next row into L2 (+3-6 %; with F32 IO, or the
                                   gathers' codes, it cost 10-30 %) */
 #endif
+#ifndef KVX_FP4_PREFETCH_AHEAD
+#define KVX_FP4_PREFETCH_AHEAD 1 /* ... that many rows ahead (2: -19 to -22 points, 4: -29 to -32, 8: -30 to -33) */
+#endif
 #ifndef KVX_FP4_W16_NI_16
 #define KVX_FP4_W16_NI_16 2 /* the same, 16-value blocks (1 at 3 CTAs per SM: 6-20 points slower on the H100) */
 #endif
@@ -788,7 +855,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #define KVX_FP4_WRITE_MIN_BLOCKS_16 KVX_FP4_WRITE_MIN_BLOCKS /* the same, 16-value blocks from 16-bit IO */
 #endif
 #ifndef KVX_FP4_W16_THREADS
-#define KVX_FP4_W16_THREADS 256 /* write, 16-bit IO: threads per CTA */
+#define KVX_FP4_W16_THREADS 256 /* write, 16-bit IO: threads per CTA (128 at 4 CTAs: OCP +0.3 to +0.5, MXFP4
+                                    -0.5 to -1; at 5 and 6 CTAs (96, 80 registers, spilling): -9 to -41) */
 #endif
 #ifndef KVX_FP4_W32_WHOLE
 #define KVX_FP4_W32_WHOLE 1 /* write, 16-bit IO, 32-value blocks: a whole block per lane (0: a lane pair,
@@ -903,8 +971,13 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
       }
     }
     const unsigned long long row = P.row_begin + r0 + i;
-    if (KVX_FP4_PREFETCH_W16 && ES == 2 && P.lin && s0 == 0 && q == 0 && lane < 2 && r0 + i + 1 < P.rows)
-      prefetch_l2(P.side[lane].io + (long long)(row + 1) * P.side[lane].io_token * ES, row_bytes);
+    if (KVX_FP4_PREFETCH_W16 && ES == 2 && P.lin && s0 == 0 && q == 0) {
+      /* lane 2k + side: row i + A (the first row: rows 1..A) of that side */
+      const unsigned k = lane >> 1, sd = lane & 1u;
+      const unsigned ahead = i == 0 ? k + 1u : k == 0 ? (unsigned)KVX_FP4_PREFETCH_AHEAD : 0u;
+      if (lane < 2u * KVX_FP4_PREFETCH_AHEAD && ahead && r0 + i + ahead < P.rows)
+        prefetch_l2(P.side[sd].io + (long long)(row + ahead) * P.side[sd].io_token * ES, row_bytes);
+    }
     const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
 #pragma unroll
     for (int su = 0; su < SU; ++su) {

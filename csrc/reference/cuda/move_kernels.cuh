@@ -391,17 +391,18 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
   /* Which tasks this warp takes: p.tpw tasks (block b takes tasks
    * [8 T b, 8 T (b + 1)), warp w of it w, w + 8, ...), or with p.tpw 0 a
    * grid-stride sweep of a resident grid (launch_fast_op). */
-  const uint32_t wib = threadIdx.x >> 5;
+  const uint32_t wib = threadIdx.x >> 5, wpb = blockDim.x >> 5; /* warps per block: Op::kBlock / 32, or fewer
+                                                                    for a small call (spread_threads) */
   uint32_t task, step, limit;
   if (p.tpw == 0) {
-    task = blockIdx.x * (Op::kBlock / 32) + wib;
-    step = gridDim.x * (Op::kBlock / 32);
+    task = blockIdx.x * wpb + wib;
+    step = gridDim.x * wpb;
     limit = tasks;
   } else {
-    const uint32_t base = blockIdx.x * (Op::kBlock / 32) * p.tpw;
+    const uint32_t base = blockIdx.x * wpb * p.tpw;
     task = base + wib;
-    step = Op::kBlock / 32;
-    limit = min(tasks, base + (Op::kBlock / 32) * p.tpw);
+    step = wpb;
+    limit = min(tasks, base + wpb * p.tpw);
   }
 
   /* FP8 (always a resident grid): every (job, head) scale and its reciprocal
@@ -412,7 +413,7 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
   if constexpr (Op::kScaled) {
     table = p.tpw == 0 && p.fd_h.div <= (uint32_t)kScaleTable;
     if (table) { /* uniform over the block */
-      for (uint32_t i = threadIdx.x; i < 2 * p.fd_h.div; i += Op::kBlock) {
+      for (uint32_t i = threadIdx.x; i < 2 * p.fd_h.div; i += blockDim.x) {
         const uint32_t j = i >= p.fd_h.div ? 1u : 0u, h = i - j * p.fd_h.div;
         const float sc = load_scale(p, p.job[j], h);
         sh_scale[j * kScaleTable + h] = make_float2(sc, sc != 1.0f && exact_div_range(sc) ? __frcp_rn(sc) : 0.0f);
@@ -551,9 +552,10 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long tasks = fused ? groups : groups * p.njobs;
   MoveParams q = p;
   if (Op::kResident) q.tpw = 0;
-  const int grid = q.tpw == 0 ? grid_for_warps((const void*)move_fast<Op>, tasks, true, Op::kBlock)
-                              : grid_for_warps((const void*)move_fast<Op>, (tasks + q.tpw - 1) / q.tpw, false, Op::kBlock);
-  move_fast<Op><<<grid, Op::kBlock, 0, stream>>>(q);
+  const unsigned long long warps = q.tpw == 0 ? tasks : (tasks + q.tpw - 1) / q.tpw;
+  const int threads = p.fuse ? Op::kBlock : spread_threads(warps, Op::kBlock);
+  const int grid = grid_for_warps((const void*)move_fast<Op>, warps, q.tpw == 0, threads);
+  move_fast<Op><<<grid, threads, 0, stream>>>(q);
   return cudaGetLastError();
 }
 

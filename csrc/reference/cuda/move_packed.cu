@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
   const uint32_t H = p.fd_h.div, nb = p.fd_c.div / kTile; /* dgroup blocks per head */
   const uint32_t groups = (p.row_count + kTile - 1) / kTile;
   const uint32_t per_group = H * nb, per_job = groups * per_group;
-  uint32_t t = blockIdx.x * kWarps + wib;
+  uint32_t t = blockIdx.x * (blockDim.x >> 5) + wib; /* kWarps per block, or fewer (a small call) */
   if (t >= per_job * p.njobs) return; /* warp-uniform */
   /* task -> (job, token group, head, dgroup block): a block's 8 warps take the
    * heads of one token group, neighbours in both the cache and the IO */
@@ -104,8 +104,9 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long groups = ((unsigned long long)p.row_count + kTile - 1) / kTile;
   const unsigned long long tasks = groups * p.fd_h.div * (p.fd_c.div / kTile) * p.njobs;
-  const int grid = grid_for_warps((const void*)move_packed, tasks, false);
-  move_packed<<<grid, kThreads, 0, stream>>>(p);
+  const int threads = p.fuse ? kThreads : spread_threads(tasks, kThreads);
+  const int grid = grid_for_warps((const void*)move_packed, tasks, false, threads);
+  move_packed<<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constan
   const uint32_t H = p.fd_h.div, nt = (p.fd_c.div * p.vec) / 128; /* tiles per head */
   const uint32_t groups = (p.row_count + kTile - 1) / kTile;
   const uint32_t per_group = H * nt, per_job = groups * per_group;
-  uint32_t t = blockIdx.x * kWarps + wib;
+  uint32_t t = blockIdx.x * (blockDim.x >> 5) + wib; /* kWarps per block, or fewer (a small call) */
   if (t >= per_job * p.njobs) return; /* warp-uniform */
   const uint32_t j = t >= per_job ? 1u : 0u;
   t -= j * per_job;
@@ -194,8 +195,9 @@ template <class Op>
 static cudaError_t launch_packed_fp8_op(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long groups = ((unsigned long long)p.row_count + kTile - 1) / kTile;
   const unsigned long long tasks = groups * p.fd_h.div * ((p.fd_c.div * p.vec) / 128) * p.njobs;
-  const int grid = grid_for_warps((const void*)move_packed_fp8<Op>, tasks, false);
-  move_packed_fp8<Op><<<grid, kThreads, 0, stream>>>(p);
+  const int threads = p.fuse ? kThreads : spread_threads(tasks, kThreads);
+  const int grid = grid_for_warps((const void*)move_packed_fp8<Op>, tasks, false, threads);
+  move_packed_fp8<Op><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
