@@ -204,6 +204,12 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * take a resident grid (launch_fast_op). */
   const bool byte_rows = fast && kvx_ref::dtype_size(jobs[0].src) == 1 && kvx_ref::dtype_size(jobs[0].dst) == 1;
   p.tpw = byte_rows ? 0u : packed || p.kind == KIND_WRITE ? 1u : (uint32_t)KVX_CUDA_GATHER_TPW;
+  /* ... but a gather of fewer row groups than KVX_CUDA_GATHER_TPW_MIN_GROUPS keeps one task
+   * per warp (with four, a call of tens of thousands of rows ends in a tail of a few
+   * waves: +1.5 to +6 points below 262144 rows), except KV_OFFSETS, whose lookups four
+   * tasks per warp hide (at 65536 rows 91.8-93.1% with four, 89.9-90.4% with one) */
+  if (p.tpw > 1 && p.kind != KIND_KV_OFFSETS && (rows >> p.lg_tg) < (uint64_t)KVX_CUDA_GATHER_TPW_MIN_GROUPS)
+    p.tpw = 1;
   /* Small (decode-sized) calls: as many warps as possible, each one short (one
    * K or V row group), so the call's latency is one memory round trip. */
   p.fuse = 1;
@@ -211,6 +217,11 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
     p.fuse = 0;
     if (p.tpw > 1) p.tpw = 1;
   }
+  /* Large calls of the generic fast path whose task (one row, K and V) has fewer than
+   * KVX_CUDA_TASK_CHUNKS 16-byte chunks (head_dim 64 x 8 heads in F16: 128) would leave
+   * the lanes' loads half unused: 2, 4 or 8 rows per task instead (lanes alternate rows). */
+  if (fast && !packed && !tiles && !qtiles && p.fuse && p.lg_tg == 0)
+    while (((uint64_t)H * chunks * n << p.lg_tg) < (uint64_t)KVX_CUDA_TASK_CHUNKS && p.lg_tg < 3) ++p.lg_tg;
   const uint64_t tg = 1ull << p.lg_tg;
   const uint64_t per_group = (uint64_t)H * chunks * n * tg; /* items per TG rows */
   /* Items per job below 2^31 minus headroom: the kernels' 32-bit grid-stride

@@ -35,6 +35,12 @@ constexpr int kThreads = 256;
 #ifndef KVX_CUDA_GATHER_TPW
 #define KVX_CUDA_GATHER_TPW 4 /* fast-path gathers: tasks per warp */
 #endif
+#ifndef KVX_CUDA_GATHER_TPW_MIN_GROUPS
+#define KVX_CUDA_GATHER_TPW_MIN_GROUPS 262144 /* ... from this many row groups on (below: one; 65536: -1 to -2 points at 65536 rows, 0: -1.5 to -6 below 262144 rows) */
+#endif
+#ifndef KVX_CUDA_TASK_CHUNKS
+#define KVX_CUDA_TASK_CHUNKS 256 /* large fast-path calls: rows per task so that a task has this many chunks (0: one row; head_dim 64 x 8 heads F16: -6 to -11 points) */
+#endif
 #ifndef KVX_CUDA_PACKED_SMEM
 #define KVX_CUDA_PACKED_SMEM 1 /* HND_PACKED same-dtype moves through shared-memory tiles */
 #endif
