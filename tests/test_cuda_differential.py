@@ -186,3 +186,42 @@ def test_unified_call_inside_graph_capture_is_refused_cleanly(provider, op):
     assert (inside, after) == (Status.UNSUPPORTED, Status.OK), (
         f"unified {op}: expected UNSUPPORTED inside the capture then OK eagerly, "
         f"got {status_name(inside)} then {status_name(after)} (R-STREAM; csrc/reference/cuda/cuda_backend.cu)")
+
+
+# Large calls take planner paths that the random cases above (mostly small) never reach
+# (docs/cuda-reference.md, "Mid-size calls and narrow rows"): 2 to 8 rows per task when a
+# row's K and V have fewer than 256 chunks, one task per warp for gathers below 262144
+# rows, four from there on. Each case below takes one of them; the result must be the
+# oracle's, bit for bit.
+LARGE = {
+    # id: (op, heads, head_dim, sequences or tokens, mixed lengths)
+    "gather-d64x8-262144rows-2rows-per-task-4-tasks-per-warp": ("gather", 8, 64, 128, False),
+    "gather-d64x8-65536rows-mixed-lengths-2rows-per-task": ("gather", 8, 64, 32, True),
+    "gather-d128x1-32768rows-8rows-per-task": ("gather", 1, 128, 16, False),
+    "write-d64x8-65536tokens-2rows-per-task": ("write", 8, 64, 65536, False),
+    "write-d64x1-65533tokens-8rows-per-task-partial-last-task": ("write", 1, 64, 65533, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LARGE))
+def test_large_call_planner_paths(provider, name):
+    """Large DEVICE calls through the multi-row tasks and the tasks-per-warp choice == the oracle (R-WRITE, R-GATHER)."""
+    from kvx_conformance import casebuild as cb
+    from kvx_conformance.abi import DType
+    from kvx_conformance.descriptors import Geometry
+
+    op, heads, dim, n, mixed = LARGE[name]
+    geom = Geometry(num_blocks=8192, block_size=16, num_kv_heads=heads, head_dim=dim)
+    cache = cb.simple_cache(geom, "nhd", DType.F16, seed=11)
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(geom, n, 12), seed=13)
+        got = run_write(provider, case, CallOptions(memory=Memory.DEVICE))
+    else:
+        msl = 2048
+        lens = np.random.default_rng(14).integers(1, msl + 1, n) if mixed else np.full(n, msl)
+        table = cb.distinct_table(geom, n, msl // geom.block_size, 15)
+        case = cb.packed_gather(cache, table, lens.tolist(), msl, seed=16)
+        got = run_gather(provider, case, CallOptions(memory=Memory.DEVICE))
+    diff = compare(expected(case, Memory.DEVICE), got)
+    assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"
+                      f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")
