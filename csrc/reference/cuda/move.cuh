@@ -48,7 +48,7 @@ constexpr int kThreads = 256;
 #define KVX_CUDA_FUSE_MIN_GROUPS 8192 /* below: small calls, one task per warp and per K|V row */
 #endif
 #ifndef KVX_CUDA_SPREAD_SMALL
-#define KVX_CUDA_SPREAD_SMALL 1 /* small calls: blocks of fewer warps, over every SM (spread_threads; 0: 256 threads) */
+#define KVX_CUDA_SPREAD_SMALL 1 /* small calls: blocks of fewer warps, over every SM (launch_threads; 0: 256 threads) */
 #endif
 #ifndef KVX_CUDA_PACKED_LG_TG
 #define KVX_CUDA_PACKED_LG_TG 3 /* HND_PACKED fast path: 2^3 tokens per task */
@@ -340,10 +340,11 @@ int grid_for(const void* kernel, unsigned long long total_items);
 /* The same for a kernel with one warp per task: the resident grid (warps
  * stride over tasks) when `persistent`, else one task per warp. */
 int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent, int threads = kThreads);
-/* Threads per block for a small (decode-sized) launch of `warps` one-warp
- * tasks: as few warps per block as spread them over every SM (at most
- * `threads` / 32), so that no SM's load/store unit serializes the call. */
-int spread_threads(unsigned long long warps, int threads);
+/* Threads per block for a launch of `warps` one-warp tasks: `threads` for a
+ * large call; for a small (decode-sized) one (!p.fuse), as few warps per block
+ * as spread them over every SM (at most `threads` / 32), so that no SM's
+ * load/store unit serializes the call. */
+int launch_threads(const MoveParams& p, unsigned long long warps, int threads);
 
 }  // namespace kvx_cuda
 

@@ -114,8 +114,8 @@ int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent
   return (int)(want < cap ? (want ? want : 1) : cap);
 }
 
-int spread_threads(unsigned long long warps, int threads) {
-  if (!KVX_CUDA_SPREAD_SMALL) return threads;
+int launch_threads(const MoveParams& p, unsigned long long warps, int threads) {
+  if (p.fuse || !KVX_CUDA_SPREAD_SMALL) return threads;
   static thread_local int cached_dev = -1, cached_sms = 0;
   int dev = 0;
   cudaGetDevice(&dev);

@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
    * [8 T b, 8 T (b + 1)), warp w of it w, w + 8, ...), or with p.tpw 0 a
    * grid-stride sweep of a resident grid (launch_fast_op). */
   const uint32_t wib = threadIdx.x >> 5, wpb = blockDim.x >> 5; /* warps per block: Op::kBlock / 32, or fewer
-                                                                    for a small call (spread_threads) */
+                                                                    for a small call (launch_threads) */
   uint32_t task, step, limit;
   if (p.tpw == 0) {
     task = blockIdx.x * wpb + wib;
@@ -553,7 +553,7 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
   MoveParams q = p;
   if (Op::kResident) q.tpw = 0;
   const unsigned long long warps = q.tpw == 0 ? tasks : (tasks + q.tpw - 1) / q.tpw;
-  const int threads = p.fuse ? Op::kBlock : spread_threads(warps, Op::kBlock);
+  const int threads = launch_threads(p, warps, Op::kBlock);
   const int grid = grid_for_warps((const void*)move_fast<Op>, warps, q.tpw == 0, threads);
   move_fast<Op><<<grid, threads, 0, stream>>>(q);
   return cudaGetLastError();

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long groups = ((unsigned long long)p.row_count + kTile - 1) / kTile;
   const unsigned long long tasks = groups * p.fd_h.div * (p.fd_c.div / kTile) * p.njobs;
-  const int threads = p.fuse ? kThreads : spread_threads(tasks, kThreads);
+  const int threads = launch_threads(p, tasks, kThreads);
   const int grid = grid_for_warps((const void*)move_packed, tasks, false, threads);
   move_packed<<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
@@ -195,7 +195,7 @@ template <class Op>
 static cudaError_t launch_packed_fp8_op(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long groups = ((unsigned long long)p.row_count + kTile - 1) / kTile;
   const unsigned long long tasks = groups * p.fd_h.div * ((p.fd_c.div * p.vec) / 128) * p.njobs;
-  const int threads = p.fuse ? kThreads : spread_threads(tasks, kThreads);
+  const int threads = launch_threads(p, tasks, kThreads);
   const int grid = grid_for_warps((const void*)move_packed_fp8<Op>, tasks, false, threads);
   move_packed_fp8<Op><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
