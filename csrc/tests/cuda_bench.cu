@@ -301,6 +301,44 @@ static IoTensorPlan make_io(void* data, kvx_dtype_t dt, uint32_t H, uint32_t D) 
   return IoTensorPlan{data, dt, (int64_t)H * D, (int64_t)D, 1};
 }
 
+/* A DEVICE write of n tokens through S64 slots (invalid slot -1); caches, IO and scales left to the caller. */
+static WritePlan write_plan(uint32_t n, uint32_t H, uint32_t D, uint32_t bs, uint32_t nb, const void* slots) {
+  WritePlan w;
+  memset(&w, 0, sizeof w);
+  w.memory = KVX_MEMORY_DEVICE;
+  w.num_tokens = n;
+  w.num_kv_heads = H;
+  w.head_dim = D;
+  w.block_size = bs;
+  w.num_blocks = nb;
+  w.slots = slots;
+  w.slot_dtype = KVX_DTYPE_S64;
+  w.invalid_slot = -1;
+  return w;
+}
+
+/* A DEVICE gather of `seqs` sequences (beam 1) of at most msl tokens, S32 lengths and
+ * indices; the table, caches and outputs left to the caller. */
+static GatherPlan gather_plan(uint32_t seqs, uint32_t msl, uint32_t mbps, kvx_block_table_format_t fmt,
+                              const void* lens, uint32_t H, uint32_t D, uint32_t bs, uint32_t nb) {
+  GatherPlan g;
+  memset(&g, 0, sizeof g);
+  g.memory = KVX_MEMORY_DEVICE;
+  g.num_kv_heads = H;
+  g.head_dim = D;
+  g.block_size = bs;
+  g.num_blocks = nb;
+  g.seq_count = seqs;
+  g.beam_width = 1;
+  g.max_seq_len = msl;
+  g.max_blocks_per_seq = mbps;
+  g.format = fmt;
+  g.seq_lens = lens;
+  g.seq_lens_dtype = KVX_DTYPE_S32;
+  g.index_dtype = KVX_DTYPE_S32;
+  return g;
+}
+
 /* ------------------------------------------------------------------------ */
 
 struct Pools {
@@ -315,17 +353,7 @@ static void bench_write(Pools& P, cudaStream_t s, kvx_dtype_t io_dt, kvx_dtype_t
                         ScaleKind sk) {
   const uint32_t H = 8, D = 128, bs = 16, nb = N / bs;
   const size_t io_elems = (size_t)N * H * D, cache_elems = (size_t)nb * bs * H * D;
-  WritePlan w;
-  memset(&w, 0, sizeof w);
-  w.memory = KVX_MEMORY_DEVICE;
-  w.num_tokens = N;
-  w.num_kv_heads = H;
-  w.head_dim = D;
-  w.block_size = bs;
-  w.num_blocks = nb;
-  w.slots = prefill ? d_slots_prefill : d_slots_rand;
-  w.slot_dtype = KVX_DTYPE_S64;
-  w.invalid_slot = -1;
+  WritePlan w = write_plan(N, H, D, bs, nb, prefill ? d_slots_prefill : d_slots_rand);
   w.k_scale = ScalePlan{sk, d_scales};
   w.v_scale = ScalePlan{sk, d_scales + 8};
   for (int kv = 0; kv < 2; ++kv) {
@@ -372,27 +400,12 @@ static void bench_gather(Pools& P, cudaStream_t s, kvx_dtype_t cache_dt, kvx_dty
                          const void* d_lens, const void* d_indptr, const void* d_ragged, bool ragged_lengths) {
   const uint32_t H = 8, D = 128, bs = 16, mbps = msl / bs, nb = S * mbps;
   const size_t rows = (size_t)S * msl, elems = rows * H * D;
-  GatherPlan g;
-  memset(&g, 0, sizeof g);
-  g.memory = KVX_MEMORY_DEVICE;
-  g.num_kv_heads = H;
-  g.head_dim = D;
-  g.block_size = bs;
-  g.num_blocks = nb;
-  g.seq_count = S;
-  g.beam_width = 1;
-  g.max_seq_len = msl;
-  g.max_blocks_per_seq = mbps;
-  g.format = fmt;
-  g.seq_lens = d_lens;
-  g.seq_lens_dtype = KVX_DTYPE_S32;
+  GatherPlan g = gather_plan(S, msl, mbps, fmt, d_lens, H, D, bs, nb);
   if (fmt == KVX_BLOCK_TABLE_PACKED) {
     g.indices = d_table;
-    g.index_dtype = KVX_DTYPE_S32;
     g.indices_count = S * mbps;
   } else if (fmt == KVX_BLOCK_TABLE_RAGGED) {
     g.indices = d_ragged;
-    g.index_dtype = KVX_DTYPE_S32;
     g.indices_count = (uint32_t)rows;
     g.indptr = d_indptr;
     g.indptr_dtype = KVX_DTYPE_S32;
@@ -400,7 +413,6 @@ static void bench_gather(Pools& P, cudaStream_t s, kvx_dtype_t cache_dt, kvx_dty
     /* KV_OFFSETS: pool = the K cache buffer as HND blocks, K and V of a block
      * in consecutive pool blocks (TRT-LLM style: V index = K index + 1). */
     g.indices = d_table;
-    g.index_dtype = KVX_DTYPE_S32;
     g.indices_count = S * 2 * mbps;
     g.pool_primary = P.a[0];
     g.bytes_per_block = (uint64_t)H * bs * D * dtype_size(cache_dt);
@@ -520,41 +532,17 @@ static void small_all(Pools& P, cudaStream_t s, uint32_t N, uint32_t S, uint32_t
         const size_t io_row = (size_t)(i % (N / 256u)) * n; /* distinct rows for every region (N >= 256 x 256) */
         if (c.write) {
           const uint32_t nb = N / bs;
-          WritePlan w;
-          memset(&w, 0, sizeof w);
-          w.memory = KVX_MEMORY_DEVICE;
-          w.num_tokens = n;
-          w.num_kv_heads = H;
-          w.head_dim = D;
-          w.block_size = bs;
-          w.num_blocks = nb;
+          WritePlan w = write_plan(n, H, D, bs, nb, (int64_t*)d_slots_rand + io_row); /* distinct random slots */
           w.k_cache = make_cache(P.b[0], c.cache, c.l, nb, bs, H, D);
           w.v_cache = make_cache(P.b[1], c.cache, c.l, nb, bs, H, D);
           w.key = make_io((char*)P.a[0] + io_row * H * D * dtype_size(c.io), c.io, H, D);
           w.value = make_io((char*)P.a[1] + io_row * H * D * dtype_size(c.io), c.io, H, D);
-          w.slots = (int64_t*)d_slots_rand + io_row; /* distinct random slots */
-          w.slot_dtype = KVX_DTYPE_S64;
-          w.invalid_slot = -1;
           w.k_scale = ScalePlan{c.sk, d_scales};
           w.v_scale = ScalePlan{c.sk, d_scales + 8};
           return [w, s] { KS(cuda_write(w, s)); };
         }
         const uint32_t sq = i % S, nb = S * mbps;
-        GatherPlan g;
-        memset(&g, 0, sizeof g);
-        g.memory = KVX_MEMORY_DEVICE;
-        g.num_kv_heads = H;
-        g.head_dim = D;
-        g.block_size = bs;
-        g.num_blocks = nb;
-        g.seq_count = 1;
-        g.beam_width = 1;
-        g.max_seq_len = n;
-        g.max_blocks_per_seq = mbps;
-        g.format = c.fmt;
-        g.seq_lens = d_full; /* msl >= n */
-        g.seq_lens_dtype = KVX_DTYPE_S32;
-        g.index_dtype = KVX_DTYPE_S32;
+        GatherPlan g = gather_plan(1, n, mbps, c.fmt, d_full /* msl >= n */, H, D, bs, nb);
         if (c.fmt == KVX_BLOCK_TABLE_PACKED) {
           g.indices = (int32_t*)d_table + (size_t)sq * mbps;
           g.indices_count = mbps;
@@ -757,39 +745,16 @@ int main(int argc, char** argv) {
     }
     CK(cudaDeviceSynchronize());
     for (uint32_t n : {1u, 2u, 4u, 8u, 16u, 32u, 64u, 128u, 256u}) {
-      WritePlan w;
-      memset(&w, 0, sizeof w);
-      w.memory = KVX_MEMORY_DEVICE;
-      w.num_tokens = n;
-      w.num_kv_heads = H;
-      w.head_dim = D;
-      w.block_size = bs;
-      w.num_blocks = nb;
+      WritePlan w = write_plan(n, H, D, bs, nb, d_slots_rand);
       w.k_cache = make_cache(P.b[0], KVX_DTYPE_F16, NHD, nb, bs, H, D);
       w.v_cache = make_cache(P.b[1], KVX_DTYPE_F16, NHD, nb, bs, H, D);
       w.key = make_io(P.a[0], KVX_DTYPE_F16, H, D);
       w.value = make_io(P.a[1], KVX_DTYPE_F16, H, D);
-      w.slots = d_slots_rand;
-      w.slot_dtype = KVX_DTYPE_S64;
-      w.invalid_slot = -1;
       /* gather: one sequence of n tokens (the decode step's context read) */
-      GatherPlan g;
-      memset(&g, 0, sizeof g);
-      g.memory = KVX_MEMORY_DEVICE;
-      g.num_kv_heads = H;
-      g.head_dim = D;
-      g.block_size = bs;
-      g.num_blocks = nblk; /* d_table's entries address S x msl / 16 blocks (the buffers hold them all) */
-      g.seq_count = 1;
-      g.beam_width = 1;
-      g.max_seq_len = n;
-      g.max_blocks_per_seq = mbps;
-      g.format = KVX_BLOCK_TABLE_PACKED;
+      /* d_table's entries address S x msl / 16 blocks (the buffers hold them all); msl >= n: min(L, n) = n */
+      GatherPlan g = gather_plan(1, n, mbps, KVX_BLOCK_TABLE_PACKED, d_full, H, D, bs, nblk);
       g.indices = d_table;
-      g.index_dtype = KVX_DTYPE_S32;
       g.indices_count = mbps;
-      g.seq_lens = d_full; /* msl >= n: min(L, n) = n */
-      g.seq_lens_dtype = KVX_DTYPE_S32;
       g.k_cache = w.k_cache;
       g.v_cache = w.v_cache;
       g.key = make_io(P.ref[0], KVX_DTYPE_F16, H, D);
