@@ -61,10 +61,16 @@ static bool f16_ok_word(uint32_t w) {
   const uint32_t mx = vmaxu2(0, w & 0x7FFF7FFFu);
   return vmaxu2(mx, 0x7BFF7BFFu) == 0x7BFF7BFFu;
 }
+/* __vmins2 on the host: signed min of each 16-bit half */
+static uint32_t vmins2(uint32_t a, uint32_t b) {
+  const int16_t al = (int16_t)(a & 0xFFFFu), bl = (int16_t)(b & 0xFFFFu);
+  const int16_t ah = (int16_t)(a >> 16), bh = (int16_t)(b >> 16);
+  return ((uint32_t)(uint16_t)(ah < bh ? ah : bh) << 16) | (uint16_t)(al < bl ? al : bl);
+}
 static bool bf16_ok_word(uint32_t w) {
   const uint32_t a = w & 0x7FFF7FFFu;
-  const uint32_t mx = vmaxu2(0, a), mn = vminu2(0xFFFFFFFFu, (a + 0x7FFF7FFFu) ^ 0x80008000u);
-  return vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu && vminu2(mn, 0x217F217Fu) == 0x217F217Fu;
+  const uint32_t mx = vmaxu2(0, a), mn = vmins2(0x7FFF7FFFu, a + 0x7FFF7FFFu);
+  return vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu && vmins2(mn, 0xA17FA17Fu) == 0xA17FA17Fu;
 }
 static uint8_t e2m1_int(float q) {
   const uint32_t u = fb(q), a = u & 0x7FFFFFFFu;

@@ -108,16 +108,18 @@ struct TBF16 {
     return a == 0 || (uint32_t)(a - 0x2180u) < 0x3C00u;
   }
   /* div_ok of both halves of each of n words: every magnitude a below 0x5D80,
-   * and every nonzero one at or above 0x2180 (per half, (a + 0x7FFF) ^ 0x8000
-   * is a - 1, or 0xFFFF for a zero; no carry crosses halves since a < 0x8000) */
+   * and every nonzero one at or above 0x2180. Per half, a + 0x7FFF read as a
+   * signed 16-bit value is a - 0x8001 for a >= 1 and +0x7FFF for a zero (no
+   * carry crosses halves since a < 0x8000), so its signed min is at least
+   * 0x2180 - 0x8001 (0xA17F) exactly when every nonzero a is at least 0x2180. */
   static __device__ __forceinline__ bool div_ok_words(const uint32_t* w, int n) {
-    uint32_t mx = 0, mn = 0xFFFFFFFFu;
+    uint32_t mx = 0, mn = 0x7FFF7FFFu;
     for (int i = 0; i < n; ++i) {
       const uint32_t a = w[i] & 0x7FFF7FFFu;
       mx = __vmaxu2(mx, a);
-      mn = __vminu2(mn, (a + 0x7FFF7FFFu) ^ 0x80008000u);
+      mn = __vmins2(mn, a + 0x7FFF7FFFu);
     }
-    return __vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu && __vminu2(mn, 0x217F217Fu) == 0x217F217Fu;
+    return __vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu && __vmins2(mn, 0xA17FA17Fu) == 0xA17FA17Fu;
   }
 };
 struct TF32 {
