@@ -51,7 +51,8 @@ def _tensor(t, dtype, layout, shape):
     return fx._tensor(dtype, layout, Memory.DEVICE, shape, fx._dense_strides(shape), t.data_ptr())
 
 
-def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = 16, seed: int = 0) -> dict:
+def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = 16, seed: int = 0,
+        formats=None, ios=None) -> dict:
     import torch
 
     prov = load_provider(provider_path)
@@ -68,9 +69,9 @@ def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = 16,
     lens = torch.full((S,), per, dtype=torch.int32, device="cuda")
     sample = np.sort(rng.choice(tokens, size=512, replace=False))
     x32 = torch.randn(2, tokens, H, D, device="cuda") * torch.exp(torch.randn(1, 1, H, D, device="cuda"))
-    for fmt in (Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP):
+    for fmt in formats or (Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP):
         B = fx.block_values(fmt)
-        for io in (DType.F16, DType.BF16, DType.F32):
+        for io in ios or (DType.F16, DType.BF16, DType.F32):
             tdt = {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.F32: torch.float32}[io]
             x = x32.to(tdt)
             esz = x.element_size()
@@ -152,8 +153,15 @@ def main(argv=None) -> int:
     ap.add_argument("provider")
     ap.add_argument("--tokens", type=int, default=262144)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--formats", metavar="LIST", help="comma-separated: " + ", ".join(fx.FORMATS) + " (default: all)")
+    ap.add_argument("--io", metavar="LIST", help="comma-separated IO dtypes: f16, bf16, f32 (default: all)")
     a = ap.parse_args(argv)
-    res = run(a.provider, a.tokens)
+    try:
+        formats = [fx.FORMATS[f.strip().lower()] for f in a.formats.split(",")] if a.formats else None
+        ios = [DType[d.strip().upper()] for d in a.io.split(",")] if a.io else None
+    except KeyError as e:
+        ap.error(f"unknown format or dtype {e}")
+    res = run(a.provider, a.tokens, formats=formats, ios=ios)
     print(f"device {res['device']}; copy roofline {res['roofline_gbs']:.1f} GB/s")
     if a.json:
         with open(a.json, "w") as f:

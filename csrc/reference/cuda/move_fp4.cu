@@ -24,6 +24,8 @@
 
 #include <string.h>
 
+#include <mutex>
+
 #include "convert.h"
 #include "fp4.h"
 #include "fp4_fast.h"
@@ -831,6 +833,18 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 }
 
 /* Tuning knobs (H100, docs/fp4.md "CUDA figures"): none changes a result. */
+#ifndef KVX_FP4_W32_ASYNC
+#define KVX_FP4_W32_ASYNC 1 /* write, whole 32-value blocks from 16-bit IO: the IO rows staged in shared memory by
+                               cp.async, KVX_FP4_W32_STAGES steps deep (0: a register double buffer, one step ahead) */
+#endif
+#ifndef KVX_FP4_W16_ASYNC
+#define KVX_FP4_W16_ASYNC 0 /* 1: the same for 16-value blocks from 16-bit IO (two per lane per step): 57 % of \
+                               copy against 86.5-88.4 without (with the carveout at its maximum too; cause not found) */
+#endif
+#ifndef KVX_FP4_W32_STAGES
+#define KVX_FP4_W32_STAGES 3 /* ring steps per warp (2: OCP BF16 -1 to -2 points, 4: -2) */
+#endif
+
 #ifndef KVX_FP4_W16_NI
 #define KVX_FP4_W16_NI 1 /* write, 16-bit IO, 32-value blocks with KVX_FP4_W32_WHOLE=0: half-blocks per lane per
                             batch (2 spilled 92 bytes) */
@@ -854,6 +868,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_WRITE_MIN_BLOCKS_16
 #define KVX_FP4_WRITE_MIN_BLOCKS_16 KVX_FP4_WRITE_MIN_BLOCKS /* the same, 16-value blocks from 16-bit IO */
 #endif
+#ifndef KVX_FP4_WRITE_MIN_BLOCKS_32
+#define KVX_FP4_WRITE_MIN_BLOCKS_32 KVX_FP4_WRITE_MIN_BLOCKS_16 /* the same, whole 32-value blocks (OCP; 3: 80 \
+                                                                     registers, 144-308 bytes spilled) */
+#endif
 #ifndef KVX_FP4_W16_THREADS
 #define KVX_FP4_W16_THREADS 256 /* write, 16-bit IO: threads per CTA (128 at 4 CTAs: OCP +0.3 to +0.5, MXFP4
                                     -0.5 to -1; at 5 and 6 CTAs (96, 80 registers, spilling): -9 to -41) */
@@ -865,6 +883,30 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_SIDE_UNROLL
 #define KVX_FP4_SIDE_UNROLL 1 /* write, NVFP4: K and V of a batch in one unrolled step (0: one side per step) */
 #endif
+/* Per-lane asynchronous 16-byte copies into shared memory (sm_80+): `ok`
+ * false zero-fills the destination and reads nothing. */
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
+#else
+  *(uint4*)smem = ok ? __ldg((const uint4*)gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+/* The staging buffer of the asynchronous write (dynamic shared memory). */
+extern __shared__ uint4 fp4_stage[];
+
 /* Threads per CTA of the fast write kernel (the launch reads it too). */
 template <int DT>
 struct WThreads {
@@ -874,7 +916,7 @@ template <int B, int DT, int FMT> /* FMT: P.format, a template argument so each 
 __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYPE_F32
                                                           ? KVX_FP4_WRITE_MIN_BLOCKS_16
                                                           : B == 32 && DT != KVX_DTYPE_F32 && KVX_FP4_W32_WHOLE
-                                                          ? KVX_FP4_WRITE_MIN_BLOCKS_16
+                                                          ? KVX_FP4_WRITE_MIN_BLOCKS_32
                                                           : KVX_FP4_WRITE_MIN_BLOCKS * 256 / WThreads<DT>::value)
     write_fast_kernel(Params P) {
   /* VPL values per lane and sub-block (16, or a whole 32-value block with
@@ -936,6 +978,51 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
    * loaded while side k is encoded. */
   uint4 nraw[NI][NV];
   unsigned ni = 0, nq = 0, ns = 0; /* the step after the current one */
+  /* IO element offset, in its row, of sub-block sb (< NS) */
+  auto io_off = [&](const Side& S, unsigned sb) -> long long {
+    if (P.lin) return (long long)sb * VPL;
+    const unsigned bi = sb / LB, h = divu(P.fd_j, bi), j = bi - h * (unsigned)P.J;
+    return (long long)h * S.io_head + (long long)j * B + (sb % LB) * VPL;
+  };
+  /* ASYNC: each lane's 64 bytes of a step (one side of a batch: NI x NV
+   * 16-byte loads, 4 of them) go to its own shared-memory slots (a lane reads
+   * back only what it copied, so no warp barrier is needed), ST steps per warp
+   * in the ring, ST - 1 of them in flight while one is encoded; slot (lane, k)
+   * = 4 lane + ((k + lane / 2) mod 4): the 8 lanes of a quarter-warp hit 8
+   * distinct 16-byte bank groups. The ring advances one side at a time (with
+   * SU = 2 both sides of a step are consumed in turn, in the order issued). */
+  constexpr bool ASYNC =
+      ES == 2 && NI * NV == 4 && (WHOLE ? KVX_FP4_W32_ASYNC : B == 16 && KVX_FP4_W16_ASYNC);
+  constexpr int ST = KVX_FP4_W32_STAGES;
+  uint4* const ring = fp4_stage + (threadIdx.x >> 5) * (ST * 32 * 4);
+  unsigned ai = 0, aq = 0, as = 0, issued = 0, wst = 0, rst = 0;
+  auto slot = [&](unsigned k) { return 4u * lane + ((k + (lane >> 1)) & 3u); };
+  const unsigned units = T * SU; /* sides in the whole stream */
+  auto issue = [&]() {
+    if (issued < units) {
+      const Side& S = P.side[as];
+      const char* io_row = S.io + (long long)(P.row_begin + r0 + ai) * S.io_token * ES;
+      uint4* dst = ring + wst * (32 * 4);
+#pragma unroll
+      for (int m = 0; m < NI; ++m) {
+        const unsigned sb = aq * 32u * NI + lane + 32u * m;
+        const bool ok = sb < NS;
+        const uint4* src = (const uint4*)(io_row + (ok ? io_off(S, sb) : 0ll) * ES);
+#pragma unroll
+        for (int v = 0; v < NV; ++v) cp_async16(dst + slot(m * NV + v), src + (ok ? v : 0), ok);
+      }
+      if (++as == 2) {
+        as = 0;
+        if (++aq == NQ) {
+          aq = 0;
+          ++ai;
+        }
+      }
+    }
+    ++issued;
+    wst = wst + 1 == ST ? 0 : wst + 1;
+    cp_async_commit();
+  };
   auto load = [&](unsigned i, unsigned side, unsigned q) {
     const Side& S = P.side[side];
     const char* io_row = S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES;
@@ -945,20 +1032,18 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
 #pragma unroll
       for (int v = 0; v < NV; ++v) nraw[m][v] = make_uint4(0, 0, 0, 0);
       if (sb < NS) {
-        long long off;
-        if (P.lin) {
-          off = (long long)sb * VPL;
-        } else {
-          const unsigned bi = sb / LB, h = divu(P.fd_j, bi), j = bi - h * (unsigned)P.J;
-          off = (long long)h * S.io_head + (long long)j * B + (sb % LB) * VPL;
-        }
-        const uint4* src = (const uint4*)(io_row + off * ES);
+        const uint4* src = (const uint4*)(io_row + io_off(S, sb) * ES);
 #pragma unroll
         for (int v = 0; v < NV; ++v) nraw[m][v] = __ldg(src + v);
       }
     }
   };
-  load(0, 0, 0);
+  if constexpr (ASYNC) {
+#pragma unroll
+    for (int st = 0; st < ST - 1; ++st) issue();
+  } else {
+    load(0, 0, 0);
+  }
 #pragma unroll 1
   for (unsigned k = 0; k < T; ++k) {
     const unsigned i = ni, q = nq, s0 = ns;
@@ -982,15 +1067,27 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
 #pragma unroll
     for (int su = 0; su < SU; ++su) {
       uint4 raw[NI][NV];
+      if constexpr (ASYNC) {
+        issue();
+        cp_async_wait<ST - 1>();
+        const uint4* cur = ring + rst * (32 * 4);
 #pragma unroll
-      for (int m = 0; m < NI; ++m) {
+        for (int m = 0; m < NI; ++m) {
 #pragma unroll
-        for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
-      }
-      if (SU == 2 && su == 0) {
-        load(i, 1, q);
-      } else if (k + 1 < T) {
-        load(ni, ns, nq);
+          for (int v = 0; v < NV; ++v) raw[m][v] = cur[slot(m * NV + v)];
+        }
+        rst = rst + 1 == ST ? 0 : rst + 1;
+      } else {
+#pragma unroll
+        for (int m = 0; m < NI; ++m) {
+#pragma unroll
+          for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
+        }
+        if (SU == 2 && su == 0) {
+          load(i, 1, q);
+        } else if (k + 1 < T) {
+          load(ni, ns, nq);
+        }
       }
       if (b == kNoBlock) continue;
       const unsigned side = SU == 2 ? (unsigned)su : s0;
@@ -1302,8 +1399,37 @@ Kernel pick_fast(const Params& P) {
                                               : pick_fast_dt<W, 16, kvx_ref::FP4_MXFP4>(P.io_dtype);
 }
 
+/* Lets `kernel` take `bytes` of dynamic shared memory on the current device, whatever its static shared memory
+ * (once per kernel and device). */
+bool allow_smem(Kernel kernel, int bytes) {
+  static std::mutex mu;
+  static struct {
+    Kernel k;
+    int dev, bytes;
+  } seen[16];
+  static int n = 0;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < n; ++i)
+    if (seen[i].k == kernel && seen[i].dev == dev && seen[i].bytes >= bytes) return true;
+  if (cudaFuncSetAttribute((const void*)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+    return false;
+  if (n < 16) seen[n++] = {kernel, dev, bytes};
+  return true;
+}
+
+/* Dynamic shared memory of the fast write: the ASYNC staging ring (16-bit IO; 64 bytes per lane per step). */
+int write_smem(const Params& P, unsigned threads) {
+  if (P.io_dtype == KVX_DTYPE_F32) return 0;
+  const bool async = P.B == 32 ? KVX_FP4_W32_ASYNC && KVX_FP4_W32_WHOLE : KVX_FP4_W16_ASYNC && KVX_FP4_W16_NI_16 == 2;
+  return async ? (int)(threads / 32) * KVX_FP4_W32_STAGES * 32 * 4 * 16 : 0;
+}
+
 /* Fast kernels: 32 rows per warp, 256 rows per CTA, chunks of 2^30 rows. */
-kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaStream_t stream, unsigned threads = 256) {
+kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaStream_t stream, unsigned threads = 256,
+                         int smem = 0) {
+  if (smem && !allow_smem(kernel, smem)) return KVX_STATUS_INTERNAL_ERROR;
   P.fd_j = make_div((unsigned)P.J);
   P.fd_bs = make_div(P.block_size);
   P.lin = lin_ok(P);
@@ -1311,7 +1437,7 @@ kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaS
   for (unsigned long long r0 = 0; r0 < rows; r0 += max_rows) {
     P.row_begin = r0;
     P.rows = rows - r0 < max_rows ? rows - r0 : max_rows;
-    kernel<<<(unsigned)((P.rows + threads - 1) / threads), threads, 0, stream>>>(P);
+    kernel<<<(unsigned)((P.rows + threads - 1) / threads), threads, smem, stream>>>(P);
     if (cudaGetLastError() != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
   }
   return KVX_STATUS_OK;
@@ -1392,9 +1518,10 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
   P.block_size = plan.block_size;
   P.slot32 = P.num_slots < (1ull << 31);
   P.vec_ok = vec_ok(P);
-  if (fast_ok(P))
-    return launch_fast(pick_fast<true>(P), P, plan.num_tokens, (cudaStream_t)stream,
-                       P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS);
+  if (fast_ok(P)) {
+    const unsigned threads = P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS;
+    return launch_fast(pick_fast<true>(P), P, plan.num_tokens, (cudaStream_t)stream, threads, write_smem(P, threads));
+  }
   return launch(pick<true>(P), P, plan.num_tokens, (cudaStream_t)stream);
 }
 

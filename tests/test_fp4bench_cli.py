@@ -1,0 +1,30 @@
+"""The FP4 bandwidth bench's command line (kvx_conformance/fp4bench.py): its selection
+options are checked before any GPU work, so a bad name fails in one line on any machine."""
+from __future__ import annotations
+
+import pytest
+
+from kvx_conformance import fp4bench
+
+
+def test_unknown_format_is_a_one_line_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        fp4bench.main(["lib.so", "--formats", "mxfp4_ocp,nvfp5"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert "unknown format or dtype 'nvfp5'" in err, err
+
+
+def test_unknown_io_dtype_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        fp4bench.main(["lib.so", "--io", "f16,int8"])
+    assert e.value.code == 2
+    assert "unknown format or dtype 'INT8'" in capsys.readouterr().err
+
+
+def test_help_names_every_format(capsys):
+    with pytest.raises(SystemExit) as e:
+        fp4bench.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert "nvfp4, mxfp4, mxfp4_ocp" in out and "--io LIST" in out, out
