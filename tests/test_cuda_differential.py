@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from kvx_conformance import buffers, checks, generators
-from kvx_conformance.abi import Memory, Status
+from kvx_conformance.abi import DType, Memory, Status
 from kvx_conformance.cases import GatherCase, Result, WriteCase
 from kvx_conformance.dtypes import bits_view
 from kvx_conformance.execute import CallOptions, run_gather, run_write
@@ -207,7 +207,6 @@ LARGE = {
 def test_large_call_planner_paths(provider, name):
     """Large DEVICE calls through the multi-row tasks and the tasks-per-warp choice == the oracle (R-WRITE, R-GATHER)."""
     from kvx_conformance import casebuild as cb
-    from kvx_conformance.abi import DType
     from kvx_conformance.descriptors import Geometry
 
     op, heads, dim, n, mixed = LARGE[name]
@@ -221,6 +220,43 @@ def test_large_call_planner_paths(provider, name):
         lens = np.random.default_rng(14).integers(1, msl + 1, n) if mixed else np.full(n, msl)
         table = cb.distinct_table(geom, n, msl // geom.block_size, 15)
         case = cb.packed_gather(cache, table, lens.tolist(), msl, seed=16)
+        got = run_gather(provider, case, CallOptions(memory=Memory.DEVICE))
+    diff = compare(expected(case, Memory.DEVICE), got)
+    assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"
+                      f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")
+
+
+# Small (decode-sized) calls whose lanes would each take more than 4 chunks of a row split
+# each row over 2, 4, ... warps (docs/cuda-reference.md, "Decode-sized calls": F32 rows of
+# 8 heads x 128 are 8 chunks per lane, x 256 are 16). Every warp must move exactly its slice.
+SMALL_SPLIT = {
+    # id: (op, cache dtype, io dtype, layout, heads, head_dim, tokens or sequence lengths)
+    "write-f32-nhd-d128x8-1token-2-warps-per-row": ("write", DType.F32, DType.F32, "nhd", 8, 128, 1),
+    "write-f32-hnd-d128x8-37tokens-2-warps-per-row": ("write", DType.F32, DType.F32, "hnd", 8, 128, 37),
+    "write-f32-nhd-d256x8-5tokens-4-warps-per-row": ("write", DType.F32, DType.F32, "nhd", 8, 256, 5),
+    "write-f32-to-f16-nhd-d128x8-9tokens-convert-2-warps": ("write", DType.F16, DType.F32, "nhd", 8, 128, 9),
+    "write-f32-nhd-d160x5-3tokens-2-warps-uneven-slices": ("write", DType.F32, DType.F32, "nhd", 5, 160, 3),
+    "gather-f32-nhd-d128x8-lengths-1-16-255-2-warps": ("gather", DType.F32, DType.F32, "nhd", 8, 128, (1, 16, 255)),
+    "gather-f32-hnd-d256x8-lengths-3-40-4-warps": ("gather", DType.F32, DType.F32, "hnd", 8, 256, (3, 40)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_SPLIT))
+def test_small_call_split_rows(provider, name):
+    """Decode-sized DEVICE calls whose rows are split over several warps == the oracle (R-WRITE, R-GATHER)."""
+    from kvx_conformance import casebuild as cb
+    from kvx_conformance.descriptors import Geometry
+
+    op, cdt, iodt, kind, heads, dim, n = SMALL_SPLIT[name]
+    geom = Geometry(num_blocks=64, block_size=16, num_kv_heads=heads, head_dim=dim)
+    cache = cb.simple_cache(geom, kind, cdt, seed=21)
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(geom, n, 22), seed=23, io_dtype=iodt)
+        got = run_write(provider, case, CallOptions(memory=Memory.DEVICE))
+    else:
+        msl = 256
+        table = cb.distinct_table(geom, len(n), msl // geom.block_size, 25)
+        case = cb.packed_gather(cache, table, list(n), msl, seed=26)
         got = run_gather(provider, case, CallOptions(memory=Memory.DEVICE))
     diff = compare(expected(case, Memory.DEVICE), got)
     assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"

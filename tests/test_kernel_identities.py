@@ -41,6 +41,8 @@ def test_fp8_division_e2m1_and_packed_range_identities(tmp_path):
     # each part ran over a non-trivial input set and reported its count
     assert "division: " in out and " 0 mismatches" in out.splitlines()[0], out
     assert "e2m1: " in out and "packed range tests: every 16-bit half, 0 mismatches" in out, out
+    # part 4: BF16 inputs below 2^-60 with |scale| >= 2^-40 (the upper-bound-only range test)
+    assert "small-x FP8 (div_hi_words): 13720000 pairs, 0 mismatches" in out, out
 
 
 @pytest.mark.skipif(CXX is None, reason="needs a C++ compiler (g++), as the package build does")

@@ -17,7 +17,7 @@
  *   4. decode-sized calls of every layout and dtype under graph replay, warm
  *      (the same buffers) and cold (every call on other rows, slots or
  *      sequence, 512 regions).
- *   kvx_cuda_bench [--quick] [--reps N] [--no-small | --small-only]
+ *   kvx_cuda_bench [--quick] [--reps N] [--no-small | --small-only] [--filter TEXT]
  * Values are random finite numbers in [-4, 4] (never zeros, never NaN).
  */
 #include <cuda_runtime.h>
@@ -58,6 +58,7 @@ using namespace kvx_ref;
   } while (0)
 
 static int g_reps = 20;
+static const char* g_filter = nullptr; /* --filter: only the cases whose name holds it */
 constexpr int kWarm = 3;
 constexpr int kGraphCalls = 32;
 
@@ -352,6 +353,10 @@ static void bench_write(Pools& P, cudaStream_t s, kvx_dtype_t io_dt, kvx_dtype_t
                         bool prefill, uint32_t N, void* d_slots_rand, void* d_slots_prefill, const float* d_scales,
                         ScaleKind sk) {
   const uint32_t H = 8, D = 128, bs = 16, nb = N / bs;
+  char name[128];
+  snprintf(name, sizeof name, "write %s->%s %s %s%s", dt_name(io_dt), dt_name(cache_dt), layout_name(l),
+           prefill ? "prefill" : "random", sk == SCALE_PER_HEAD ? " per-head" : sk == SCALE_PER_TENSOR ? " per-tensor" : "");
+  if (g_filter && !strstr(name, g_filter)) return;
   const size_t io_elems = (size_t)N * H * D, cache_elems = (size_t)nb * bs * H * D;
   WritePlan w = write_plan(N, H, D, bs, nb, prefill ? d_slots_prefill : d_slots_rand);
   w.k_scale = ScalePlan{sk, d_scales};
@@ -376,9 +381,6 @@ static void bench_write(Pools& P, cudaStream_t s, kvx_dtype_t io_dt, kvx_dtype_t
   const double us = median_us([&] { KS(cuda_write(w, s)); }, s, g_reps);
   const unsigned long long bad = count_diff(P.b[0], P.ref[0], cache_bytes) + count_diff(P.b[1], P.ref[1], cache_bytes);
   const double bytes = 2.0 * io_elems * (dtype_size(io_dt) + dtype_size(cache_dt));
-  char name[128];
-  snprintf(name, sizeof name, "write %s->%s %s %s%s", dt_name(io_dt), dt_name(cache_dt), layout_name(l),
-           prefill ? "prefill" : "random", sk == SCALE_PER_HEAD ? " per-head" : sk == SCALE_PER_TENSOR ? " per-tensor" : "");
   report(name, bytes, us, bad);
   if (l == HND_PACKED && !prefill) {
     /* Random slots scatter one 16-byte piece per (token, head, pack group): below
@@ -400,6 +402,11 @@ static void bench_gather(Pools& P, cudaStream_t s, kvx_dtype_t cache_dt, kvx_dty
                          const void* d_lens, const void* d_indptr, const void* d_ragged, bool ragged_lengths) {
   const uint32_t H = 8, D = 128, bs = 16, mbps = msl / bs, nb = S * mbps;
   const size_t rows = (size_t)S * msl, elems = rows * H * D;
+  char name[128];
+  snprintf(name, sizeof name, "gather %s %s->%s %s%s", fmt == KVX_BLOCK_TABLE_PACKED ? "PACKED" : fmt == KVX_BLOCK_TABLE_RAGGED ? "RAGGED" : "KV_OFFSETS",
+           dt_name(cache_dt), dt_name(io_dt), fmt == KVX_BLOCK_TABLE_KV_OFFSETS ? "pool(HND)" : layout_name(l),
+           ragged_lengths ? " mixed lengths" : "");
+  if (g_filter && !strstr(name, g_filter)) return;
   GatherPlan g = gather_plan(S, msl, mbps, fmt, d_lens, H, D, bs, nb);
   if (fmt == KVX_BLOCK_TABLE_PACKED) {
     g.indices = d_table;
@@ -441,10 +448,6 @@ static void bench_gather(Pools& P, cudaStream_t s, kvx_dtype_t cache_dt, kvx_dty
   double gathered = 0;
   for (uint32_t i = 0; i < S; ++i) gathered += std::min<int64_t>(lens[i], msl);
   const double bytes = 2.0 * gathered * H * D * (dtype_size(io_dt) + dtype_size(cache_dt));
-  char name[128];
-  snprintf(name, sizeof name, "gather %s %s->%s %s%s", fmt == KVX_BLOCK_TABLE_PACKED ? "PACKED" : fmt == KVX_BLOCK_TABLE_RAGGED ? "RAGGED" : "KV_OFFSETS",
-           dt_name(cache_dt), dt_name(io_dt), fmt == KVX_BLOCK_TABLE_KV_OFFSETS ? "pool(HND)" : layout_name(l),
-           ragged_lengths ? " mixed lengths" : "");
   report(name, bytes, us, bad);
 }
 
@@ -511,12 +514,6 @@ static void small_all(Pools& P, cudaStream_t s, uint32_t N, uint32_t S, uint32_t
   cases.push_back({false, KVX_DTYPE_F16, KVX_DTYPE_F16, HND, SCALE_ONE, KVX_BLOCK_TABLE_KV_OFFSETS});
   double worst_warm = 0, worst_cold = 0;
   for (const Case& c : cases) {
-    /* write: IO in a[], caches in b[]; gather: caches in a[], outputs in b[] */
-    for (int kv = 0; kv < 2; ++kv) {
-      fill(P.a[kv], P.bytes / 4, c.write ? c.io : c.cache, 71 + kv);
-      fill(P.b[kv], P.bytes / 4, c.write ? c.cache : c.io, 81 + kv);
-    }
-    CK(cudaDeviceSynchronize()); /* the fills run on the legacy stream, which `s` does not wait for */
     char name[96];
     if (c.write)
       snprintf(name, sizeof name, "write %s->%s %s%s", dt_name(c.io), dt_name(c.cache), layout_name(c.l),
@@ -525,6 +522,13 @@ static void small_all(Pools& P, cudaStream_t s, uint32_t N, uint32_t S, uint32_t
       snprintf(name, sizeof name, "gather %s %s->%s %s",
                c.fmt == KVX_BLOCK_TABLE_PACKED ? "PACKED" : c.fmt == KVX_BLOCK_TABLE_RAGGED ? "RAGGED" : "KV_OFFSETS",
                dt_name(c.cache), dt_name(c.io), layout_name(c.l));
+    if (g_filter && !strstr(name, g_filter)) continue;
+    /* write: IO in a[], caches in b[]; gather: caches in a[], outputs in b[] */
+    for (int kv = 0; kv < 2; ++kv) {
+      fill(P.a[kv], P.bytes / 4, c.write ? c.io : c.cache, 71 + kv);
+      fill(P.b[kv], P.bytes / 4, c.write ? c.cache : c.io, 81 + kv);
+    }
+    CK(cudaDeviceSynchronize()); /* the fills run on the legacy stream, which `s` does not wait for */
     printf("  %-40s", name);
     for (uint32_t n : toks) {
       /* the call on region i (0 <= i < regions) */
@@ -592,6 +596,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--no-small")) small = false;
     else if (!strcmp(argv[i], "--small-only")) large = false;
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--filter") && i + 1 < argc) g_filter = argv[++i];
   }
   if (!cuda_available()) {
     fprintf(stderr, "kvx_cuda_bench: no usable CUDA device\n");
@@ -733,7 +738,7 @@ int main(int argc, char** argv) {
   }
 
   /* 3. decode-sized calls */
-  if (small) {
+  if (small && !g_filter) {
   printf("\n[small calls] F16 NHD, 8 KV heads x 128, block 16; device us per call under graph replay (%d calls per graph)\n",
          kGraphCalls);
   printf("  %6s %14s %14s %16s %16s\n", "tokens", "write graph", "gather graph", "write eager host", "gather eager host");

@@ -3,15 +3,21 @@
  * CUDA kernels use instead of the host backend's operations (docs/cuda-reference.md
  * "FP8 division", docs/fp4.md "CUDA figures"):
  *   1. Markstein's division: q0 = RN(x r), q = RN(q0 + (x - q0 s) r) with
- *      r = RN(1/s) equals RN(x / s) (cuda/move.cuh exact_div_rcp, move_fp4.cu
- *      encode_block); checked for every x significand in two binades (both signs)
+ *      r = RN(1/s) equals RN(x / s) (cuda/move.cuh exact_div_rcp, and for s > 0
+ *      exact_div_rcp_pos, which forms the residual negated and needs no sign fix-up;
+ *      move_fp4.cu encode_block); checked for every x significand in two binades (both signs)
  *      against special and random divisor significands at two exponents;
  *      x = +-0 included (the kernel takes the sign of x r with copysignf);
  *   2. the integer E2M1 rounding of move_fp4.cu (e2m1_code) equals fp4.h's
  *      f32_to_e2m1 for every non-NaN FP32 input (all 2^32 patterns);
  *   3. the packed range tests of move_kernels.cuh (TF16 / TBF16 div_ok_words, with
  *      the 16x2 integer max / min) equal the per-element div_ok for every 16-bit
- *      pattern in either half of a word.
+ *      pattern in either half of a word;
+ *   4. TBF16 div_hi_words (the upper bound alone, taken when |scale| >= 2^-40): for
+ *      every BF16 x with a nonzero |x| below 2^-60 (below div_ok's lower bound) and
+ *      divisors |s| in [2^-40, 2^60) (every binade, boundary and random
+ *      significands, both signs), the E4M3 and E5M2 bytes of the reciprocal-multiply
+ *      quotient equal those of RN(x / s).
  * Build and run (about 10 s for the E2M1 part, 0.6 s per 10 random divisors):
  *   g++ -O2 -march=native -ffp-contract=off -std=c++17 -Icsrc/reference -Icsrc/include \
  *       csrc/tests/fp_identities_check.cpp -o /tmp/fpcheck && /tmp/fpcheck [RANDOM_DIVISORS] [SEED]
@@ -29,14 +35,25 @@
 
 #include <initializer_list>
 
+#include "convert.h"
 #include "fp4.h"
 
 static float bf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t fb(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-/* the kernel's formulas, on the host (fmaf is the correctly rounded fused multiply-add) */
+/* the kernel's formulas, on the host (fmaf is the correctly rounded fused multiply-add):
+ * move.cuh exact_div_rcp_pos for s > 0, exact_div_rcp otherwise */
 static float div_rcp(float x, float s, float r) {
   const float q0 = x * r;
+  if (s > 0.0f) {
+    /* the GPU negates x and e as FMA operands; with FMA instructions GCC folds
+     * these negations and zero addends in ways that lose the sign of a zero,
+     * so each operand goes through a volatile */
+    volatile float nx = -x;
+    volatile float e = fmaf(q0, s, nx);
+    volatile float ne = -e;
+    return fmaf(ne, r, q0);
+  }
   return copysignf(fmaf(fmaf(-q0, s, x), r, q0), q0);
 }
 
@@ -149,5 +166,42 @@ int main(int argc, char** argv) {
       }
     }
   printf("packed range tests: every 16-bit half, %lld mismatches\n", bad3);
-  return bad || bad2 || bad3 ? 1 : 0;
+  long long bad4 = 0, n4 = 0;
+  {
+    using kvx_ref::f32_to_e4m3;
+    using kvx_ref::f32_to_e5m2;
+    using kvx_ref::fp8_clamp;
+    const int nsig = quick ? 4 : 24;
+    for (int e = -40; e < 60; ++e)
+      for (int k = 0; k < nsig; ++k) {
+        const uint32_t sm = k == 0 ? 0u : k == 1 ? 0x7FFFFFu : k == 2 ? 0x400000u
+                                                                   : (((uint32_t)rand() * 2654435761u) ^ (uint32_t)rand()) & 0x7FFFFFu;
+        for (const uint32_t sign : {0u, 0x80000000u}) {
+          const float s = bf(sign | ((uint32_t)(127 + e) << 23) | sm);
+          volatile float one = 1.0f;
+          const float r = one / s;
+          for (uint32_t a = 1; a < 0x2180u; ++a)
+            for (const uint32_t xs : {0u, 0x8000u}) {
+              const float x = bf((xs | a) << 16);
+              const float q = div_rcp(x, s, r), want = x / s;
+              ++n4;
+              if ((f32_to_e4m3(fp8_clamp(q, kvx_ref::kE4M3Max)) != f32_to_e4m3(fp8_clamp(want, kvx_ref::kE4M3Max)) ||
+                   f32_to_e5m2(fp8_clamp(q, kvx_ref::kE5M2Max)) != f32_to_e5m2(fp8_clamp(want, kvx_ref::kE5M2Max))) &&
+                  bad4++ < 10)
+                printf("small-x FP8 mismatch: s=%08x x=%08x quotient %08x, RN %08x\n", fb(s), fb(x), fb(q), fb(want));
+            }
+        }
+      }
+    /* the scale bound is what makes the upper bound alone enough: at |s| = 2^-60 (the
+     * smallest divisor of the reciprocal path) such an x reaches a nonzero E4M3 code */
+    const float s = bf(0x21800000u);
+    bool nonzero = false;
+    for (uint32_t a = 1; a < 0x2180u && !nonzero; ++a) nonzero = f32_to_e4m3(fp8_clamp(bf(a << 16) / s, kvx_ref::kE4M3Max)) != 0;
+    if (!nonzero) {
+      ++bad4;
+      printf("small-x FP8: at |s| = 2^-60 every x below 2^-60 quantizes to zero (the check would prove nothing)\n");
+    }
+  }
+  printf("small-x FP8 (div_hi_words): %lld pairs, %lld mismatches\n", n4, bad4);
+  return bad || bad2 || bad3 || bad4 ? 1 : 0;
 }

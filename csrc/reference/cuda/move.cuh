@@ -102,6 +102,7 @@ struct MoveParams {
   uint32_t lg_tg;
   uint32_t tpw;           /* fast path: tasks per warp, 0 = resident grid (grid-stride) */
   uint32_t fuse;          /* fast path: one task moves K and V (when the Op allows it) */
+  uint32_t lg_split;      /* fast path: each task's chunks split over 2^lg_split warps (small calls) */
   FastDiv fd_c, fd_h;     /* chunks per row (C), heads (H) */
   uint32_t vec;           /* elements per chunk */
   int kind;
@@ -298,6 +299,32 @@ __device__ __forceinline__ float exact_div_rcp(float x, float s, float r) {
   const float e = __fmaf_rn(-q0, s, x);
   /* the quotient has q0's sign (x = +-0: q0 = x r is the signed zero, q a zero) */
   return copysignf(__fmaf_rn(e, r, q0), q0);
+}
+#ifndef KVX_CUDA_FP8_POS_DIV
+#define KVX_CUDA_FP8_POS_DIV 1 /* FP8 quantization: reciprocal division only for positive scales, in the form \
+                                  without the sign fix-up (one instruction less per value); a negative scale \
+                                  takes IEEE division. 0: both signs, with the fix-up */
+#endif
+/* The reciprocal the FP8 quantization divides by: RN(1 / s) when the fast
+ * division applies to s (in [2^-60, 2^60), not 1, and positive with
+ * KVX_CUDA_FP8_POS_DIV), else 0 (IEEE division). */
+__device__ __forceinline__ float fp8_rcp(float s) {
+  const bool ok = s != 1.0f && exact_div_range(s) && (!KVX_CUDA_FP8_POS_DIV || s > 0.0f);
+  return ok ? __frcp_rn(s) : 0.0f;
+}
+/* The same quotient for s > 0 with no sign fix-up: the residual is formed
+ * negated, e' = RN(q0 s - x) = -e, and q = RN(-e' r + q0) (both negations are
+ * free FMA operands). Zeros keep x's sign (r > 0): x = -0 gives e' = -0 + +0 =
+ * +0 and q = -0 + -0 = -0; x = +0 gives e' = +0 + -0 = +0 and q = -0 + +0 = +0
+ * (fp_identities_check.cpp part 1 checks both forms, by the divisor's sign). */
+__device__ __forceinline__ float exact_div_rcp_pos(float x, float s, float r) {
+  const float q0 = __fmul_rn(x, r);
+  const float e = __fmaf_rn(q0, s, -x);
+  return __fmaf_rn(-e, r, q0);
+}
+/* The quotient of the FP8 fast path (r = fp8_rcp(s) != 0). */
+__device__ __forceinline__ float fp8_div(float x, float s, float r) {
+  return KVX_CUDA_FP8_POS_DIV ? exact_div_rcp_pos(x, s, r) : exact_div_rcp(x, s, r);
 }
 
 /* Exact software encode of one element to the cache/IO dtype (convert.h), with

@@ -22,13 +22,18 @@ namespace kvx_cuda {
 #define KVX_CUDA_COPY_PREFETCH 1 /* same-dtype copy: load the next task's metadata early */
 #endif
 #ifndef KVX_CUDA_COPY_MIN_BLOCKS
-#define KVX_CUDA_COPY_MIN_BLOCKS 1 /* no register cap (capped at 80 the copy spills: -30 points) */
+#define KVX_CUDA_COPY_MIN_BLOCKS 2 /* at most 128 registers, two 256-thread blocks per SM (126, no spill; uncapped \
+                                       the small-call split took it to 129 and one block per SM: -15 to -25 points; \
+                                       capped at 80 it spills: -30 points) */
 #endif
 #ifndef KVX_CUDA_FUSE_KV
 #define KVX_CUDA_FUSE_KV 1 /* copy: one task moves K and V of its rows (metadata resolved once) */
 #endif
 #ifndef KVX_CUDA_COPY_UNROLL
 #define KVX_CUDA_COPY_UNROLL 8 /* copy: 16-byte loads in flight per lane (4: -13 points) */
+#endif
+#ifndef KVX_CUDA_SMALL_LANE_CHUNKS
+#define KVX_CUDA_SMALL_LANE_CHUNKS 4 /* small calls: at most this many 16-byte chunks per lane per task */
 #endif
 #ifndef KVX_CUDA_CONV_FUSE
 #define KVX_CUDA_CONV_FUSE 1 /* F16/BF16/F32 conversions: K and V in one task */
@@ -53,6 +58,9 @@ namespace kvx_cuda {
 #endif
 #ifndef KVX_CUDA_FP8_PACKED_CHECK
 #define KVX_CUDA_FP8_PACKED_CHECK 1 /* range tests of F16/BF16 pairs with 16x2 max/min (off: -0.4 to -1.6 points) */
+#endif
+#ifndef KVX_CUDA_FP8_BF16_SCALE_BOUND
+#define KVX_CUDA_FP8_BF16_SCALE_BOUND 1 /* BF16 -> FP8 with |scale| >= 2^-40: the range test's upper bound only */
 #endif
 #ifndef KVX_CUDA_FP8_BLOCK
 #define KVX_CUDA_FP8_BLOCK 128 /* FP8 threads per block (256: BF16 -4 to -6 points, finer occupancy steps) */
@@ -121,6 +129,17 @@ struct TBF16 {
     }
     return __vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu && __vmins2(mn, 0xA17FA17Fu) == 0xA17FA17Fu;
   }
+  /* The upper bound alone (every magnitude below 2^60), which is enough for an FP8
+   * quantization whose |scale| is at least 2^-40 (scale_big): a nonzero |x| below
+   * 2^-60 then has |x / scale| < 2^-20, and the reciprocal-multiply quotient stays
+   * below 2^-19 with x's sign, so both give the FP8 zero of x's sign
+   * (fp_identities_check.cpp part 4, every such BF16 x). */
+  static __device__ __forceinline__ bool div_hi_words(const uint32_t* w, int n) {
+    uint32_t mx = 0;
+    for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
+    return __vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu;
+  }
+  static __device__ __forceinline__ bool scale_big(float s) { return (__float_as_uint(s) & 0x7FFFFFFFu) >= 0x2B800000u; }
 };
 struct TF32 {
   using S = uint32_t;
@@ -199,7 +218,7 @@ struct ConvOp {
       : In::dt == KVX_DTYPE_F32   ? KVX_CUDA_FP8_F32_MIN_BLOCKS
                                   : KVX_CUDA_FP8_MIN_BLOCKS;
 
-  /* rcp: RN(1/scale) when exact_div_range(scale) (exact_div_rcp), else 0: IEEE division. */
+  /* rcp: fp8_rcp(scale) (move.cuh), 0: IEEE division. */
   static __device__ __forceinline__ OutVec run(InVec iv, float scale, float rcp, uint32_t dnan) {
     union {
       InVec v;
@@ -223,18 +242,21 @@ struct ConvOp {
     }
     if constexpr (kScaled) {
       if (scale != 1.0f && rcp != 0.0f) {
-        /* Reciprocal-multiply division (exact_div_rcp). Every input finite, and
+        /* Reciprocal-multiply division (fp8_div). Every input finite, and
          * zero or within [2^-60, 2^60) (div_ok), gives a finite quotient, so
          * that one test per input also excludes NaN; anything else takes the
          * software path (IEEE division). */
         if constexpr (KVX_CUDA_FP8_PACKED_CHECK && kIn == 2 && (V * kIn) % 4 == 0) {
-          special = !In::div_ok_words(a.w, (V * kIn) / 4);
+          if constexpr (In::dt == KVX_DTYPE_BF16 && KVX_CUDA_FP8_BF16_SCALE_BOUND)
+            special = In::scale_big(scale) ? !In::div_hi_words(a.w, (V * kIn) / 4) : !In::div_ok_words(a.w, (V * kIn) / 4);
+          else
+            special = !In::div_ok_words(a.w, (V * kIn) / 4);
         } else {
 #pragma unroll
           for (int i = 0; i < V; ++i) special |= !In::div_ok(a.e[i]);
         }
 #pragma unroll
-        for (int i = 0; i < V; ++i) x[i] = exact_div_rcp(x[i], scale, rcp);
+        for (int i = 0; i < V; ++i) x[i] = fp8_div(x[i], scale, rcp);
       } else {
 #pragma unroll
         for (int i = 0; i < V; ++i) special |= In::special(a.e[i]);
@@ -381,8 +403,13 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
   const uint32_t HC = p.fd_h.div * C;
   const uint32_t groups = (p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
   const bool fused = Op::kFuse && p.njobs == 2 && p.fuse;
-  const uint32_t tasks = fused ? groups : groups * p.njobs;
-  const uint32_t span = fused ? 2 * HC : HC; /* chunks per row of one task */
+  /* 2^lgs warps share a task's chunks (small calls; FP8 kernels never split, so they
+   * carry none of it: 2-8 more registers cost them occupancy) */
+  const uint32_t lgs = Op::kScaled ? 0u : p.lg_split;
+  const uint32_t rtasks = fused ? groups : groups * p.njobs;
+  const uint32_t tasks = rtasks << lgs;
+  const uint32_t span_all = fused ? 2 * HC : HC; /* chunks per row of one task */
+  const uint32_t slice = (span_all + (1u << lgs) - 1) >> lgs;
   const uint32_t lane = threadIdx.x & 31u;
   const uint32_t ti = lane & ((1u << p.lg_tg) - 1u);
   const uint32_t q_first = lane >> p.lg_tg;
@@ -418,22 +445,27 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
       for (uint32_t i = threadIdx.x; i < 2 * p.fd_h.div; i += blockDim.x) {
         const uint32_t j = i >= p.fd_h.div ? 1u : 0u, h = i - j * p.fd_h.div;
         const float sc = load_scale(p, p.job[j], h);
-        sh_scale[j * kScaleTable + h] = make_float2(sc, sc != 1.0f && exact_div_range(sc) ? __frcp_rn(sc) : 0.0f);
+        sh_scale[j * kScaleTable + h] = make_float2(sc, fp8_rcp(sc));
       }
       __syncthreads();
     }
   }
 
+  /* the row task of warp task t (rtasks: none) */
+  auto rtask = [&](uint32_t t) { return t < limit ? t >> lgs : rtasks; };
   FastPre pre;
-  if constexpr (Op::kPrefetch) pre = fast_pre(p, task, limit, groups, ti, fused, gather);
+  if constexpr (Op::kPrefetch) pre = fast_pre(p, rtask(task), rtasks, groups, ti, fused, gather);
   for (; task < limit; task += step) {
     FastPre cur;
     if constexpr (Op::kPrefetch) {
       cur = pre;
-      pre = fast_pre(p, task + step, limit, groups, ti, fused, gather);
+      pre = fast_pre(p, rtask(task + step), rtasks, groups, ti, fused, gather);
     } else {
-      cur = fast_pre(p, task, limit, groups, ti, fused, gather);
+      cur = fast_pre(p, rtask(task), rtasks, groups, ti, fused, gather);
     }
+    /* this warp's chunks of the task: [q_lo, span) */
+    const uint32_t q_lo = (task & ((1u << lgs) - 1u)) * slice;
+    const uint32_t span = min(span_all, q_lo + slice);
     /* the task's rows: job cur.j, or jobs 0 and 1 when fused */
     const uint32_t j0 = cur.j; /* uniform over the warp */
     char* crow[2] = {nullptr, nullptr};
@@ -449,7 +481,7 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
       crow[1] = gather ? gather_cache_row(p, jb, cur.m[1]) : write_cache_row(p, jb, cur.slot);
     }
     if (!crow[0] && !crow[1]) continue; /* no barrier or shuffle below */
-    for (uint32_t base = 0; base < span; base += q_step * U) {
+    for (uint32_t base = q_lo; base < span; base += q_step * U) {
       typename Op::InVec v[U];
       char* dst[U];
       uint32_t hj[U]; /* head + kScaleTable * job */
@@ -493,7 +525,7 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
           } else if (dst[k]) {
             const uint32_t j = hj[k] >= (uint32_t)kScaleTable ? 1u : 0u;
             s = load_scale(p, p.job[j], hj[k] - j * kScaleTable);
-            r = s != 1.0f && exact_div_range(s) ? __frcp_rn(s) : 0.0f;
+            r = fp8_rcp(s);
           }
         }
         if (dst[k]) st_vec<typename Op::OutVec>(dst[k], Op::run(v[k], s, r, p.default_nan));
@@ -551,8 +583,15 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
   /* one warp per (job, row group) task, or per row group when K and V are fused */
   const unsigned long long groups = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
   const bool fused = Op::kFuse && p.njobs == 2 && p.fuse;
-  const unsigned long long tasks = fused ? groups : groups * p.njobs;
   MoveParams q = p;
+  /* A small call (no fusing) whose lanes would each take more than KVX_CUDA_SMALL_LANE_CHUNKS chunks of
+   * a task splits the task over 2, 4, ... warps: a decode step's latency is one warp's chain */
+  q.lg_split = 0;
+  if (!p.fuse && !Op::kScaled) {
+    const unsigned long long per_lane = (((unsigned long long)p.fd_h.div * p.fd_c.div) << p.lg_tg) / 32;
+    while ((per_lane >> q.lg_split) > (unsigned long long)KVX_CUDA_SMALL_LANE_CHUNKS && q.lg_split < 4) ++q.lg_split;
+  }
+  const unsigned long long tasks = (fused ? groups : groups * p.njobs) << q.lg_split;
   if (Op::kResident) q.tpw = 0;
   const unsigned long long warps = q.tpw == 0 ? tasks : (tasks + q.tpw - 1) / q.tpw;
   const int threads = launch_threads(p, warps, Op::kBlock);

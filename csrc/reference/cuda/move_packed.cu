@@ -154,9 +154,9 @@ __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constan
   it.live = r < p.row_count;
   it.row = p.row_begin + r;
   const long long slot = write_slot_load(p, it);
-  /* this head's scale and its reciprocal (exact_div_rcp) */
+  /* this head's scale and its reciprocal (fp8_rcp) */
   const float s = load_scale(p, jb, h);
-  const float rc = s != 1.0f && exact_div_range(s) ? __frcp_rn(s) : 0.0f;
+  const float rc = fp8_rcp(s);
   char* crow = write_cache_row(p, jb, slot);
   if (crow) crow += (long long)h * jb.c_head + (long long)t0 * 8 * jb.c_outer; /* FP8: elements are bytes */
 
