@@ -261,3 +261,31 @@ def test_small_call_split_rows(provider, name):
     diff = compare(expected(case, Memory.DEVICE), got)
     assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"
                       f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")
+
+
+# Quantizing writes into an FP8 HND_PACKED cache with 16-element pack groups take the tile
+# kernel, which stores whole 16-byte pieces; padded strides that are multiples of the fast
+# path's 4- or 8-byte chunks but not of 16 bytes must take the generic path instead
+# (kvx_cuda_vs_host --seed 4 found the first: a misaligned 16-byte store, a CUDA error).
+PADDED_FP8_TILE = {
+    # id: (io dtype, cache dtype, blocks, block size, heads, strides of [block][head][D/16][token][16])
+    "f32-to-e5m2-dgroup-stride-20": (DType.F32, DType.F8_E5M2, 7, 1, 3, (480, 160, 20, 17, 1)),
+    "f16-to-e4m3-token-stride-24": (DType.F16, DType.F8_E4M3, 6, 4, 2, (1664, 832, 104, 24, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PADDED_FP8_TILE))
+def test_fp8_packed_write_padded_strides(provider, name):
+    """FP8 HND_PACKED writes with padded, not 16-byte aligned strides == the oracle, no fault (R-WRITE, R-FP8)."""
+    from kvx_conformance import casebuild as cb
+    from kvx_conformance.descriptors import Geometry
+
+    io, cdt, nb, bs, heads, stride = PADDED_FP8_TILE[name]
+    geom = Geometry(num_blocks=nb, block_size=bs, num_kv_heads=heads, head_dim=128)
+    t = cb.layout(geom, "hnd_packed", cdt, pack=16, stride=stride)
+    cache = cb.make_cache(geom, t, t, seed=31)
+    case = cb.write_case(cache, cb.spread_slots(geom, nb * bs, 32), seed=33, io_dtype=io)
+    got = run_write(provider, case, CallOptions(memory=Memory.DEVICE))
+    diff = compare(expected(case, Memory.DEVICE), got)
+    assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"
+                      f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")

@@ -509,6 +509,7 @@ static bool run_write_case(Rng& r, bool bad_data, cudaStream_t stream, bool mana
            managed ? "UNIFIED" : "DEVICE", stream ? "own" : "NULL", kc.what.c_str(), ki.what.c_str(), (int)kkind,
            vc.what.c_str(), vi.what.c_str(), (int)vkind);
   c.desc = d;
+  if (g_verbose) fprintf(stderr, "run   %s\n", c.desc.c_str()); /* before the launch: a fault aborts */
 
   fill_plan(false);
   const kvx_status_t hs = host_write(w);
@@ -744,6 +745,7 @@ static bool run_gather_case(Rng& r, bool bad_data, cudaStream_t stream, bool man
            stream ? "own" : "NULL", kvoff ? "pool" : kc.what.c_str(), ki.what.c_str(), kvoff ? "pool" : vc.what.c_str(),
            vi.what.c_str());
   c.desc = d;
+  if (g_verbose) fprintf(stderr, "run   %s\n", c.desc.c_str()); /* before the launch: a fault aborts */
 
   fill_plan(false);
   const kvx_status_t hs = host_gather(g);

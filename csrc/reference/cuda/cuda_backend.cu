@@ -156,6 +156,16 @@ bool jobs_elem_aligned(const JobPlan jobs[2], bool pool) {
   return true;
 }
 
+/* The FP8 tile kernel (move_packed_fp8) stores 16-byte pieces of the cache, where the fast
+ * path's checks only cover its 4- or 8-byte chunks: the cache and every stride the kernel
+ * steps by must be 16-byte multiples too (padded HND_PACKED strides need not be; those
+ * calls take the generic fast path). */
+bool pieces16(const Job& j, uint32_t H, uint32_t bs) {
+  const long long es = j.cache_esize;
+  return aligned(j.cache, 16) && (j.c_block * es) % 16 == 0 && (bs <= 1 || (j.c_token * es) % 16 == 0) &&
+         (H <= 1 || (j.c_head * es) % 16 == 0) && (j.c_outer * es) % 16 == 0;
+}
+
 bool same_kernel(const JobPlan& a, const JobPlan& b) {
   if (a.fast != b.fast) return false;
   if (!a.fast) return true; /* one general kernel */
@@ -195,7 +205,7 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   bool qtiles = KVX_CUDA_PACKED_SMEM && fast && p.kind == KIND_WRITE && D % 128 == 0;
   for (uint32_t i = 0; i < n; ++i)
     qtiles = qtiles && jobs[i].packed && kvx_ref::is_fp8(jobs[i].dst) && jobs[i].src != jobs[i].dst &&
-             jobs[i].job.grp.div * vec == 16;
+             jobs[i].job.grp.div * vec == 16 && pieces16(jobs[i].job, H, p.block_size);
   if (tiles || qtiles) p.lg_tg = 4;
   /* Tasks per warp of the fast path (measured on an H100, docs/cuda-reference.md):
    * one for writes and HND_PACKED token groups, four for gathers (dead rows of
