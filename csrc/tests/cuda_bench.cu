@@ -206,6 +206,13 @@ static unsigned long long count_diff(const void* a, const void* b, size_t n) {
 }
 
 /* A plain grid-stride 16-byte copy (the roofline's kernel-side counterpart). */
+/* The store floor of a random-slot HND_PACKED write: one 16-byte store per piece to
+ * precomputed addresses (no loads of data or slots), for comparison only. */
+__global__ void scatter_floor_kernel(const unsigned long long* __restrict__ addr, unsigned n) {
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) *(uint4*)addr[i] = make_uint4(i, i, i, i);
+}
+
 __global__ void plain_copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -587,6 +594,34 @@ static void small_all(Pools& P, cudaStream_t s, uint32_t N, uint32_t S, uint32_t
     fflush(stdout);
   }
   printf("  worst over every case and size: warm %.2f us, cold %.2f us per call\n", worst_warm, worst_cold);
+  if (!g_filter || strstr("scatter floor", g_filter)) {
+    /* The 256-token random-slot HND_PACKED writes store one 16-byte piece per (token, head,
+     * pack group) and side: time the stores alone, warm, in the kernel's order (a warp's
+     * 32 stores go to 32 tokens' random blocks). */
+    const uint32_t n = 256, nb = N / bs;
+    std::vector<int64_t> slots(n);
+    CK(cudaMemcpy(slots.data(), d_slots_rand, n * 8, cudaMemcpyDeviceToHost));
+    for (int es : {2, 4}) {
+      const uint32_t x = 16 / es, G = D / x; /* pack groups per head */
+      std::vector<unsigned long long> addr;
+      for (int kv = 0; kv < 2; ++kv)
+        for (uint32_t h = 0; h < H; ++h)
+          for (uint32_t g = 0; g < G; ++g)
+            for (uint32_t i = 0; i < n; ++i) {
+              const uint64_t b = (uint64_t)slots[i] / bs, t = (uint64_t)slots[i] % bs;
+              addr.push_back((unsigned long long)(uintptr_t)P.b[kv] + (((b * H + h) * G + g) * bs + t) * 16ull);
+            }
+      (void)nb;
+      unsigned long long* d_addr = nullptr;
+      CK(cudaMalloc(&d_addr, addr.size() * 8));
+      CK(cudaMemcpy(d_addr, addr.data(), addr.size() * 8, cudaMemcpyHostToDevice));
+      const unsigned cnt = (unsigned)addr.size();
+      const double us = graph_us_per_call(s, [&] { scatter_floor_kernel<<<(cnt + 255) / 256, 256, 0, s>>>(d_addr, cnt); });
+      printf("  scatter floor, %s HND_PACKED random write of %u tokens: %u stores of 16 bytes alone, warm %.2f us per call\n",
+             es == 2 ? "F16/BF16" : "F32", n, cnt, us);
+      CK(cudaFree(d_addr));
+    }
+  }
 }
 
 int main(int argc, char** argv) {

@@ -21,6 +21,10 @@
  */
 #include "move_kernels.cuh"
 
+#ifndef KVX_CUDA_PACKED_LOADS_FIRST
+#define KVX_CUDA_PACKED_LOADS_FIRST 1 /* tile write: IO loads before the slot's (0: the slot first) */
+#endif
+
 namespace kvx_cuda {
 
 namespace {
@@ -56,11 +60,14 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
   const uint32_t r = g * kTile + ti;
   it.live = r < p.row_count;
   it.row = p.row_begin + r;
-  char* crow = nullptr;
-  if (it.live)
-    crow = p.kind == KIND_WRITE ? write_cache_row(p, jb, write_slot_load(p, it))
-                                : gather_cache_row(p, jb, gather_meta_load(p, it));
-  if (crow) crow += es * ((long long)h * jb.c_head + (long long)d0 * jb.c_outer);
+  /* the cache row of lane ti's token, this head and dgroup block (nullptr: no location) */
+  auto cache_row = [&]() -> char* {
+    char* c = nullptr;
+    if (it.live)
+      c = p.kind == KIND_WRITE ? write_cache_row(p, jb, write_slot_load(p, it))
+                               : gather_cache_row(p, jb, gather_meta_load(p, it));
+    return c ? c + es * ((long long)h * jb.c_head + (long long)d0 * jb.c_outer) : nullptr;
+  };
   const long long c_step = es * jb.c_outer; /* one dgroup further */
   /* the IO side: rows g*16 + 2k + hi, pieces d0 + ti */
   char* io0 = jb.io + es * ((long long)(p.row_begin + g * kTile + hi) * jb.io_token + (long long)h * jb.io_head +
@@ -71,6 +78,7 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
 
   if (p.kind != KIND_WRITE) {
     /* gather: rows with no cache location leave their IO rows untouched */
+    char* const crow = cache_row();
     const uint32_t live = __ballot_sync(0xFFFFFFFFu, crow != nullptr) & 0xFFFFu;
 #pragma unroll
     for (int k = 0; k < kPer; ++k)
@@ -84,9 +92,13 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
       if ((live >> row) & 1u) st_vec<uint4>(io0 + k * io_step, s[row * kTile + (ti ^ row)]);
     }
   } else {
+    /* write: the IO loads go out before the slot is resolved (they do not depend on
+     * it), so a decode-sized call waits for one round trip, not two */
+    char* crow = KVX_CUDA_PACKED_LOADS_FIRST ? nullptr : cache_row();
 #pragma unroll
     for (int k = 0; k < kPer; ++k)
       if (g * kTile + 2 * k + hi < p.row_count) v[k] = ld_vec<uint4>(io0 + k * io_step);
+    if (KVX_CUDA_PACKED_LOADS_FIRST) crow = cache_row();
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const uint32_t row = 2 * k + hi;
@@ -157,8 +169,12 @@ __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constan
   /* this head's scale and its reciprocal (fp8_rcp) */
   const float s = load_scale(p, jb, h);
   const float rc = fp8_rcp(s);
-  char* crow = write_cache_row(p, jb, slot);
-  if (crow) crow += (long long)h * jb.c_head + (long long)t0 * 8 * jb.c_outer; /* FP8: elements are bytes */
+  char* crow = nullptr;
+  auto resolve = [&] { /* the slot is waited for here: before the IO loads, or after them */
+    crow = write_cache_row(p, jb, slot);
+    if (crow) crow += (long long)h * jb.c_head + (long long)t0 * 8 * jb.c_outer; /* FP8: elements are bytes */
+  };
+  if (!KVX_CUDA_PACKED_LOADS_FIRST) resolve();
 
   /* the IO side: chunk L = k * 32 + lane of the tile is row L / kRowChunks, chunk L % kRowChunks */
   const char* io = jb.io + (long long)kIn * ((long long)(p.row_begin + g * kTile) * jb.io_token +
@@ -181,6 +197,7 @@ __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constan
         st_vec<typename Op::OutVec>(sb + (row * 8u + (d ^ (row & 7u))) * 16u + (e0 % 16u), Op::run(v[k], s, rc, p.default_nan));
     }
   }
+  if (KVX_CUDA_PACKED_LOADS_FIRST) resolve();
   __syncwarp();
   if (crow) {
 #pragma unroll
