@@ -29,15 +29,25 @@ namespace kvx_cuda {
 
 namespace {
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 16;  /* tokens and dgroups per tile */
-constexpr int kPer = kTile * kTile / 32; /* pieces per lane */
+constexpr int kTile = 16; /* tokens per tile (and dgroups per tile of a large call) */
 }  // namespace
 
-/* Launch: p.lg_tg = 4; p.fd_c.div (pieces per head row) a multiple of 16. */
+#ifndef KVX_CUDA_PACKED_SMALL_ND
+#define KVX_CUDA_PACKED_SMALL_ND 8 /* decode-sized calls: dgroups per tile (16: as large calls) */
+#endif
+
+/* Launch: p.lg_tg = 4; p.fd_c.div (pieces per head row) a multiple of 16. A tile is
+ * 16 tokens x ND dgroups (ND 16, or 8 for decode-sized calls: twice the warps, half
+ * the pieces each). IO side: lane L moves piece L % ND of rows L / ND + (32 / ND) k;
+ * cache side: lane L moves token L % 16, dgroups L / 16 + 2 k (k < ND / 2). Shared
+ * memory holds the tile as [token][dgroup], dgroup XOR (token mod ND). */
+template <int ND>
 __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ MoveParams p) {
-  __shared__ uint4 tile[kWarps][kTile * kTile];
+  constexpr int kPer = kTile * ND / 32; /* pieces per lane */
+  constexpr uint32_t kRows = 32 / ND;   /* IO rows per instruction */
+  __shared__ uint4 tile[kWarps][kTile * ND];
   const uint32_t lane = threadIdx.x & 31u, wib = threadIdx.x >> 5;
-  const uint32_t H = p.fd_h.div, nb = p.fd_c.div / kTile; /* dgroup blocks per head */
+  const uint32_t H = p.fd_h.div, nb = p.fd_c.div / ND; /* dgroup blocks per head */
   const uint32_t groups = (p.row_count + kTile - 1) / kTile;
   const uint32_t per_group = H * nb, per_job = groups * per_group;
   uint32_t t = blockIdx.x * (blockDim.x >> 5) + wib; /* kWarps per block, or fewer (a small call) */
@@ -48,10 +58,11 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
   t -= j * per_job;
   const uint32_t g = t / per_group;
   const uint32_t hb = t - g * per_group;
-  const uint32_t h = hb / nb, d0 = (hb - h * nb) * kTile;
+  const uint32_t h = hb / nb, d0 = (hb - h * nb) * ND;
   const Job& jb = p.job[j];
   const long long es = jb.cache_esize; /* == io_esize: same dtype */
-  const uint32_t ti = lane & 15u, hi = lane >> 4;
+  const uint32_t ti = lane & 15u, hi = lane >> 4;          /* cache side: token, first dgroup */
+  const uint32_t pc = lane % ND, r0 = lane / ND;           /* IO side: piece, first row */
 
   /* the cache side: lane ti's token */
   Item it;
@@ -69,11 +80,12 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
     return c ? c + es * ((long long)h * jb.c_head + (long long)d0 * jb.c_outer) : nullptr;
   };
   const long long c_step = es * jb.c_outer; /* one dgroup further */
-  /* the IO side: rows g*16 + 2k + hi, pieces d0 + ti */
-  char* io0 = jb.io + es * ((long long)(p.row_begin + g * kTile + hi) * jb.io_token + (long long)h * jb.io_head +
-                            (long long)(d0 + ti) * (16 / es));
-  const long long io_step = es * 2 * jb.io_token; /* two rows further */
+  /* the IO side: rows g*16 + r0 + kRows k, piece d0 + pc */
+  char* io0 = jb.io + es * ((long long)(p.row_begin + g * kTile + r0) * jb.io_token + (long long)h * jb.io_head +
+                            (long long)(d0 + pc) * (16 / es));
+  const long long io_step = es * kRows * jb.io_token;
   uint4* s = tile[wib];
+  auto at = [](uint32_t tok, uint32_t dg) { return tok * ND + (dg ^ (tok % ND)); };
   uint4 v[kPer];
 
   if (p.kind != KIND_WRITE) {
@@ -84,12 +96,12 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
     for (int k = 0; k < kPer; ++k)
       if (crow) v[k] = ld_vec<uint4>(crow + (long long)(hi + 2 * k) * c_step);
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) s[ti * kTile + ((hi + 2 * k) ^ ti)] = v[k];
+    for (int k = 0; k < kPer; ++k) s[at(ti, hi + 2 * k)] = v[k];
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      const uint32_t row = 2 * k + hi;
-      if ((live >> row) & 1u) st_vec<uint4>(io0 + k * io_step, s[row * kTile + (ti ^ row)]);
+      const uint32_t row = r0 + kRows * k;
+      if ((live >> row) & 1u) st_vec<uint4>(io0 + k * io_step, s[at(row, pc)]);
     }
   } else {
     /* write: the IO loads go out before the slot is resolved (they do not depend on
@@ -97,29 +109,31 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
     char* crow = KVX_CUDA_PACKED_LOADS_FIRST ? nullptr : cache_row();
 #pragma unroll
     for (int k = 0; k < kPer; ++k)
-      if (g * kTile + 2 * k + hi < p.row_count) v[k] = ld_vec<uint4>(io0 + k * io_step);
+      if (g * kTile + r0 + kRows * k < p.row_count) v[k] = ld_vec<uint4>(io0 + k * io_step);
     if (KVX_CUDA_PACKED_LOADS_FIRST) crow = cache_row();
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const uint32_t row = 2 * k + hi;
-      s[row * kTile + (ti ^ row)] = v[k];
-    }
+    for (int k = 0; k < kPer; ++k) s[at(r0 + kRows * k, pc)] = v[k];
     __syncwarp();
     if (crow) {
 #pragma unroll
-      for (int k = 0; k < kPer; ++k)
-        st_vec<uint4>(crow + (long long)(hi + 2 * k) * c_step, s[ti * kTile + ((hi + 2 * k) ^ ti)]);
+      for (int k = 0; k < kPer; ++k) st_vec<uint4>(crow + (long long)(hi + 2 * k) * c_step, s[at(ti, hi + 2 * k)]);
     }
   }
 }
 
-cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
+template <int ND>
+static cudaError_t launch_packed_nd(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long groups = ((unsigned long long)p.row_count + kTile - 1) / kTile;
-  const unsigned long long tasks = groups * p.fd_h.div * (p.fd_c.div / kTile) * p.njobs;
+  const unsigned long long tasks = groups * p.fd_h.div * (p.fd_c.div / ND) * p.njobs;
   const int threads = launch_threads(p, tasks, kThreads);
-  const int grid = grid_for_warps((const void*)move_packed, tasks, false, threads);
-  move_packed<<<grid, threads, 0, stream>>>(p);
+  const int grid = grid_for_warps((const void*)move_packed<ND>, tasks, false, threads);
+  move_packed<ND><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
+  if (!p.fuse && KVX_CUDA_PACKED_SMALL_ND == 8) return launch_packed_nd<8>(p, stream);
+  return launch_packed_nd<16>(p, stream);
 }
 
 }  // namespace kvx_cuda
