@@ -10,7 +10,8 @@
  * One warp moves such a 16 x 16 tile: it reads one side 512 contiguous bytes
  * per instruction (2 dgroups x 16 tokens, or 2 rows x 16 dgroups), parks the
  * pieces in shared memory (XOR-swizzled: no bank conflicts either way) and
- * writes the other side 512 contiguous bytes per instruction. The generic
+ * writes the other side 512 contiguous bytes per instruction (a decode-sized
+ * call takes 16 x 8 tiles: twice the warps). The generic
  * fast path (move_kernels.cuh) moves 8 tokens x 4 dgroups per instruction
  * instead: whole lines on the cache side, 64-byte runs on the IO side.
  *
