@@ -978,6 +978,15 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
    * loaded while side k is encoded. */
   uint4 nraw[NI][NV];
   unsigned ni = 0, nq = 0, ns = 0; /* the step after the current one */
+  /* the stream cursor (row i, batch q, side sd) one step on: a side at a time when `sides` */
+  auto advance = [&](unsigned& i, unsigned& q, unsigned& sd, bool sides) {
+    if (sides && ++sd < 2) return;
+    sd = 0;
+    if (++q == NQ) {
+      q = 0;
+      ++i;
+    }
+  };
   /* IO element offset, in its row, of sub-block sb (< NS) */
   auto io_off = [&](const Side& S, unsigned sb) -> long long {
     if (P.lin) return (long long)sb * VPL;
@@ -1011,13 +1020,7 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
 #pragma unroll
         for (int v = 0; v < NV; ++v) cp_async16(dst + slot(m * NV + v), src + (ok ? v : 0), ok);
       }
-      if (++as == 2) {
-        as = 0;
-        if (++aq == NQ) {
-          aq = 0;
-          ++ai;
-        }
-      }
+      advance(ai, aq, as, true);
     }
     ++issued;
     wst = wst + 1 == ST ? 0 : wst + 1;
@@ -1047,14 +1050,7 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
 #pragma unroll 1
   for (unsigned k = 0; k < T; ++k) {
     const unsigned i = ni, q = nq, s0 = ns;
-    if (SU == 1 && ++ns < 2) {
-    } else {
-      ns = 0;
-      if (++nq == NQ) {
-        nq = 0;
-        ++ni;
-      }
-    }
+    advance(ni, nq, ns, SU == 1);
     const unsigned long long row = P.row_begin + r0 + i;
     if (KVX_FP4_PREFETCH_W16 && ES == 2 && P.lin && s0 == 0 && q == 0) {
       /* lane 2k + side: row i + A (the first row: rows 1..A) of that side */
