@@ -93,6 +93,18 @@ __device__ __forceinline__ long long ld_index(const void* base, int is64, unsign
   return is64 ? ((const long long*)base)[i] : (long long)((const int*)base)[i];
 }
 
+/* A valid slot's (block, token in block): by multiply and shift when slots fit 31 bits. */
+__device__ __forceinline__ void split_slot(const Params& P, long long slot, unsigned long long& b,
+                                           unsigned long long& t) {
+  if (P.slot32) {
+    b = divu(P.fd_bs, (unsigned)slot);
+    t = (unsigned long long)slot - b * P.block_size;
+  } else {
+    b = (unsigned long long)slot / P.block_size;
+    t = (unsigned long long)slot % P.block_size;
+  }
+}
+
 __device__ __forceinline__ float global_of(const Side& s, int h) {
   if (!s.g) return 1.0f;
   return s.g_per_head ? s.g[h] : s.g[0];
@@ -281,13 +293,7 @@ __global__ void __launch_bounds__(256, B == 16 ? 4 : DT == KVX_DTYPE_BF16 ? 2 : 
     }
     if (slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots) continue;
     unsigned long long b, t;
-    if (P.slot32) {
-      b = divu(P.fd_bs, (unsigned)slot);
-      t = (unsigned long long)slot - b * P.block_size;
-    } else {
-      b = (unsigned long long)slot / P.block_size;
-      t = (unsigned long long)slot % P.block_size;
-    }
+    split_slot(P, slot, b, t);
     const long long c0 = b * S.c_block + t * S.c_token + it.h * S.c_head + (long long)it.j * B; /* nibbles */
     char* sc = S.scales + b * S.s_block + t * S.s_token + it.h * S.s_head + it.j * S.s_dim;
     if (DT == 0) { /* raw */
@@ -958,13 +964,7 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
     const long long slot = ld_index(P.slots, P.slot64, P.row_begin + r0 + lane);
     if (!(slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots)) {
       unsigned long long b, t;
-      if (P.slot32) {
-        b = divu(P.fd_bs, (unsigned)slot);
-        t = (unsigned long long)slot - b * P.block_size;
-      } else {
-        b = (unsigned long long)slot / P.block_size;
-        t = (unsigned long long)slot % P.block_size;
-      }
+      split_slot(P, slot, b, t);
       bl = (unsigned)b;
       tl = (unsigned)t;
     }
