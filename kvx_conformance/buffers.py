@@ -230,3 +230,31 @@ def memory_available(memory: Memory) -> str | None:
 def synchronize(memory: Memory) -> None:
     if memory != Memory.HOST:
         _torch().cuda.synchronize()
+
+
+
+def _element_text(a: np.ndarray, i: int) -> str:
+    if a.dtype.kind == "f":
+        bits = int(a[i : i + 1].view(f"u{a.dtype.itemsize}")[0])
+        return f"{float(a[i]):.9g} (0x{bits:0{a.dtype.itemsize * 2}x})"
+    if a.dtype.kind in "iub":
+        return str(int(a[i]))
+    return f"0x{bytes(a[i : i + 1].view(np.uint8)).hex()}"
+
+
+def input_change(name: str, before: np.ndarray, after: np.ndarray) -> str | None:
+    """None when ``after`` (the bytes of a buffer after a call) equals ``before`` (the
+    array uploaded into it), else one line naming the buffer, how many elements changed
+    and the first one: its index and its value before and after, in the array's dtype."""
+    b = np.ascontiguousarray(before).reshape(-1)
+    raw = np.ascontiguousarray(after).reshape(-1).view(np.uint8)
+    bb = b.view(np.uint8)
+    if raw.size == bb.size and np.array_equal(raw, bb):
+        return None
+    size = max(1, b.dtype.itemsize)
+    if raw.size != bb.size or bb.size % size:
+        return f"{name}: {raw.size} bytes after the call, {bb.size} before"
+    bad = np.nonzero((raw.reshape(-1, size) != bb.reshape(-1, size)).any(axis=1))[0]
+    i = int(bad[0])
+    return (f"{name}: {bad.size} of {b.size} element(s) changed by the call; first at element {i}: "
+            f"{_element_text(b, i)} before, {_element_text(raw.view(b.dtype), i)} after")

@@ -134,3 +134,6 @@ class Result:
     guard_violations: list[str] = field(default_factory=list)
     #: oracle only: id of the rule that decided a non-OK status (reference_impl.rules), "" for OK
     rule: str = ""
+    #: execute only: read-only inputs the call changed, one line each naming the buffer and
+    #: its first changed element, e.g. ["slots: 1 of 6 element(s) changed ...; first at element 2: 7 before, -1 after"]
+    input_changes: list[str] = field(default_factory=list)

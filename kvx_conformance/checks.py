@@ -6,8 +6,9 @@ did (a :class:`~kvx_conformance.cases.Result` from :mod:`kvx_conformance.execute
 with what the oracle says, and say precisely where they differ:
 
 - :func:`check_status`: the status against the set of acceptable statuses;
-- :func:`check_guards`: no byte outside the buffers (and, for a gather, no byte of the
-  cache) changed;
+- :func:`check_guards`: no byte outside the buffers changed, and no input the call may
+  only read (:func:`check_inputs`: IO of a write, slots, scales, tables, lengths, the cache
+  of a gather) changed;
 - :func:`check_arrays`: bit-exact memory after the call; the first differing elements
   are named as (block, token, head, dim) for a cache and (row, head, dim) for a gather
   output, with expected and got values;
@@ -68,8 +69,27 @@ def check_status(got: int, acceptable: int | Iterable[int], *, clause: str, case
 # ---------------------------------------------------------------------------- guards
 
 
+#: the clause of a changed input, whatever the test's own clause
+CL_INPUTS = "spec 7.2 (callers own the buffers; kvx_abi.h declares the inputs const); R-INPUTS"
+
+
+def check_inputs(result: Result, *, case=None) -> None:
+    """Every buffer the call may only read holds what it held before the call (R-INPUTS)."""
+    changes = getattr(result, "input_changes", None)
+    if changes:
+        raise ConformanceFailure(
+            "the provider modified an input it may only read",
+            expected="every input buffer unchanged by the call",
+            got="; ".join(changes),
+            clause=CL_INPUTS,
+            case=_case_text(case) if case is not None else "",
+            seed=_seed(case),
+        )
+
+
 def check_guards(result: Result, *, clause: str, case=None) -> None:
-    """No guard byte around any buffer changed (and a gather left the cache alone)."""
+    """No guard byte around any buffer changed, and no read-only input changed (check_inputs)."""
+    check_inputs(result, case=case)
     if result.guard_violations:
         raise ConformanceFailure(
             "memory outside the described tensors was modified",
@@ -249,6 +269,7 @@ def _judge(
     )
     if device_ok:
         allowed.add(int(Status.OK))  # R-DEVICE-STATUS
+    check_inputs(got, case=case)  # whatever the answer, the inputs are the caller's (R-INPUTS)
     if (
         got.status == Status.UNSUPPORTED
         and Status.UNSUPPORTED not in allowed

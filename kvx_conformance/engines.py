@@ -38,7 +38,7 @@ ID_PREFIX = "engine."
 #: message prefix of the skip that records an adapter refusal
 NOT_EXPRESSIBLE = "not expressible in KVX v1.1"
 
-_BAD = ("fail", "crash", "timeout", "error")
+_BAD = ("fail", "crash", "timeout", "error", "flaky")
 
 
 def _get(t: Any, key: str, default=None):

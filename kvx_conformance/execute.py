@@ -2,7 +2,12 @@
 
 The executor is the only place where a case meets a provider. It never judges: it
 returns a :class:`~kvx_conformance.cases.Result` (status, the memory after the call,
-guard violations) for the suites to compare with the oracle's.
+guard violations, changed inputs) for the suites to compare with the oracle's.
+
+Every buffer a call may only read (the IO key and value of a write, slots, scales,
+block table indices and indptr, sequence lengths, the cache and pools of a gather or a
+validation) is put in read-only: its contents are kept and compared with the buffer
+after the call, on host and device alike (docs/spec-readings.md R-INPUTS).
 """
 from __future__ import annotations
 
@@ -28,13 +33,15 @@ class CallOptions:
 
 
 class _Arena:
-    """The buffers of one call, by name; checks all their guards at the end."""
+    """The buffers of one call, by name; checks all their guards, and that the read-only
+    ones still hold what was put in, at the end."""
 
     def __init__(self, memory: Memory, misalign: int):
         self.memory, self.misalign = memory, misalign
         self.bufs: dict[str, buffers.Buffer] = {}
+        self.readonly: dict[str, np.ndarray] = {}
 
-    def put(self, name: str, array: np.ndarray | None, *, data: bool = False) -> int:
+    def put(self, name: str, array: np.ndarray | None, *, data: bool = False, readonly: bool = False) -> int:
         if array is None:
             return 0
         a = np.ascontiguousarray(array)
@@ -42,7 +49,18 @@ class _Arena:
                                salt=len(self.bufs))
         buf.upload(a)
         self.bufs[name] = buf
+        if readonly:
+            self.readonly[name] = a.copy()
         return buf.ptr
+
+    def input_changes(self) -> list[str]:
+        """One line per read-only buffer whose contents the call changed."""
+        out = []
+        for name, before in self.readonly.items():
+            line = buffers.input_change(name, before, self.bufs[name].download())
+            if line:
+                out.append(line)
+        return out
 
     def get(self, name: str, dtype: np.dtype) -> np.ndarray:
         return self.bufs[name].download().view(dtype)
@@ -79,16 +97,18 @@ def apply_overrides(roots: dict[str, ctypes.Structure], overrides: dict) -> dict
     return args
 
 
-def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory) -> abi.kvx_cache_desc_t:
-    k_ptr = arena.put("k cache", cache.k_init, data=True)
-    v_ptr = arena.put("v cache", cache.v_init, data=True)
+def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory, *, readonly: bool) -> abi.kvx_cache_desc_t:
+    """The cache tensors and pools; ``readonly`` for a call that only reads them (gather, validate)."""
+    k_ptr = arena.put("k cache", cache.k_init, data=True, readonly=readonly)
+    v_ptr = arena.put("v cache", cache.v_init, data=True, readonly=readonly)
     pool = cache.pool
     prim = sec = 0
     bpb = 0
     if pool is not None:
         bpb = pool.bytes_per_block
-        prim = arena.put("primary pool", pool.primary, data=True)
-        sec = arena.put("secondary pool", pool.secondary, data=True) if pool.secondary is not None else 0
+        prim = arena.put("primary pool", pool.primary, data=True, readonly=readonly)
+        sec = (arena.put("secondary pool", pool.secondary, data=True, readonly=readonly)
+               if pool.secondary is not None else 0)
         if pool.secondary_null:
             sec = 0
     return d.to_c_cache(cache.geom, cache.k, k_ptr, cache.v, v_ptr, memory,
@@ -98,28 +118,29 @@ def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory) -> abi.kvx_cac
 def run_validate(provider, case: ValidateCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     arena = _Arena(opts.memory, opts.misalign)
-    c = _place_cache(arena, case.cache, opts.memory)
+    c = _place_cache(arena, case.cache, opts.memory, readonly=True)
     args = apply_overrides({"cache": c}, case.c_overrides)
     st = provider.validate_cache_desc(args["cache"])
-    return Result(st, {}, arena.violations())
+    buffers.synchronize(opts.memory)
+    return Result(st, {}, arena.violations(), input_changes=arena.input_changes())
 
 
 def _scale_value_ptr(arena: _Arena, name: str, value: float | None) -> int:
     if value is None:
         return 0
-    return arena.put(name, np.array([value], dtype=np.float32))
+    return arena.put(name, np.array([value], dtype=np.float32), readonly=True)
 
 
 def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     mem = opts.memory
     arena = _Arena(mem, opts.misalign)
-    cache = _place_cache(arena, case.cache, mem)
+    cache = _place_cache(arena, case.cache, mem, readonly=False)
     g = case.cache.geom
-    kp = arena.put("key", case.key, data=True)
-    vp = arena.put("value", case.value, data=True)
+    kp = arena.put("key", case.key, data=True, readonly=True)
+    vp = arena.put("value", case.value, data=True, readonly=True)
     io = d.to_c_io(case.key_layout, kp, case.value_layout, vp, mem, case.num_tokens, g.num_kv_heads, g.head_dim)
-    sp = arena.put("slots", case.slots.encoded())
+    sp = arena.put("slots", case.slots.encoded(), readonly=True)
     desc = abi.kvx_write_desc_t.new()
     desc.io = io
     desc.slots = d.to_c_slots(case.slots, sp)
@@ -127,7 +148,8 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
     desc.v_scale = _scale_value_ptr(arena, "v_scale", case.v_scale) or None
     for side in ("k", "v"):
         spec = getattr(case, f"{side}_scale_desc")
-        ptr = arena.put(f"{side}_scale_desc data", np.asarray(spec.values, np.float32)) if spec is not None else 0
+        ptr = (arena.put(f"{side}_scale_desc data", np.asarray(spec.values, np.float32), readonly=True)
+               if spec is not None else 0)
         setattr(desc, f"{side}_scale_desc", d.to_c_scale(spec, ptr))
     args = apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)
     st = provider.write_kv(args["cache"], args["desc"], opts.stream)
@@ -136,22 +158,22 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
     buffers.synchronize(mem)
     kdt, vdt = case.cache.k_init.dtype, case.cache.v_init.dtype
     arrays = {"k": arena.get("k cache", kdt), "v": arena.get("v cache", vdt)}
-    return Result(st, arrays, arena.violations())
+    return Result(st, arrays, arena.violations(), input_changes=arena.input_changes())
 
 
 def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     mem = opts.memory
     arena = _Arena(mem, opts.misalign)
-    cache = _place_cache(arena, case.cache, mem)
+    cache = _place_cache(arena, case.cache, mem, readonly=True)
     g = case.cache.geom
     kp = arena.put("out key", case.out_k_init, data=True)
     vp = arena.put("out value", case.out_v_init, data=True)
     io = d.to_c_io(case.out_layout, kp, case.out_layout, vp, mem, case.num_tokens, g.num_kv_heads, g.head_dim)
     t = case.table
-    ip = arena.put("indices", t.encoded_indices() if len(t.indices) else None)
-    pp = arena.put("indptr", t.encoded_indptr())
-    lp = arena.put("seq_lens", case.seq_lens.encoded() if len(case.seq_lens.lengths) else None)
+    ip = arena.put("indices", t.encoded_indices() if len(t.indices) else None, readonly=True)
+    pp = arena.put("indptr", t.encoded_indptr(), readonly=True)
+    lp = arena.put("seq_lens", case.seq_lens.encoded() if len(case.seq_lens.lengths) else None, readonly=True)
     desc = abi.kvx_gather_desc_t.new(max_seq_len=case.max_seq_len)
     desc.io = io
     desc.block_table = d.to_c_table(t, ip, pp)
@@ -162,10 +184,5 @@ def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> R
         opts.after_call()
     buffers.synchronize(mem)
     arrays = {"k": arena.get("out key", case.out_k_init.dtype), "v": arena.get("out value", case.out_v_init.dtype)}
-    # a gather reads the cache: any change to it is a violation too
-    changed = [
-        f"{side} cache: modified by a gather"
-        for side, init in (("k", case.cache.k_init), ("v", case.cache.v_init))
-        if arena.bufs[f"{side} cache"].download().tobytes() != np.ascontiguousarray(init).view(np.uint8).tobytes()
-    ]
-    return Result(st, arrays, arena.violations() + changed)
+    # a gather only reads the cache: a change to it is a changed input
+    return Result(st, arrays, arena.violations(), input_changes=arena.input_changes())

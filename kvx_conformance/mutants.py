@@ -91,9 +91,12 @@ def base_id(test_id: str) -> str:
 
 def cli_run(provider: str, out: Path, extra: list[str], timeout_s: float, env: dict | None = None,
             wall_limit: float = 1800.0) -> tuple[int, float, str]:
-    """``kvx-conform run PROVIDER --output-dir OUT ...`` in a subprocess: (exit code, seconds, output tail)."""
+    """``kvx-conform run PROVIDER --output-dir OUT ...`` in a subprocess: (exit code, seconds, output tail).
+
+    Without re-runs (``--reruns 0``, unless ``extra`` says otherwise): a mutant's defect is
+    deterministic, so re-running what it fails would change no outcome and cost time."""
     cmd = [sys.executable, "-m", "kvx_conformance.cli", "run", provider, "--output-dir", str(out),
-           "--progress", "none", "--timeout", f"{timeout_s:g}", *extra]
+           "--progress", "none", "--timeout", f"{timeout_s:g}", "--reruns", "0", *extra]
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=wall_limit, env=env)
     return p.returncode, time.monotonic() - t0, (p.stdout + p.stderr)[-3000:]

@@ -23,6 +23,7 @@ class Outcome(str, enum.Enum):
     CRASH = "crash"
     TIMEOUT = "timeout"
     ERROR = "error"  # a harness fault, not the provider's
+    FLAKY = "flaky"  # re-run after a failure, and the attempts did not agree
 
 
 class Level(str, enum.Enum):

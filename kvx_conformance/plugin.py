@@ -52,6 +52,8 @@ COLLECTION_FILE = "collection.json"
 FAULTS_DIR = "faults"
 _META = pytest.StashKey[dict]()
 _START_MARK = "== kvx-start "
+#: characters of captured stdout / stderr kept per test phase (a chatty provider's output is cut)
+CAPTURE_TAIL_CHARS = 16 * 1024
 
 
 def entry_function(name: str) -> str:
@@ -71,6 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--kvx-quick", action="store_true", help="reduced, non-certifying run")
     g.addoption("--kvx-profile", action="append", default=[], help="run only tests of this profile (repeatable)")
     g.addoption("--kvx-id", action="append", default=[], help="run only this stable id ('*' globs; repeatable)")
+    g.addoption("--kvx-nodeids", help="run only the pytest node ids listed in this file, one a line (re-runs)")
     g.addoption("--kvx-seed", type=int, default=None, help="seed for generated cases")
     g.addoption("--kvx-hypothesis-examples", type=int, default=None, help="hypothesis max_examples")
     g.addoption("--kvx-breaker", type=int, default=3, help="crashes/timeouts of one entry point before it is skipped")
@@ -356,6 +359,9 @@ class _Worker:
         from .claims import Waiver
 
         id_patterns = [Waiver(i, "") for i in ids]
+        only = None
+        if config.getoption("kvx_nodeids"):
+            only = set(Path(config.getoption("kvx_nodeids")).read_text(encoding="utf-8").splitlines())
         keep, drop = [], []
         for item in items:
             meta = item_meta(item, self._timeout)
@@ -365,7 +371,7 @@ class _Worker:
             applicable = mem_mark is None or self.rc.memory.name.lower() in mem_mark.args
             selected = applicable and (not profiles or meta["profile"] in profiles) and \
                 (not id_patterns or any(p.matches(meta["id"]) for p in id_patterns)) and \
-                not (self.rc.quick and meta["slow"])
+                not (self.rc.quick and meta["slow"]) and (only is None or item.nodeid in only)
             (keep if selected else drop).append(item)
         if drop:
             config.hook.pytest_deselected(items=drop)
@@ -434,6 +440,10 @@ class _Worker:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         out = yield
         report = out.get_result()
+        # a provider that prints megabytes: keep only the end of each captured stream
+        report.sections = [(name, text if len(text) <= CAPTURE_TAIL_CHARS else
+                            f"[... {len(text) - CAPTURE_TAIL_CHARS} characters dropped]\n" + text[-CAPTURE_TAIL_CHARS:])
+                           for name, text in report.sections]
         meta = item.stash.get(_META, None) or item_meta(item, self._timeout)
         result = self._result(item, call, report, meta)
         if result["outcome"] == Outcome.UNSUPPORTED.value:

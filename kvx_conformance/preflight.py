@@ -274,55 +274,81 @@ def _signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
+#: bytes of the child's stderr kept for messages (the rest is read and dropped)
+STDERR_TAIL_BYTES = 64 * 1024
+
+
 def _run_stages(cmd: list[str], deadline_for: Callable[[str], float]) -> tuple[list[dict], str, str]:
     """Run the preflight subprocess, stopping it when one stage takes longer than its deadline.
 
-    Returns (stages, how it ended: "ok" / "crashed (SIGSEGV)" / "hung (no answer in N s)" /
-    "exited with status N", last stderr line).
+    Both pipes are drained while the child runs (a provider that prints megabytes never
+    blocks on a full pipe, and its output never counts as an answer); only the last
+    :data:`STDERR_TAIL_BYTES` of stderr are kept. Returns (stages, how it ended: "ok" /
+    "crashed (SIGSEGV)" / "crashed (exited with status N)" / "hung (no answer in N s)",
+    last stderr line). "ok" needs exit status 0 *and* the final stage: a child that
+    exits, even with status 0, before it has answered everything has crashed.
     """
     import selectors
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     got: list[dict] = []
     buf = b""
+    err = bytearray()
     stage = "start"
     limit = deadline_for(stage)
     t_stage = time.monotonic()
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
     ended = None
     try:
-        while True:
+        while sel.get_map():
             left = limit - (time.monotonic() - t_stage)
             if left <= 0:
                 proc.kill()
                 ended = f"hung (no answer in {limit:.0f} s)"
                 break
-            if not sel.select(timeout=min(left, 0.5)):
-                continue  # (EOF, when the process ends, is readable)
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                try:
-                    st = json.loads(line)
-                except ValueError:
+            for key, _ in sel.select(timeout=min(left, 0.5)):  # (EOF, when the process ends, is readable)
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
                     continue
-                got.append(st)
-                stage = st.get("stage", stage)
-                limit, t_stage = deadline_for(stage), time.monotonic()
+                if key.data == "err":
+                    err += chunk
+                    if len(err) > 2 * STDERR_TAIL_BYTES:
+                        del err[:-STDERR_TAIL_BYTES]
+                    continue
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    try:
+                        st = json.loads(line)
+                    except ValueError:
+                        continue
+                    got.append(st)
+                    stage = st.get("stage", stage)
+                    limit, t_stage = deadline_for(stage), time.monotonic()
     finally:
         sel.close()
-    rc = proc.wait()
-    err = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+    try:
+        rc = proc.wait(timeout=max(1.0, limit - (time.monotonic() - t_stage)))
+    except subprocess.TimeoutExpired:  # pipes closed, process still there
+        proc.kill()
+        rc = proc.wait()
+        ended = ended or f"hung (no answer in {limit:.0f} s)"
     for f in (proc.stdout, proc.stderr):
         if f:
             f.close()
+    finished = bool(got) and got[-1].get("stage") == "done"
     if ended is None:
-        ended = "ok" if rc == 0 else (f"crashed ({_signal_name(rc)})" if rc < 0 else f"exited with status {rc}")
-    tail = err.strip().splitlines()[-1][:200] if err.strip() else ""
+        if rc < 0:
+            ended = f"crashed ({_signal_name(rc)})"
+        elif rc != 0 or not finished:
+            ended = f"crashed (exited with status {rc})"
+        else:
+            ended = "ok"
+    text = bytes(err[-STDERR_TAIL_BYTES:]).decode("utf-8", "replace").strip()
+    tail = text.splitlines()[-1][:200] if text else ""
     return got, ended, tail
 
 
@@ -387,7 +413,7 @@ def run_preflight(path: str, *, timeout: float = 30.0, probe: bool = True, memor
                                     f"{': ' + err_tail if err_tail else ''})", EXIT_PROVIDER_CRASHED)
         if last_stage in ("loading", "load", "version_raw"):
             where = "while being loaded" if last_stage == "loading" else "in kvx_get_version"
-            tail = f": {err_tail}" if err_tail and ended.startswith("exited") else ""
+            tail = f": {err_tail}" if err_tail and "exited" in ended else ""
             raise ProviderLoadError(f"provider {name} {ended} {where}{tail}", EXIT_PROVIDER_CRASHED)
         # loaded and negotiated: a crash or hang while probing is a finding, not a load failure
         culprit = in_flight or "struct sizes"
@@ -418,12 +444,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated entry points not to probe")
     ap.add_argument("--no-environment", action="store_true", help="do not describe the machine")
     a = ap.parse_args(argv)
+    out = sys.stdout
+    if a.jsonl:
+        # The stages travel on a private copy of stdout; whatever else writes to fd 1 (the
+        # provider's printf, a library's banner) goes to stderr, which the parent drains.
+        out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+        sys.stdout.flush()
+        os.dup2(2, 1)
     merged: dict = {}
     skip = tuple(x for x in a.skip.split(",") if x)
     for st in stages(a.provider, probe=not a.no_probe, memory_check=a.memory_check, memory=a.memory, skip=skip,
                      with_environment=not a.no_environment):
         if a.jsonl:
-            print(json.dumps(st), flush=True)
+            print(json.dumps(st), file=out, flush=True)
         else:
             kind = st.pop("stage")
             if kind == "probe":

@@ -23,9 +23,12 @@ KIND = "kvx-conform-results"
 
 OUTCOMES = tuple(o.value for o in Outcome)
 #: outcomes of a required test that block certification (unless waived)
-BLOCKING = {Outcome.FAIL.value, Outcome.CRASH.value, Outcome.TIMEOUT.value, Outcome.ERROR.value, Outcome.SKIP.value}
+BLOCKING = {Outcome.FAIL.value, Outcome.CRASH.value, Outcome.TIMEOUT.value, Outcome.ERROR.value, Outcome.SKIP.value,
+            Outcome.FLAKY.value}
 #: outcomes of a recommended test reported as warnings
-WARNING = {Outcome.FAIL.value, Outcome.CRASH.value, Outcome.TIMEOUT.value, Outcome.ERROR.value}
+WARNING = {Outcome.FAIL.value, Outcome.CRASH.value, Outcome.TIMEOUT.value, Outcome.ERROR.value, Outcome.FLAKY.value}
+#: outcomes after which a test is re-run (``kvx-conform run --reruns``)
+RERUN = (Outcome.FAIL.value, Outcome.CRASH.value, Outcome.TIMEOUT.value, Outcome.ERROR.value)
 
 VERDICT_CERTIFIED = "certified"
 VERDICT_NOT_CERTIFIED = "not certified"
@@ -59,6 +62,10 @@ class TestRecord:
     detail: str = ""
     #: filled from the expectations file when a waiver matches
     waived: str | None = None
+    #: a re-run test (``--reruns``): the outcome of every attempt, first run first
+    attempts: list[str] | None = None
+    #: a re-run test: how many attempts had each outcome, e.g. {"pass": 2, "fail": 1}
+    tally: dict[str, int] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -262,6 +269,44 @@ class ResultsWriter:
         doc = self.write(complete=complete)
         self._jsonl.close()
         return doc
+
+
+def merge_attempts(first: TestRecord, later: list[TestRecord]) -> TestRecord:
+    """One record for a test that was re-run: ``first`` (the run's own attempt) and
+    ``later`` (the re-runs, in order). Attempts that did not run (skipped) do not count.
+    All attempts agree: the outcome stands. They differ: outcome ``flaky``, which keeps
+    the failure, seed and repro of the first failing attempt and says the tally."""
+    ran = [first] + [r for r in later if r.outcome != Outcome.SKIP.value]
+    outcomes = [r.outcome for r in ran]
+    tally: dict[str, int] = {}
+    for o in outcomes:
+        tally[o] = tally.get(o, 0) + 1
+    rec = TestRecord.from_dict(first.to_dict())
+    rec.attempts, rec.tally = outcomes, tally
+    if len(tally) > 1:
+        bad = next(r for r in ran if r.outcome != Outcome.PASS.value)
+        text = ", ".join(f"{n} {o}" for o, n in tally.items())
+        rec.outcome = Outcome.FLAKY.value
+        rec.message = (f"flaky: the outcomes of {len(ran)} attempts differ ({text}); "
+                       f"the first {bad.outcome}: {bad.message}")
+        rec.failure, rec.seed, rec.repro, rec.detail = bad.failure, bad.seed, bad.repro or first.repro, bad.detail
+    return rec
+
+
+def resummarize(doc: dict, tests: list[TestRecord], claims: Claims, waivers: list[Waiver]) -> dict:
+    """``doc`` with ``tests`` in place of its tests (after re-runs changed some of them)
+    and its verdicts, counts and warnings computed again from them."""
+    quick = bool(doc.get("quick"))
+    partial = not doc.get("certifying", True) and not quick
+    complete = bool(doc.get("complete"))
+    not_run = max(0, int(doc.get("total") or 0) - len(tests)) if complete else 0
+    flags = dict(quick=quick, partial=partial, complete=complete, not_run=not_run)
+    own = set(summarize(records(doc), claims, waivers, **flags)["warnings"])
+    extra = [w for w in doc.get("warnings", []) if w not in own]
+    summary = summarize(tests, claims, waivers, **flags)
+    out = {**doc, **summary, "tests": [t.to_dict() for t in tests], "updated": now_iso()}
+    out["warnings"] = extra + summary["warnings"]
+    return out
 
 
 def load_results(path: str | os.PathLike) -> dict:

@@ -47,6 +47,9 @@ MAX_WORKER_RESTARTS = 200
 #: files of a previous run that a new run into the same directory replaces
 ARTIFACTS = ("results.json", "results.jsonl", "breaker.json", "collection.json", "certificate.json",
              "report.html", "junit.xml", "run-info.json", "pytest.ini")
+#: where the re-runs of tests that did not pass write their own results (one folder per attempt)
+RERUN_DIR = "reruns"
+DEFAULT_RERUNS = 3
 PYTEST_INI = "[pytest]\naddopts =\nconsole_output_style = classic\n"
 
 
@@ -138,6 +141,10 @@ class RunCommand:
         p.add_argument("--seed", type=int, metavar="N", help="seed for generated cases (as printed by a failure)")
         p.add_argument("--suite", default=DEFAULT_SUITE, metavar="SUITE",
                        help="suite package or directory (default %(default)s; for suite developers)")
+        p.add_argument("--reruns", type=int, default=DEFAULT_RERUNS, metavar="N",
+                       help="re-run each test that failed, crashed, timed out or errored up to N more times "
+                            "(only those tests, in a follow-up pass); attempts that disagree make it 'flaky', "
+                            "which still blocks certification (default %(default)s; 0: no re-runs)")
         p.add_argument("--breaker", type=int, default=3, metavar="N",
                        help="crashes/timeouts of one entry point before its remaining tests are skipped "
                             "(default %(default)s)")
@@ -179,6 +186,7 @@ def _prepare_output(out: Path) -> None:
     for name in ARTIFACTS:
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "faults", ignore_errors=True)
+    shutil.rmtree(out / RERUN_DIR, ignore_errors=True)
 
 
 def _header_lines(info, memory: str, args, workers: int, notes: list[str]) -> list[str]:
@@ -219,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.timeout <= 0:
         _err("--timeout must be positive")
+        return EXIT_USAGE
+    if args.reruns < 0:
+        _err(f"--reruns must be 0 or more (got {args.reruns})")
         return EXIT_USAGE
     if args.keyword and (bad := keyword_error(args.keyword)):
         _err(bad)
@@ -271,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         "config": {"memory": memory, "memory_requested": args.memory, "workers": workers,
                    "timeout_s": args.timeout, "quick": args.quick, "keyword": args.keyword, "ids": args.id,
                    "profiles": args.profile, "seed": args.seed, "breaker_threshold": args.breaker,
-                   "suite": args.suite, "suites_hash": suites_hash(root),
+                   "suite": args.suite, "suites_hash": suites_hash(root), "reruns": args.reruns,
                    "hypothesis_max_examples": None},
     }
     from .plugin import HYPOTHESIS_EXAMPLES
@@ -316,15 +327,20 @@ def run(args: argparse.Namespace) -> int:
         if importlib.util.find_spec("_hypothesis_pytestplugin") is not None:
             pa += [f"--hypothesis-seed={args.seed}"]
     pa += shlex.split(args.pytest_args)
-    pa += target
 
     import pytest
 
     t0 = time.monotonic()
     try:
-        rc = int(pytest.main(pa))
+        rc = int(pytest.main(pa + target))
     except KeyboardInterrupt:
         rc = int(pytest.ExitCode.INTERRUPTED)
+    if args.reruns and rc not in (int(pytest.ExitCode.INTERRUPTED), int(pytest.ExitCode.INTERNAL_ERROR),
+                                  int(pytest.ExitCode.USAGE_ERROR)):
+        try:
+            rerun_failures(out, pa, target, args.reruns, workers, claims, args.expectations)
+        except KeyboardInterrupt:
+            rc = int(pytest.ExitCode.INTERRUPTED)
     elapsed = time.monotonic() - t0
     status = finish_run(out, rc, args, claims, elapsed)
     if getattr(args, "bench", None):
@@ -332,6 +348,77 @@ def run(args: argparse.Namespace) -> int:
 
         bench_after_run(args, info.path, memory, out / "bench")
     return status
+
+
+def _with_option(pa: list[str], flag: str, value: str) -> list[str]:
+    """``pa`` with the value after ``flag`` replaced (appended when ``flag`` is absent)."""
+    out = list(pa)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, workers: int, claims,
+                   expectations: str | None) -> dict[str, list[str]]:
+    """Re-run the tests of ``out/results.json`` that failed, crashed, timed out or errored.
+
+    A runner-level follow-up pass (not a pytest re-run plugin: a crash kills the worker
+    that would re-run the test, and outcomes are recorded by the kvx plugin): up to
+    ``reruns`` more pytest runs, each selecting just the tests still in question by node
+    id (``--kvx-nodeids``), each with its own results under ``out/reruns/attempt-K``. A
+    test whose attempts have disagreed is not run again. Then every re-run test gets one
+    record (``results.merge_attempts``): the same outcome when all attempts agreed,
+    ``flaky`` with the tally when they did not; the verdicts are computed again and
+    results.json is rewritten. Returns node id -> the outcomes of its attempts.
+    """
+    import pytest
+
+    from .claims import load_expectations
+    from .results import RERUN, _atomic_write_json, load_results, merge_attempts, records, resummarize
+
+    try:
+        doc = load_results(out / "results.json")
+    except ValueError:
+        return {}
+    if doc.get("collection_errors") or not doc.get("complete"):
+        return {}
+    tests = records(doc)
+    first = {t.nodeid: t for t in tests}
+    todo = [t.nodeid for t in tests if t.outcome in RERUN]
+    later: dict[str, list] = {n: [] for n in todo}
+    for k in range(1, reruns + 1):
+        if not todo:
+            break
+        d = out / RERUN_DIR / f"attempt-{k}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "nodeids.txt").write_text("\n".join(todo) + "\n", encoding="utf-8")
+        print(f"re-run {k}/{reruns}: {len(todo)} test(s) that did not pass", flush=True)
+        a = _with_option(pa, "--kvx-output-dir", str(d))
+        a = _with_option(a, "--kvx-progress", "none")
+        a = _with_option(a, "-n", str(max(1, min(workers, len(todo)))))
+        rc = int(pytest.main(a + ["--kvx-nodeids", str(d / "nodeids.txt")] + target))
+        if rc == int(pytest.ExitCode.INTERRUPTED):
+            raise KeyboardInterrupt
+        try:
+            got = {t.nodeid: t for t in records(load_results(d / "results.json"))}
+        except ValueError:
+            break
+        for n in todo:
+            if n in got:
+                later[n].append(got[n])
+        # attempts that already disagree make the test flaky: no need to run it again
+        todo = [n for n in todo if n in got and all(r.outcome in (first[n].outcome, "skip") for r in later[n])]
+    if not any(later.values()):
+        return {}
+    merged = [merge_attempts(t, later[t.nodeid]) if later.get(t.nodeid) else t for t in tests]
+    doc = resummarize(doc, merged, claims, load_expectations(expectations))
+    _atomic_write_json(out / "results.json", doc)
+    flaky = sum(t.outcome == "flaky" for t in merged)
+    again = sum(1 for t in merged if t.attempts and t.outcome != "flaky")
+    print(f"re-runs: {flaky} flaky, {again} did not pass in any attempt", flush=True)
+    return {t.nodeid: t.attempts for t in merged if t.attempts}
 
 
 def finish_run(out: Path, rc: int, args: argparse.Namespace, claims, elapsed: float) -> int:
@@ -382,7 +469,7 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
 
     tests = doc.get("tests", [])
     lines: list[str] = []
-    bad = [t for t in tests if t["outcome"] in ("fail", "crash", "timeout", "error")]
+    bad = [t for t in tests if t["outcome"] in ("fail", "crash", "timeout", "error", "flaky")]
     rank = {"required": 0, "recommended": 1, "informational": 2}
     bad.sort(key=lambda t: (rank.get(t["level"], 3), t["id"]))
     if bad:
@@ -392,6 +479,8 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
         for t in bad[:max_failures]:
             waived = "  [waived]" if t.get("waived") else ""
             lines.append(f"{t['outcome'].upper():<8} {t['level']:<12} {t['id']}  ({t['clause']}){waived}")
+            if t.get("outcome") == "flaky" and t.get("tally"):
+                lines.append("         attempts: " + ", ".join(f"{n} {o}" for o, n in t["tally"].items()))
             f = t.get("failure") or {}
             if f:
                 lines.append(f"         {f.get('what', '')}")

@@ -14,7 +14,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "results-schema.md"
 #: objects whose keys are names, not fields
 MAPS = {
     "results": {"provider.symbols", "provider.struct_sizes", "provider.header_sizes", "provider.memory_support",
-                "profiles", "profiles.<name>.counts", "counts", "engines", "breaker"},
+                "profiles", "profiles.<name>.counts", "counts", "engines", "breaker", "tests[].tally"},
     "certificate": {"profiles", "counts", "breaker"},
 }
 #: objects documented as a whole (their keys depend on the machine)

@@ -221,6 +221,13 @@ inline uint32_t kv_index_of(const GatherPlan& p, uint64_t s, uint64_t beam, uint
   return (uint32_t)load_index(p.indices, KVX_DTYPE_S32, e);
 }
 
+/* Block id of PACKED / RAGGED table entry e (S32 sign-extended, S64 as is). */
+inline int64_t block_index_of(const GatherPlan& p, uint64_t e) {
+  const int64_t id = load_index(p.indices, p.index_dtype, e);
+  if (KVX_MUT(S64_BLOCK_IDS_TRUNCATED)) return (int64_t)(int32_t)(uint32_t)id; /* 64-bit ids kept in an int */
+  return id;
+}
+
 inline bool block_id_ok(const GatherPlan& p, int64_t id) {
   return KVX_MUT(GATHER_BLOCK_ID_UNCHECKED) || (id >= 0 && (uint64_t)id < p.num_blocks);
 }
@@ -252,14 +259,14 @@ kvx_status_t prescan_gather(const GatherPlan& p) {
     switch (p.format) {
       case KVX_BLOCK_TABLE_PACKED:
         for (uint64_t j = 0; j < nblk; ++j)
-          if (!block_id_ok(p, load_index(p.indices, p.index_dtype, s * p.max_blocks_per_seq + j)))
+          if (!block_id_ok(p, block_index_of(p, s * p.max_blocks_per_seq + j)))
             return OUT_OF_RANGE;
         break;
       case KVX_BLOCK_TABLE_RAGGED: {
         const int64_t lo = indptr_of(p, s), hi = indptr_of(p, s + 1);
         if (n > (uint64_t)(hi - lo)) return OUT_OF_RANGE;
         for (uint64_t t = 0; t < n; ++t)
-          if (!block_id_ok(p, load_index(p.indices, p.index_dtype, (uint64_t)lo + t))) return OUT_OF_RANGE;
+          if (!block_id_ok(p, block_index_of(p, (uint64_t)lo + t))) return OUT_OF_RANGE;
         break;
       }
       case KVX_BLOCK_TABLE_KV_OFFSETS:
@@ -291,12 +298,12 @@ struct TokenSource {
     const uint64_t j = t / p.block_size;
     switch (p.format) {
       case KVX_BLOCK_TABLE_PACKED:
-        block = block_id_used(p, load_index(p.indices, p.index_dtype, s * p.max_blocks_per_seq + j));
+        block = block_id_used(p, block_index_of(p, s * p.max_blocks_per_seq + j));
         offset = block_offset(t, p.block_size);
         break;
       case KVX_BLOCK_TABLE_RAGGED: {
         const uint64_t i = (uint64_t)indptr_of(p, s) + t;
-        block = block_id_used(p, load_index(p.indices, p.index_dtype, i));
+        block = block_id_used(p, block_index_of(p, i));
         offset = block_offset(KVX_MUT(RAGGED_GLOBAL_OFFSET) ? i : t, p.block_size);
         break;
       }
@@ -374,6 +381,19 @@ kvx_status_t host_write(const WritePlan& p) {
   }
   DirectStore store;
   write_tokens(p, store);
+  if (KVX_MUT(MODIFIES_INPUT_KEY) && p.num_tokens > 0) /* the header declares the input const */
+    memset(io_elem(p.key, p.num_tokens - 1, p.num_kv_heads - 1, p.head_dim - 1), 0, dtype_size(p.key.dtype));
+  if (KVX_MUT(MODIFIES_SLOTS)) /* "consumes" its const slot array */
+    for (uint64_t i = 0; i < p.num_tokens; ++i) {
+      char* at = const_cast<char*>(static_cast<const char*>(p.slots)) + i * dtype_size(p.slot_dtype);
+      if (p.slot_dtype == KVX_DTYPE_S64) {
+        const int64_t m = -1;
+        memcpy(at, &m, sizeof m);
+      } else {
+        const int32_t m = -1;
+        memcpy(at, &m, sizeof m);
+      }
+    }
   return OK;
 }
 

@@ -54,6 +54,10 @@
 #define KVX_MUT_FP4_UNROUNDED_SCALE 40
 #define KVX_MUT_FP4_ZERO_BLOCK_NAN 41
 #define KVX_MUT_FP4_SCALE_LOGICAL_BLOCK 42
+/* inputs are read-only, 64-bit block ids (numbered apart from the others) */
+#define KVX_MUT_MODIFIES_INPUT_KEY 70
+#define KVX_MUT_MODIFIES_SLOTS 71
+#define KVX_MUT_S64_BLOCK_IDS_TRUNCATED 72
 
 #ifndef KVX_MUTANT
 #define KVX_MUTANT KVX_MUT_NONE

@@ -15,8 +15,8 @@ from pathlib import Path
 from ..outcomes import PROFILES
 
 TEMPLATES = Path(__file__).with_name("templates")
-OUTCOME_ORDER = ("pass", "fail", "unsupported", "skip", "crash", "timeout", "error")
-BAD = ("fail", "crash", "timeout", "error")
+OUTCOME_ORDER = ("pass", "fail", "unsupported", "skip", "crash", "timeout", "error", "flaky")
+BAD = ("fail", "crash", "timeout", "error", "flaky")
 
 #: Spec sections 3-10 (seed 000), the rows of the coverage matrix.
 SPEC_CLAUSES: list[tuple[str, str]] = [
@@ -111,6 +111,9 @@ def view_model(results: dict) -> dict:
         })
     breaker = [{"entry": e, **b} for e, b in (results.get("breaker") or {}).items()]
     crashes = [t for t in tests if t["outcome"] in ("crash", "timeout")]
+    flaky = [{**t, "tally_text": ", ".join(f"{n} {o}" for o, n in (t.get("tally") or {}).items())}
+             for t in tests if t["outcome"] == "flaky"]
+    reruns = sum(1 for t in tests if t.get("attempts"))
     prov = results.get("provider") or {}
     sizes = []
     probed = (prov.get("struct_sizes") or {})
@@ -145,6 +148,8 @@ def view_model(results: dict) -> dict:
         "failures": failures,
         "breaker": breaker,
         "crashes": crashes,
+        "flaky": flaky,
+        "reruns": reruns,
         "waivers": results.get("waivers") or [],
         "warnings": results.get("warnings") or [],
         "profiles": profiles,

@@ -10,7 +10,7 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-_ELEMENT = {"fail": "failure", "crash": "error", "timeout": "error", "error": "error",
+_ELEMENT = {"fail": "failure", "crash": "error", "timeout": "error", "error": "error", "flaky": "failure",
             "skip": "skipped", "unsupported": "skipped"}
 
 

@@ -18,6 +18,7 @@ import pytest
 from kvx_conformance import fp4exec as fx
 from kvx_conformance.abi import DType, Fp4Format, Layout, Status
 from kvx_conformance.loader import status_name
+from kvx_conformance.checks import CL_INPUTS
 from kvx_conformance.outcomes import INFORMATIONAL, REQUIRED, ConformanceFailure, Unsupported, conformance
 
 CL = "KVX 1.2 FP4 extension (readings: FP4 extension; docs/fp4.md)"
@@ -92,6 +93,10 @@ def _write(provider, opts, fmt, io, layout, seed, key=None, value=None, n=20, sl
 
 
 def _check_guards(res, clause, seed, case):
+    if res.input_changes:
+        raise ConformanceFailure("the provider modified an input it may only read",
+                                 expected="every input buffer unchanged by the call",
+                                 got="; ".join(res.input_changes), clause=CL_INPUTS, case=case, seed=seed)
     if res.violations:
         raise ConformanceFailure("memory outside the described tensors was modified", expected="no change",
                                  got="; ".join(res.violations), clause=clause, case=case, seed=seed)
@@ -222,6 +227,7 @@ def test_invalid_descriptors(kvx_provider, kvx_call_options, name):
         raise ConformanceFailure("malformed FP4 descriptor", expected="INVALID_ARGUMENT", got="UNSUPPORTED",
                                  clause=CL, case=case, seed=seed)
     _status(res.status, Status.INVALID_ARGUMENT, "malformed FP4 descriptor", CL, seed, case)
+    _check_guards(res, CL, seed, case)
     if not np.array_equal(res.cache.k_codes, cache.k_codes) or not np.array_equal(res.cache.k_scales, cache.k_scales):
         raise ConformanceFailure("a refused call wrote the cache", expected="no change", got="cache modified",
                                  clause=CL, case=case, seed=seed)
@@ -241,6 +247,7 @@ def test_f4_dtype_without_extension(kvx_provider, kvx_call_options):
         raise ConformanceFailure("F4_E2M1 cache without the FP4 extension", expected="INVALID_ARGUMENT",
                                  got=status_name(res.status), clause=CL, case="v1.1-sized kvx_cache_desc_t, k.dtype 11",
                                  seed=81)
+    _check_guards(res, CL, 81, "v1.1-sized kvx_cache_desc_t, k.dtype 11")
 
 
 @conformance("fp4.write.specials_isolated", CL + " (NaN/Inf: no crash, other blocks undisturbed)", INFORMATIONAL,

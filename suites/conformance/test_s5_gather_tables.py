@@ -114,13 +114,22 @@ def test_packed_unused_entries(kvx_provider, kvx_call_options, junk):
     verify_gather(kvx_provider, case, opts, clause="spec 5.1, 6.10; R-DATA")
 
 
-BAD_IDS = {"negative": -1, "num_blocks": G.num_blocks, "int32_max": 2 ** 31 - 1}
+BAD_IDS = {
+    "negative": -1, "num_blocks": G.num_blocks, "int32_max": 2 ** 31 - 1,
+    # S64 ids whose low 32 bits name a block inside the cache: a 64-bit id is 64 bits wide
+    "s64_high_bits": 2 ** 32 + 1, "s64_negative_high": -(2 ** 32) + 2,
+}
+
+
+def _id_dtype(bad: int) -> DType:
+    """S32 indices where the id fits them, else S64."""
+    return DType.S32 if -(2 ** 31) <= bad < 2 ** 31 else DType.S64
 
 
 def _bad_packed(provider, memory, bad):
     table = _table(2, 3, 21)
     table[1, 1] = bad
-    return cb.packed_gather(_cache(provider, memory, 22), table, [9, 7], 12, seed=23,
+    return cb.packed_gather(_cache(provider, memory, 22), table, [9, 7], 12, seed=23, index_dtype=_id_dtype(bad),
                             label=f"used block id {bad} outside [0, {G.num_blocks})")
 
 
@@ -139,6 +148,40 @@ def test_packed_bad_block_status(kvx_provider, kvx_call_options, bad):
     opts = kvx_call_options()
     case = _bad_packed(kvx_provider, opts.memory, bad)
     verify_gather(kvx_provider, case, opts, clause=CL_OOR, partial=partial_gather(case))
+
+
+@conformance("gather.packed.wide_seq_len", "spec 5.3, 6.10; R-DATA (S64 lengths are 64 bits wide)", REQUIRED,
+             "core", "gather")
+def test_packed_wide_seq_len(kvx_provider, kvx_call_options):
+    """An S64 length of 2^32 + 3 gathers min(L, max_seq_len) = 8 tokens, not 3."""
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 35), _table(2, 2, 36), [2 ** 32 + 3, 5], 2 * BS,
+                            seed=37, index_dtype=DType.S64, lens_dtype=DType.S64,
+                            label="S64 length 2^32 + 3, max_seq_len 8")
+    verify_gather(kvx_provider, case, opts, clause="spec 5.3, 6.10; R-DATA")
+
+
+def _negative_wide_len(provider, memory):
+    return cb.packed_gather(_cache(provider, memory, 38), _table(2, 2, 39), [5, -(2 ** 32) + 3], 2 * BS, seed=34,
+                            index_dtype=DType.S64, lens_dtype=DType.S64,
+                            label="S64 length -(2^32) + 3 (negative; its low 32 bits say 3)")
+
+
+@conformance("gather.packed.wide_negative_seq_len_no_oob", "spec 5.3; R-DATA (a negative length gathers nothing)",
+             REQUIRED, "core", "gather")
+def test_packed_wide_negative_seq_len(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = _negative_wide_len(kvx_provider, opts.memory)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.3; R-DATA", statuses=ANY_STATUS,
+                  partial=partial_gather(case))
+
+
+@conformance("gather.packed.wide_negative_seq_len_status", "spec 5.3, 8 (INVALID_ARGUMENT); R-DATA", RECOMMENDED,
+             "core", "gather")
+def test_packed_wide_negative_seq_len_status(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = _negative_wide_len(kvx_provider, opts.memory)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.3, 8; R-DATA", partial=partial_gather(case))
 
 
 def _beyond_capacity(provider, memory):
@@ -256,7 +299,7 @@ def test_ragged_short_range_status(kvx_provider, kvx_call_options):
 
 def _ragged_bad_id(provider, memory, bad):
     table = _table(2, 2, 52)
-    bt = cb.ragged_table(table, [6, 5], BS, 2)
+    bt = cb.ragged_table(table, [6, 5], BS, 2, index_dtype=_id_dtype(bad))
     bt.indices[8] = bad  # sequence 1, token 2
     return cb.ragged_gather(_cache(provider, memory, 53), table, [6, 5], 8, seed=54, block_table=bt,
                             label=f"RAGGED block id {bad}")

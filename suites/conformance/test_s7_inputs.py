@@ -1,0 +1,135 @@
+"""Spec 7.2 (R-INPUTS): inputs are read-only.
+
+``kvx_abi.h`` passes every descriptor as ``const``, and the caller owns every buffer
+(spec 7.2): a provider reads the IO key and value of a write, its slots and scales, the
+block table, indptr and sequence lengths of a gather, and the cache (and pools) a gather
+or a validation looks at, and changes none of them. The executor keeps a copy of each of
+these buffers and compares them after *every* call of every test (``checks.check_inputs``);
+the tests here make that rule visible by name, with calls that touch each kind of input:
+valid and invalid slots, S32 and S64 indices, per-tensor and per-head scales, and an
+erroneous call (an input stays the caller's whatever the answer).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance import casebuild as cb
+from kvx_conformance.abi import DType, ScaleGranularity, Status
+from kvx_conformance.checks import (
+    CL_INPUTS,
+    partial_gather,
+    partial_write,
+    verify_gather,
+    verify_validate,
+    verify_write,
+)
+from kvx_conformance.outcomes import REQUIRED, conformance
+
+G = cb.GEOM
+N = G.num_slots
+ANY_STATUS = tuple(Status)
+INDEX_DTYPES = pytest.mark.parametrize("index_dtype", [DType.S32, DType.S64], ids=["s32", "s64"])
+
+
+def _cache(provider, memory, seed, dtype=DType.F16):
+    return cb.simple_cache(G, cb.core_layout(provider, memory), dtype, seed=seed)
+
+
+@conformance("inputs.write.unchanged", CL_INPUTS, REQUIRED, "core", "write")
+@INDEX_DTYPES
+def test_write_inputs_unchanged(kvx_provider, kvx_call_options, index_dtype):
+    """Key, value and slots (valid, -1 and the invalid_slot sentinel) after a write."""
+    opts = kvx_call_options()
+    slots = cb.spread_slots(G, 9, seed=301, exclude={7}).tolist()
+    slots[2], slots[6] = -1, 7  # a negative slot and the sentinel: both no-ops
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 302), slots, slot_dtype=index_dtype, invalid_slot=7,
+                         seed=303, label="inputs after a write")
+    verify_write(kvx_provider, case, opts, clause=CL_INPUTS)
+
+
+@conformance("inputs.write.scales_unchanged", CL_INPUTS, REQUIRED, "core", "write")
+def test_write_scales_unchanged(kvx_provider, kvx_call_options):
+    """k_scale / v_scale pointers and scale-descriptor data (ignored by a non-FP8 cache, R-FP8) stay as given."""
+    opts = kvx_call_options()
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 304), cb.spread_slots(G, 5, seed=305), seed=306,
+                         k_scale=0.5, v_scale=2.0, k_scale_desc=cb.scale_spec([0.25]),
+                         v_scale_desc=cb.scale_spec([4.0]), label="F16 cache, scale pointers and descriptors set")
+    verify_write(kvx_provider, case, opts, clause=CL_INPUTS)
+
+
+@conformance("inputs.write.fp8_scales_unchanged", CL_INPUTS, REQUIRED, "fp8", "write", feature="fp8")
+def test_write_fp8_scales_unchanged(kvx_provider, kvx_call_options):
+    """Per-head scale descriptors of an FP8 write (the scales the write divides by) stay as given."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, 307, DType.F8_E4M3)
+    case = cb.write_case(cache, cb.spread_slots(G, 5, seed=308), seed=309, io_dtype=DType.F32,
+                         k_scale=3.0, v_scale=3.0,
+                         k_scale_desc=cb.scale_spec([0.5, 1.5], ScaleGranularity.PER_HEAD),
+                         v_scale_desc=cb.scale_spec([2.0, 0.75], ScaleGranularity.PER_HEAD),
+                         label="F8_E4M3 cache, per-head scales")
+    verify_write(kvx_provider, case, opts, clause=CL_INPUTS, feature="fp8")
+
+
+@conformance("inputs.write.unchanged_on_error", CL_INPUTS, REQUIRED, "core", "write")
+def test_write_inputs_unchanged_on_error(kvx_provider, kvx_call_options):
+    """An out-of-range slot: whatever the status, the inputs are the caller's."""
+    opts = kvx_call_options()
+    slots = [*cb.spread_slots(G, 4, seed=310), N + 1]
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 311), slots, seed=312,
+                         label=f"slot {N + 1} out of range")
+    verify_write(kvx_provider, case, opts, clause=CL_INPUTS, statuses=ANY_STATUS, partial=partial_write(case))
+
+
+@conformance("inputs.gather.packed_unchanged", CL_INPUTS, REQUIRED, "core", "gather")
+@INDEX_DTYPES
+def test_gather_packed_inputs_unchanged(kvx_provider, kvx_call_options, index_dtype):
+    """Block table, seq_lens and the cache after a PACKED gather."""
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 313), cb.distinct_table(G, 3, 2, 314), [5, 8, 0], 8,
+                            seed=315, index_dtype=index_dtype, lens_dtype=index_dtype,
+                            label="inputs after a PACKED gather")
+    verify_gather(kvx_provider, case, opts, clause=CL_INPUTS)
+
+
+@conformance("inputs.gather.unchanged_on_error", CL_INPUTS, REQUIRED, "core", "gather")
+def test_gather_inputs_unchanged_on_error(kvx_provider, kvx_call_options):
+    """A used block id out of range: whatever the status, table, lengths and cache are unchanged."""
+    opts = kvx_call_options()
+    table = cb.distinct_table(G, 2, 2, 316)
+    table[1, 1] = G.num_blocks
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 317), table, [6, 7], 8, seed=318,
+                            label=f"used block id {G.num_blocks} out of range")
+    verify_gather(kvx_provider, case, opts, clause=CL_INPUTS, statuses=ANY_STATUS, partial=partial_gather(case))
+
+
+@conformance("inputs.gather.ragged_unchanged", CL_INPUTS, REQUIRED, "tables", "gather", feature="ragged")
+@INDEX_DTYPES
+def test_gather_ragged_inputs_unchanged(kvx_provider, kvx_call_options, index_dtype):
+    """Indices, indptr, seq_lens and the cache after a RAGGED gather."""
+    opts = kvx_call_options()
+    case = cb.ragged_gather(_cache(kvx_provider, opts.memory, 319), cb.distinct_table(G, 2, 2, 320), [5, 7], 8,
+                            seed=321, index_dtype=index_dtype, indptr_dtype=index_dtype, lens_dtype=index_dtype,
+                            extra=1, label="inputs after a RAGGED gather")
+    verify_gather(kvx_provider, case, opts, clause=CL_INPUTS, feature="ragged")
+
+
+@conformance("inputs.gather.kv_offsets_unchanged", CL_INPUTS, REQUIRED, "tables", "gather", feature="kv_offsets")
+def test_gather_kv_offsets_inputs_unchanged(kvx_provider, kvx_call_options):
+    """Offsets, seq_lens, the cache and both pools after a KV_OFFSETS gather."""
+    opts = kvx_call_options()
+    c = cb.kv_offsets_cache(G, DType.F16, primary_blocks=6, secondary_blocks=3, seed=322)
+    t = cb.layout(G, cb.core_layout(kvx_provider, opts.memory), DType.F16)
+    cache = cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(325), DType.F16, t.span_elements()),
+                       v_init=cb.finite_values(cb.rng_for(326), DType.F16, t.span_elements()))
+    off = np.array([[[[0, 4], [5, 1]]], [[[cb.SECONDARY | 2, 3], [cb.SECONDARY | 0, 2]]]], dtype=np.int64)
+    case = cb.kv_offsets_gather(cache, off, [7, 6], 8, seed=323, label="inputs after a KV_OFFSETS gather")
+    verify_gather(kvx_provider, case, opts, clause=CL_INPUTS, feature=("kv_offsets", "secondary_pool"))
+
+
+@conformance("inputs.validate.cache_unchanged", CL_INPUTS, REQUIRED, "core", "validate")
+def test_validate_leaves_cache(kvx_provider, kvx_call_options):
+    """kvx_validate_cache_desc only looks: the cache tensors are unchanged."""
+    opts = kvx_call_options()
+    verify_validate(kvx_provider, cb.validate_case(_cache(kvx_provider, opts.memory, 324), label="valid cache"),
+                    opts, clause=CL_INPUTS)
