@@ -25,13 +25,15 @@ class CallOptions:
     stream: int | None = None
     #: called between the provider's return and the read-back (e.g. lifetime checks)
     after_call: object = None
+    #: DEVICE memory: the CUDA device the buffers go on (None: the current device)
+    device: int | None = None
 
 
 class _Arena:
     """The buffers of one call, by name; checks all their guards at the end."""
 
-    def __init__(self, memory: Memory, misalign: int):
-        self.memory, self.misalign = memory, misalign
+    def __init__(self, memory: Memory, misalign: int, device: int | None = None):
+        self.memory, self.misalign, self.device = memory, misalign, device
         self.bufs: dict[str, buffers.Buffer] = {}
 
     def put(self, name: str, array: np.ndarray | None, *, data: bool = False) -> int:
@@ -39,7 +41,7 @@ class _Arena:
             return 0
         a = np.ascontiguousarray(array)
         buf = buffers.allocate(a.nbytes, self.memory, name, misalign=self.misalign if data else 0,
-                               salt=len(self.bufs))
+                               salt=len(self.bufs), device=self.device)
         buf.upload(a)
         self.bufs[name] = buf
         return buf.ptr
@@ -97,7 +99,7 @@ def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory) -> abi.kvx_cac
 
 def run_validate(provider, case: ValidateCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
-    arena = _Arena(opts.memory, opts.misalign)
+    arena = _Arena(opts.memory, opts.misalign, opts.device)
     c = _place_cache(arena, case.cache, opts.memory)
     args = apply_overrides({"cache": c}, case.c_overrides)
     st = provider.validate_cache_desc(args["cache"])
@@ -113,7 +115,7 @@ def _scale_value_ptr(arena: _Arena, name: str, value: float | None) -> int:
 def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     mem = opts.memory
-    arena = _Arena(mem, opts.misalign)
+    arena = _Arena(mem, opts.misalign, opts.device)
     cache = _place_cache(arena, case.cache, mem)
     g = case.cache.geom
     kp = arena.put("key", case.key, data=True)
@@ -133,7 +135,7 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
     st = provider.write_kv(args["cache"], args["desc"], opts.stream)
     if opts.after_call is not None:
         opts.after_call()
-    buffers.synchronize(mem)
+    buffers.synchronize(mem, opts.device)
     kdt, vdt = case.cache.k_init.dtype, case.cache.v_init.dtype
     arrays = {"k": arena.get("k cache", kdt), "v": arena.get("v cache", vdt)}
     return Result(st, arrays, arena.violations())
@@ -142,7 +144,7 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
 def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     mem = opts.memory
-    arena = _Arena(mem, opts.misalign)
+    arena = _Arena(mem, opts.misalign, opts.device)
     cache = _place_cache(arena, case.cache, mem)
     g = case.cache.geom
     kp = arena.put("out key", case.out_k_init, data=True)
@@ -160,7 +162,7 @@ def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> R
     st = provider.gather_kv(args["cache"], args["desc"], opts.stream)
     if opts.after_call is not None:
         opts.after_call()
-    buffers.synchronize(mem)
+    buffers.synchronize(mem, opts.device)
     arrays = {"k": arena.get("out key", case.out_k_init.dtype), "v": arena.get("out value", case.out_v_init.dtype)}
     # a gather reads the cache: any change to it is a violation too
     changed = [

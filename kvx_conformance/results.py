@@ -59,6 +59,8 @@ class TestRecord:
     detail: str = ""
     #: filled from the expectations file when a waiver matches
     waived: str | None = None
+    #: the GPU (index as --gpus names it) the test's worker was bound to; None on host runs
+    gpu: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
