@@ -55,17 +55,13 @@ def parse_gpus(spec: str | None, count: int) -> list[int]:
         if not part:
             raise GpuSpecError(f"--gpus {spec!r}: empty entry (write e.g. 0,1 or 0-3)")
         try:
-            if "-" in part:
-                lo_s, hi_s = part.split("-", 1)
-                lo, hi = int(lo_s), int(hi_s)
-                if hi < lo:
-                    raise GpuSpecError(f"--gpus {spec!r}: range {part} runs backwards")
-                out.extend(range(lo, hi + 1))
-            else:
-                out.append(int(part))
+            lo, hi = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part), int(part))
         except ValueError:
             raise GpuSpecError(f"--gpus {spec!r}: {part!r} is not a GPU index or range "
                                f"(write e.g. 0,1 or 0-3, or 'all')") from None
+        if hi < lo:
+            raise GpuSpecError(f"--gpus {spec!r}: range {part} runs backwards")
+        out.extend(range(lo, hi + 1))
     bad = [g for g in out if g < 0 or g >= count]
     if bad:
         have = f"GPUs 0-{count - 1}" if count > 1 else ("GPU 0" if count == 1 else "no GPU")
