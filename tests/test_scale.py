@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -229,10 +228,8 @@ def test_partition_by_count_and_durations():
             shards.parse_shard(bad)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def _runs(base):
     """One full host run of the bundled provider, and its three shards balanced by its durations."""
-    base = tmp_path_factory.mktemp("scale")
     full = base / "full"
     p = kvx("run", "--output-dir", full, "--progress", "none", "-n", "2")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -251,7 +248,7 @@ def _outcomes(doc):
     return {t["id"]: t["outcome"] for t in doc["tests"]}
 
 
-def test_three_shards_merged_equal_one_full_run(runs, tmp_path):
+def _three_shards_merged_equal_one_full_run(runs, tmp_path):
     base, full, parts = runs
     docs = [json.loads((d / "results.json").read_text()) for d in parts]
     full_doc = json.loads((full / "results.json").read_text())
@@ -269,8 +266,7 @@ def test_three_shards_merged_equal_one_full_run(runs, tmp_path):
     assert _outcomes(merged) == _outcomes(full_doc)
     assert merged["verdict"] == full_doc["verdict"] == "certified" and merged["certifying"]
     assert merged["counts"] == full_doc["counts"]
-    strip = lambda ps: {k: v for k, v in ps.items()}  # noqa: E731
-    assert strip(merged["profiles"]) == strip(full_doc["profiles"])
+    assert merged["profiles"] == full_doc["profiles"]
     assert [m["shard"] for m in merged["merged_from"]] == [1, 2, 3]
     for f in ("certificate.json", "junit.xml", "report.html", "results.jsonl"):
         assert (out / f).is_file(), f
@@ -290,12 +286,12 @@ def _refused(p) -> str:
     return lines[0]
 
 
-def test_merge_refuses_a_missing_shard(runs, tmp_path):
+def _merge_refuses_a_missing_shard(runs, tmp_path):
     _, _, parts = runs
     assert "shard 2/3 missing" in _refused(kvx("merge", parts[0], parts[2], "--output-dir", tmp_path / "m"))
 
 
-def test_merge_refuses_overlap_and_other_settings(runs, tmp_path):
+def _merge_refuses_overlap_and_other_settings(runs, tmp_path):
     _, full, parts = runs
     assert "given twice" in _refused(kvx("merge", parts[0], parts[0], parts[1], parts[2], "--output-dir",
                                          tmp_path / "m"))
@@ -318,13 +314,12 @@ def test_merge_refuses_overlap_and_other_settings(runs, tmp_path):
     assert "left out" in _refused(kvx("merge", parts[0], cut, parts[2], "--output-dir", tmp_path / "m"))
 
 
-def test_merge_refuses_a_shard_of_another_provider(runs, tmp_path):
+def _merge_refuses_a_shard_of_another_provider(runs, tmp_path):
     from kvx_conformance.native import mutant_provider
 
     _, _, parts = runs
     other = tmp_path / "mutant-part2"
     mutant = mutant_provider("noop_ok")
-    shutil.copy(parts[1] / "results.json", tmp_path / "unused.json")
     p = kvx("run", mutant, "--output-dir", other, "--progress", "none", "-n", "2", "--shard", "2/3",
             "--durations-from", runs[1] / "results.json")
     assert p.returncode in (0, 1), p.stdout[-2000:] + p.stderr[-2000:]
@@ -374,7 +369,7 @@ def test_compare_conformance_lists_exactly_the_changes():
     assert compare_results(base2, waived)["regressions"] == []
 
 
-def test_compare_command_on_conformance_results(runs, tmp_path):
+def _compare_command_on_conformance_results(runs, tmp_path):
     _, full, _ = runs
     doc = json.loads((full / "results.json").read_text())
     new = copy.deepcopy(doc)
@@ -392,3 +387,14 @@ def test_compare_command_on_conformance_results(runs, tmp_path):
     bench.write_text(json.dumps({"schema": "kvx-conform.bench/1", "cases": []}))
     p = kvx("compare", full / "results.json", bench)
     assert p.returncode == 9 and "same kind" in p.stderr
+
+
+def test_shards_merge_and_compare_end_to_end(tmp_path):
+    """One full run and three shards (the runs cost most of the time: shared by every check below)."""
+    runs = _runs(tmp_path / "runs")
+    for i, check in enumerate([_three_shards_merged_equal_one_full_run, _merge_refuses_a_missing_shard,
+                               _merge_refuses_overlap_and_other_settings, _merge_refuses_a_shard_of_another_provider,
+                               _compare_command_on_conformance_results]):
+        d = tmp_path / f"check{i}"
+        d.mkdir()
+        check(runs, d)
