@@ -23,7 +23,8 @@
 #   KVX_MEMORY            host | device | unified | auto (default auto)
 #   KVX_PROFILES          space-separated profiles to run (default: every profile; the
 #                         verdict is over the claimed ones either way)
-#   KVX_WORKERS           worker processes (default: kvx-conform's, min(cpus, 4))
+#   KVX_WORKERS           worker processes (default: kvx-conform's, min(cpus, 4), or one per GPU)
+#   KVX_GPUS              GPU indexes for device/unified runs (`--gpus`, default every visible GPU)
 #   KVX_BENCH             quick | standard | full: also run the bandwidth benchmark
 #   KVX_BENCH_BASELINE    committed bench results.json to gate against (implies KVX_BENCH=quick
 #                         when KVX_BENCH is unset); it must exist
@@ -32,6 +33,13 @@
 #   KVX_MIN_BYTES         gate only cases moving at least this many bytes (small calls are noisy)
 #   KVX_BENCH_ARGS        extra `kvx-conform bench` arguments, e.g. "--filter 'write-*' --repeats 21"
 #   KVX_VERIFY            0: skip `kvx-conform verify` of the fresh certificate (default 1)
+#   KVX_SHARD             K/N: run only part K of N (`kvx-conform run --shard`, one CI machine of N);
+#                         a shard is not a certificate: no verify, no bench; its exit status says
+#                         whether its own tests passed. Join the parts with KVX_MERGE_FROM.
+#   KVX_DURATIONS         with KVX_SHARD: a committed results.json whose durations balance the parts
+#   KVX_MERGE_FROM        space-separated shard output directories (globs allowed, e.g. "parts/*"):
+#                         instead of running, `kvx-conform merge` them into OUTPUT_DIR, then verify
+#                         the merged certificate (and bench, when asked) as after a whole run
 #
 # Exit status: 0 certified, certificate verified and (with a baseline) no regression.
 # Otherwise the first failing step's code: the run's (1 not certified, 2+ usage or load
@@ -48,7 +56,7 @@ say() { echo "kvx-certify: $*"; }
 die() { local code=$1; shift; echo "kvx-certify: error: $*" >&2; exit "$code"; }
 
 [ -f "$provider" ] || die 3 "provider not found: $provider (build it first)"
-for f in "${KVX_CLAIMS:-}" "${KVX_EXPECTATIONS:-}"; do
+for f in "${KVX_CLAIMS:-}" "${KVX_EXPECTATIONS:-}" "${KVX_DURATIONS:-}"; do
   [ -z "$f" ] || [ -f "$f" ] || die 9 "input file not found: $f"
 done
 if [ -n "${KVX_BENCH_BASELINE:-}" ] && [ ! -f "$KVX_BENCH_BASELINE" ]; then
@@ -80,16 +88,29 @@ say "$("$kvx" --version)"
 
 # ---------------------------------------------------------------- conformance
 mkdir -p "$out"
-args=(run "$provider" --output-dir "$out" --junit-xml "$out/junit.xml" --memory "${KVX_MEMORY:-auto}"
-      --progress lines)
-[ -n "${KVX_CLAIMS:-}" ] && args+=(--claims "$KVX_CLAIMS")
-[ -n "${KVX_EXPECTATIONS:-}" ] && args+=(--expectations "$KVX_EXPECTATIONS")
-[ -n "${KVX_WORKERS:-}" ] && args+=(-n "$KVX_WORKERS")
-for p in ${KVX_PROFILES:-}; do args+=(--profile "$p"); done
-
 status=0
-"$kvx" "${args[@]}" || status=$?
-say "conformance exit code $status (report $out/report.html, certificate $out/certificate.json)"
+if [ -n "${KVX_MERGE_FROM:-}" ]; then
+  # shellcheck disable=SC2206 # globs in KVX_MERGE_FROM expand here on purpose
+  parts=(${KVX_MERGE_FROM})
+  "$kvx" merge "${parts[@]}" --output-dir "$out" --junit-xml "$out/junit.xml" || status=$?
+  say "merge exit code $status (${#parts[@]} parts; report $out/report.html, certificate $out/certificate.json)"
+else
+  args=(run "$provider" --output-dir "$out" --junit-xml "$out/junit.xml" --memory "${KVX_MEMORY:-auto}"
+        --progress lines)
+  [ -n "${KVX_CLAIMS:-}" ] && args+=(--claims "$KVX_CLAIMS")
+  [ -n "${KVX_EXPECTATIONS:-}" ] && args+=(--expectations "$KVX_EXPECTATIONS")
+  [ -n "${KVX_WORKERS:-}" ] && args+=(-n "$KVX_WORKERS")
+  [ -n "${KVX_GPUS:-}" ] && args+=(--gpus "$KVX_GPUS")
+  [ -n "${KVX_SHARD:-}" ] && args+=(--shard "$KVX_SHARD")
+  [ -n "${KVX_SHARD:-}" ] && [ -n "${KVX_DURATIONS:-}" ] && args+=(--durations-from "$KVX_DURATIONS")
+  for p in ${KVX_PROFILES:-}; do args+=(--profile "$p"); done
+  "$kvx" "${args[@]}" || status=$?
+  say "conformance exit code $status (report $out/report.html, certificate $out/certificate.json)"
+fi
+if [ -n "${KVX_SHARD:-}" ] && [ -z "${KVX_MERGE_FROM:-}" ]; then
+  say "shard $KVX_SHARD done: merge the parts (KVX_MERGE_FROM) to certify"
+  exit "$status"
+fi
 
 if [ "$status" -eq 0 ] && [ "${KVX_VERIFY:-1}" != 0 ]; then
   "$kvx" verify "$out/certificate.json" --provider "$provider" || status=$?

@@ -101,17 +101,20 @@ def _torch():
 
 
 class DeviceBuffer(Buffer):
-    """cudaMalloc'd memory (through torch's allocator), guards on the device."""
+    """cudaMalloc'd memory (through torch's allocator), guards on the device.
+
+    ``device``: the CUDA device index to allocate on (default: the current device)."""
 
     memory = Memory.DEVICE
 
     def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
-                 align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
+                 align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0, device: int | None = None):
         torch = _torch()
         self.name, self.nbytes, self.guard = name, int(nbytes), guard
         total = guard + align + self.nbytes + guard
         pattern = guard_pattern(total, salt)
-        self._t = torch.from_numpy(pattern.copy()).to("cuda")
+        self._t = torch.from_numpy(pattern.copy()).to("cuda" if device is None else f"cuda:{int(device)}")
+        self.device = self._t.device.index
         base = self._t.data_ptr()
         first = (-(base + guard)) % align + misalign % align
         self._pre = guard + first
@@ -125,14 +128,14 @@ class DeviceBuffer(Buffer):
         assert b.size == self.nbytes, (self.name, b.size, self.nbytes)
         if b.size:
             self._t[self._pre : self._pre + self.nbytes].copy_(torch.from_numpy(b.copy()))
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
 
     def download(self) -> np.ndarray:
-        _torch().cuda.synchronize()
+        _torch().cuda.synchronize(self.device)
         return self._t[self._pre : self._pre + self.nbytes].cpu().numpy().copy()
 
     def _all_bytes(self) -> np.ndarray:
-        _torch().cuda.synchronize()
+        _torch().cuda.synchronize(self.device)
         return self._t.cpu().numpy()
 
 
@@ -210,7 +213,13 @@ class UnifiedBuffer(HostBuffer):
 _KINDS = {Memory.HOST: HostBuffer, Memory.DEVICE: DeviceBuffer, Memory.UNIFIED: UnifiedBuffer}
 
 
-def allocate(nbytes: int, memory: Memory, name: str = "buffer", **kw) -> Buffer:
+def allocate(nbytes: int, memory: Memory, name: str = "buffer", *, device: int | None = None, **kw) -> Buffer:
+    """A guarded buffer; ``device`` places a DEVICE buffer on that CUDA device (host and unified
+    memory have no owning device: it must be None there)."""
+    if device is not None:
+        if Memory(memory) != Memory.DEVICE:
+            raise ValueError(f"a device index applies to DEVICE memory only, not {Memory(memory).name}")
+        kw["device"] = device
     return _KINDS[Memory(memory)](nbytes, name, **kw)
 
 
@@ -227,10 +236,10 @@ def memory_available(memory: Memory) -> str | None:
     return None
 
 
-def synchronize(memory: Memory) -> None:
+def synchronize(memory: Memory, device: int | None = None) -> None:
+    """Wait for the GPU work on ``device`` (default: the current device); nothing for host memory."""
     if memory != Memory.HOST:
-        _torch().cuda.synchronize()
-
+        _torch().cuda.synchronize(device)
 
 
 def _element_text(a: np.ndarray, i: int) -> str:

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "model-eval": "kvx_conformance.model.cli:ModelEvalCommand",
     "compare": "kvx_conformance.bench.compare:CompareCommand",
     "verify": "kvx_conformance.verify:VerifyCommand",
+    "merge": "kvx_conformance.merge:MergeCommand",
 }
 
 EPILOG = """\
@@ -34,6 +35,8 @@ examples:
   kvx-conform list --profile core                           the tests, their clauses and levels
   kvx-conform report kvx-report/results.json -o r.html      re-render a report
   kvx-conform verify kvx-report/certificate.json            check a certificate against provider and suites
+  kvx-conform run ./libacme_kvx.so --shard 2/3 --output-dir p2   one of three CI machines
+  kvx-conform merge p1 p2 p3 --output-dir kvx-report        join the shards into one certificate
   kvx-conform bench ./libacme_kvx.so --preset standard      bandwidth against the copy roofline (GPU)
   kvx-conform compare base.json new.json --max-regression 5 CI gate on bandwidth
   kvx-conform accuracy ./libacme_kvx.so --json              FP4 / FP8 / INT KV-cache accuracy

@@ -30,14 +30,16 @@ class CallOptions:
     stream: int | None = None
     #: called between the provider's return and the read-back (e.g. lifetime checks)
     after_call: object = None
+    #: DEVICE memory: the CUDA device the buffers go on (None: the current device)
+    device: int | None = None
 
 
 class _Arena:
     """The buffers of one call, by name; checks all their guards, and that the read-only
     ones still hold what was put in, at the end."""
 
-    def __init__(self, memory: Memory, misalign: int):
-        self.memory, self.misalign = memory, misalign
+    def __init__(self, memory: Memory, misalign: int, device: int | None = None):
+        self.memory, self.misalign, self.device = memory, misalign, device
         self.bufs: dict[str, buffers.Buffer] = {}
         self.readonly: dict[str, np.ndarray] = {}
 
@@ -46,7 +48,7 @@ class _Arena:
             return 0
         a = np.ascontiguousarray(array)
         buf = buffers.allocate(a.nbytes, self.memory, name, misalign=self.misalign if data else 0,
-                               salt=len(self.bufs))
+                               salt=len(self.bufs), device=self.device)
         buf.upload(a)
         self.bufs[name] = buf
         if readonly:
@@ -117,11 +119,11 @@ def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory, *, readonly: b
 
 def run_validate(provider, case: ValidateCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
-    arena = _Arena(opts.memory, opts.misalign)
+    arena = _Arena(opts.memory, opts.misalign, opts.device)
     c = _place_cache(arena, case.cache, opts.memory, readonly=True)
     args = apply_overrides({"cache": c}, case.c_overrides)
     st = provider.validate_cache_desc(args["cache"])
-    buffers.synchronize(opts.memory)
+    buffers.synchronize(opts.memory, opts.device)
     return Result(st, {}, arena.violations(), input_changes=arena.input_changes())
 
 
@@ -134,7 +136,7 @@ def _scale_value_ptr(arena: _Arena, name: str, value: float | None) -> int:
 def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     mem = opts.memory
-    arena = _Arena(mem, opts.misalign)
+    arena = _Arena(mem, opts.misalign, opts.device)
     cache = _place_cache(arena, case.cache, mem, readonly=False)
     g = case.cache.geom
     kp = arena.put("key", case.key, data=True, readonly=True)
@@ -155,7 +157,7 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
     st = provider.write_kv(args["cache"], args["desc"], opts.stream)
     if opts.after_call is not None:
         opts.after_call()
-    buffers.synchronize(mem)
+    buffers.synchronize(mem, opts.device)
     kdt, vdt = case.cache.k_init.dtype, case.cache.v_init.dtype
     arrays = {"k": arena.get("k cache", kdt), "v": arena.get("v cache", vdt)}
     return Result(st, arrays, arena.violations(), input_changes=arena.input_changes())
@@ -164,7 +166,7 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
 def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     mem = opts.memory
-    arena = _Arena(mem, opts.misalign)
+    arena = _Arena(mem, opts.misalign, opts.device)
     cache = _place_cache(arena, case.cache, mem, readonly=True)
     g = case.cache.geom
     kp = arena.put("out key", case.out_k_init, data=True)
@@ -182,7 +184,7 @@ def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> R
     st = provider.gather_kv(args["cache"], args["desc"], opts.stream)
     if opts.after_call is not None:
         opts.after_call()
-    buffers.synchronize(mem)
+    buffers.synchronize(mem, opts.device)
     arrays = {"k": arena.get("out key", case.out_k_init.dtype), "v": arena.get("out value", case.out_v_init.dtype)}
     # a gather only reads the cache: a change to it is a changed input
     return Result(st, arrays, arena.violations(), input_changes=arena.input_changes())

@@ -31,6 +31,7 @@ EXIT_BAD_INPUT_FILE = 9  # unreadable or invalid claims / expectations / results
 EXIT_MEMORY_UNAVAILABLE = 10  # the requested memory type cannot be used on this machine
 EXIT_NO_TESTS = 11  # the selection (-k, --profile, --id) matched no test
 EXIT_HARNESS_ERROR = 12  # the harness itself failed (suite import error, pytest internal error)
+EXIT_MERGE_REFUSED = 14  # kvx-conform merge: the parts are not one run split in N (docs/scale.md)
 EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C)
 
 

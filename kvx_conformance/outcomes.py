@@ -41,7 +41,7 @@ PROFILES = {
     "tables": "RAGGED and KV_OFFSETS tables, beams, secondary pool",
     "fp8": "FP8 E4M3/E5M2 caches with scales",
     "robustness": "malformed descriptors, out-of-range data, misaligned buffers, zero-sized calls",
-    "concurrency": "threads on disjoint regions, lifetime after return, streams",
+    "concurrency": "threads on disjoint regions, lifetime after return, streams, buffers on another GPU",
     "generated": "hypothesis-generated valid cases and single-rule violations",
     "engines": "engine-shaped scenarios (vLLM, TGI, TensorRT-LLM, FlashInfer, ppl.nn)",
     "fp4": "KVX 1.2 FP4 extension (NVFP4 / MXFP4), compatible tier",
@@ -69,6 +69,7 @@ OPTIONAL_FEATURES = {
     "unified_memory": "KVX_MEMORY_UNIFIED",
     "host_memory": "KVX_MEMORY_HOST",
     "fp4": "KVX 1.2 FP4 caches",
+    "multi_device": "DEVICE buffers on a GPU other than the current one (R-PLACEMENT)",
 }
 
 

@@ -54,6 +54,8 @@ _META = pytest.StashKey[dict]()
 _START_MARK = "== kvx-start "
 #: characters of captured stdout / stderr kept per test phase (a chatty provider's output is cut)
 CAPTURE_TAIL_CHARS = 16 * 1024
+#: GPUs and shards (--kvx-gpus, --kvx-shard): kvx_conformance/scale_plugin.py, registered as "kvx-scale"
+pytest_plugins = ["kvx_conformance.scale_plugin"]
 
 
 def entry_function(name: str) -> str:
@@ -590,7 +592,7 @@ class _Controller:
                 raise pytest.UsageError(str(e)) from None
             header = self._header()
             partial = bool(config.getoption("keyword") or config.getoption("kvx_id")
-                           or config.getoption("markexpr"))
+                           or config.getoption("markexpr") or config.getoption("kvx_shard"))
             self.writer = ResultsWriter(self.out_dir, header, claims=self.rc.claims, waivers=waivers,
                                         quick=self.rc.quick, partial=partial)
             (self.out_dir / BREAKER_FILE).unlink(missing_ok=True)
@@ -636,6 +638,10 @@ class _Controller:
         self.ids, self.total = ids, len(ids)
         if self.writer is not None:
             self.writer.total = self.total
+            scale = self.config.pluginmanager.get_plugin("kvx-scale")
+            shard = scale.shard_info() if scale is not None else None
+            if shard is not None:
+                self.writer.header["shard"] = shard
         self._print(f"kvx-conform: {self.total} tests", newline=True)
 
     def pytest_collectreport(self, report) -> None:
@@ -709,6 +715,7 @@ class _Controller:
         seed = next((p.get("seed") for p in phases if p.get("seed") is not None), None)
         failure = next((p.get("failure") for p in phases if p.get("failure")), None)
         worker = getattr(getattr(node, "gateway", None), "id", None)
+        scale = self.config.pluginmanager.get_plugin("kvx-scale")
         rec = TestRecord(
             id=meta["id"], nodeid=nodeid, clause=meta.get("clause", ""), level=meta.get("level", "required"),
             profile=meta.get("profile", "core"), entry=list(meta.get("entry", [])), feature=meta.get("feature"),
@@ -717,6 +724,7 @@ class _Controller:
             duration=round(sum(float(p.get("duration") or 0) for p in phases), 4), seed=seed, failure=failure,
             breaker=next((p.get("breaker") for p in phases if p.get("breaker")), None), worker=worker,
             detail=next((p.get("detail") for p in phases if p.get("detail")), ""),
+            gpu=scale.gpu_of(worker) if scale is not None else None,
         )
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
         if self.writer is not None:

@@ -66,6 +66,8 @@ class TestRecord:
     attempts: list[str] | None = None
     #: a re-run test: how many attempts had each outcome, e.g. {"pass": 2, "fail": 1}
     tally: dict[str, int] | None = None
+    #: the GPU (index as --gpus names it) the test's worker was bound to; None on host runs
+    gpu: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

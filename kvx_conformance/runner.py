@@ -127,8 +127,9 @@ class RunCommand:
         p.add_argument("--memory", default="auto", choices=["host", "device", "unified", "auto"],
                        help="memory type of the buffers (auto: device when the provider and torch+GPU allow, "
                             "else host)")
-        p.add_argument("-n", "--workers", type=int, default=default_workers(), metavar="N",
-                       help="worker processes (at least 1; default min(cpus, 4) = %(default)s)")
+        p.add_argument("-n", "--workers", type=int, default=None, metavar="N",
+                       help=f"worker processes (at least 1; default min(cpus, 4) = {default_workers()}, or one "
+                            "per GPU when --memory device/unified runs on more GPUs)")
         p.add_argument("--output-dir", default=DEFAULT_OUTPUT, metavar="DIR",
                        help="where results, certificate and report go (default ./%(default)s)")
         p.add_argument("--junit-xml", metavar="PATH", help="JUnit XML file (default DIR/junit.xml)")
@@ -152,6 +153,15 @@ class RunCommand:
                        help="progress display (default auto: one rewritten line on a terminal)")
         p.add_argument("--pytest-args", default="", metavar="ARGS",
                        help="extra pytest arguments, one shell-quoted string (debugging)")
+        # -- GPUs and shards (docs/scale.md)
+        p.add_argument("--gpus", metavar="LIST",
+                       help="device/unified runs: GPU indexes the workers are spread over, one GPU per worker "
+                            "(e.g. 0,1 or 0-3; default: every visible GPU); each test's record names its GPU")
+        p.add_argument("--shard", metavar="K/N",
+                       help="run only part K of N of the selection (deterministic, balanced); join the parts "
+                            "with kvx-conform merge (a shard alone is not certifying)")
+        p.add_argument("--durations-from", metavar="RESULTS",
+                       help="with --shard: balance the parts by the test durations of this results.json")
         p.add_argument("--bench", choices=["quick", "standard", "full"], metavar="PRESET",
                        help="after the conformance run, run the bandwidth benchmarks of PRESET (quick, standard, "
                             "full) into DIR/bench (kvx-conform bench; the exit status stays the certification's)")
@@ -221,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         _err("no provider given and the bundled reference is not built (pip install the package, or set "
              "KVX_CONFORM_NATIVE_DIR)")
         return EXIT_NOT_FOUND
-    workers = args.workers
+    workers = args.workers if args.workers is not None else default_workers()
     if workers < 1:
         _err(f"-n must be at least 1 (got {workers}): the suites always run in worker processes")
         return EXIT_USAGE
@@ -232,6 +242,11 @@ def run(args: argparse.Namespace) -> int:
         _err(f"--reruns must be 0 or more (got {args.reruns})")
         return EXIT_USAGE
     if args.keyword and (bad := keyword_error(args.keyword)):
+        _err(bad)
+        return EXIT_USAGE
+    from .scale import check_run_options
+
+    if bad := check_run_options(args):
         _err(bad)
         return EXIT_USAGE
     try:
@@ -263,6 +278,15 @@ def run(args: argparse.Namespace) -> int:
     if mem_error:
         _err(mem_error)
         return EXIT_MEMORY_UNAVAILABLE
+    from .scale import plan_gpus
+
+    try:
+        gpu_plan = plan_gpus(args, memory, info.environment, workers)
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    workers = gpu_plan.workers
+    notes += gpu_plan.notes
     for line in _header_lines(info, memory, args, workers, notes):
         print(line)
     sys.stdout.flush()
@@ -283,7 +307,9 @@ def run(args: argparse.Namespace) -> int:
                    "timeout_s": args.timeout, "quick": args.quick, "keyword": args.keyword, "ids": args.id,
                    "profiles": args.profile, "seed": args.seed, "breaker_threshold": args.breaker,
                    "suite": args.suite, "suites_hash": suites_hash(root), "reruns": args.reruns,
-                   "hypothesis_max_examples": None},
+                   "hypothesis_max_examples": None,
+                   "gpus": gpu_plan.gpus, "shard": args.shard,
+                   "durations_from": str(Path(args.durations_from).resolve()) if args.durations_from else None},
     }
     from .plugin import HYPOTHESIS_EXAMPLES
 
@@ -322,6 +348,11 @@ def run(args: argparse.Namespace) -> int:
         pa += ["--kvx-id", tid]
     if args.keyword:
         pa += ["-k", args.keyword]
+    pa += gpu_plan.pytest_args()
+    if args.shard:
+        pa += ["--kvx-shard", args.shard]
+        if args.durations_from:
+            pa += ["--kvx-shard-durations", str(Path(args.durations_from).resolve())]
     if args.seed is not None:
         pa += ["--kvx-seed", str(args.seed)]
         if importlib.util.find_spec("_hypothesis_pytestplugin") is not None:
@@ -360,6 +391,15 @@ def _with_option(pa: list[str], flag: str, value: str) -> list[str]:
     return out
 
 
+def _without_option(pa: list[str], flag: str) -> list[str]:
+    """``pa`` without ``flag`` and its value."""
+    out = list(pa)
+    if flag in out:
+        i = out.index(flag)
+        del out[i:i + 2]
+    return out
+
+
 def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, workers: int, claims,
                    expectations: str | None) -> dict[str, list[str]]:
     """Re-run the tests of ``out/results.json`` that failed, crashed, timed out or errored.
@@ -395,7 +435,8 @@ def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, wor
         d.mkdir(parents=True, exist_ok=True)
         (d / "nodeids.txt").write_text("\n".join(todo) + "\n", encoding="utf-8")
         print(f"re-run {k}/{reruns}: {len(todo)} test(s) that did not pass", flush=True)
-        a = _with_option(pa, "--kvx-output-dir", str(d))
+        a = _without_option(_without_option(pa, "--kvx-shard"), "--kvx-shard-durations")  # node ids select
+        a = _with_option(a, "--kvx-output-dir", str(d))
         a = _with_option(a, "--kvx-progress", "none")
         a = _with_option(a, "-n", str(max(1, min(workers, len(todo)))))
         rc = int(pytest.main(a + ["--kvx-nodeids", str(d / "nodeids.txt")] + target))
@@ -513,7 +554,11 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
     lines.append("== " + "  ".join(f"{k} {v}" for k, v in c.items()))
     verdict = str(doc.get("verdict", "?")).upper()
     if not doc.get("certifying"):
-        verdict += "   (NOT CERTIFYING: " + ("quick run" if doc.get("quick") else "partial selection") + ")"
+        shard = doc.get("shard") or {}
+        why = ("quick run" if doc.get("quick") else
+               f"shard {shard['index']}/{shard['count']}; join the shards with kvx-conform merge" if shard else
+               "partial selection")
+        verdict += f"   (NOT CERTIFYING: {why})"
     if not doc.get("complete"):
         verdict += "   (INCOMPLETE)"
     lines.append(f"== verdict: {verdict}")
@@ -537,6 +582,7 @@ class ListCommand:
             epilog="examples:\n"
                    "  kvx-conform list\n"
                    "  kvx-conform list --profile core --profile tables\n"
+                   "  kvx-conform list --memory device\n"
                    "  kvx-conform list --json > tests.json\n",
         )
         p.add_argument("--profile", action="append", default=[], choices=list(PROFILES), metavar="P",
@@ -544,12 +590,15 @@ class ListCommand:
         p.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching this pytest -k expression")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.add_argument("--suite", default=DEFAULT_SUITE, metavar="SUITE", help="suite package or directory")
+        p.add_argument("--memory", default="host", choices=["host", "device", "unified"],
+                       help="list the tests a run on this memory type collects (default %(default)s; e.g. the "
+                            "stream and device-placement tests are collected on device runs only)")
         return p
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
         try:
-            doc = collect(args.suite, profiles=args.profile, keyword=args.keyword)
+            doc = collect(args.suite, profiles=args.profile, keyword=args.keyword, memory=args.memory)
         except RuntimeError as e:
             _err(str(e))
             return EXIT_HARNESS_ERROR
@@ -578,7 +627,7 @@ class ListCommand:
         return 0
 
 
-def collect(suite: str, profiles: list[str] = (), keyword: str | None = None) -> dict:
+def collect(suite: str, profiles: list[str] = (), keyword: str | None = None, memory: str = "host") -> dict:
     """Collect-only through the plugin; returns {"tests": [...metadata], "duplicate_ids": [...]}."""
     import pytest
 
@@ -590,7 +639,8 @@ def collect(suite: str, profiles: list[str] = (), keyword: str | None = None) ->
         ini.write_text(PYTEST_INI, encoding="utf-8")
         out = Path(tmp) / "collection.json"
         pa = ["--collect-only", "-qq", "-c", str(ini), "--rootdir", str(root), "-p", "kvx_conformance.plugin",
-              "-p", "no:cacheprovider", "--kvx-collect-out", str(out), "--kvx-progress", "none"]
+              "-p", "no:cacheprovider", "--kvx-collect-out", str(out), "--kvx-progress", "none",
+              "--kvx-memory", memory]
         for prof in profiles:
             pa += ["--kvx-profile", prof]
         if keyword:

@@ -18,7 +18,7 @@ MAPS = {
     "certificate": {"profiles", "counts", "breaker"},
 }
 #: objects documented as a whole (their keys depend on the machine)
-LEAVES = {"results": {"environment.torch"}, "certificate": set()}
+LEAVES = {"results": {"environment.torch", "merged_from[].environment"}, "certificate": set()}
 
 
 def key_paths(obj, kind: str, prefix: str = "") -> set[str]:

@@ -77,6 +77,8 @@ def test_template_parses_and_calls_the_script(path):
         assert {"cpu", "gpu"} <= set(doc["jobs"]), f"{path.name}: jobs {sorted(doc['jobs'])}, want cpu and gpu"
         assert "self-hosted" in doc["jobs"]["gpu"]["runs-on"], "the GPU job must target a self-hosted runner"
         for name, job in doc["jobs"].items():
+            if name == "build":  # the sharded variant's build-once job (test_sharded_variant)
+                continue
             runs = [s.get("run", "") for s in job["steps"]]
             scripts += runs
             assert any("ci/kvx-certify.sh" in r for r in runs), f"job {name} does not call ci/kvx-certify.sh"
@@ -101,8 +103,8 @@ def test_template_parses_and_calls_the_script(path):
             assert any(p in (f"kvx-results/{a}",) for p in base["artifacts"]["paths"]), f"artifact {a} missing"
         assert base["artifacts"]["reports"]["junit"] == "kvx-results/junit.xml"
         env_names = set(doc.get("variables", {}))
-        for job in jobs.values():
-            env_names |= set(job.get("variables", {}))
+        for job in [v for v in doc.values() if isinstance(v, dict)]:
+            env_names |= set(job.get("variables", {}) or {})
     known = _script_variables() | {"KVX_PROVIDER"}
     unknown = sorted(n for n in env_names if n.startswith("KVX_") and n not in known)
     assert not unknown, f"{path.name} sets {unknown}, which ci/kvx-certify.sh does not read (typo?)"
@@ -111,6 +113,42 @@ def test_template_parses_and_calls_the_script(path):
         for word in shlex.split(s, comments=True):
             if word.startswith(("examples/", "ci/")) and not word.endswith(".so"):
                 assert (ROOT / word).exists(), f"{path.name} names {word}, which does not exist"
+
+
+def test_sharded_variant():
+    """Shards (a GitHub matrix, GitLab `parallel:`) run one built binary, then one job merges and verifies."""
+    gh = yaml.safe_load(GITHUB.read_text())["jobs"]
+    matrix = gh["shard"]["strategy"]["matrix"]["shard"]
+    assert gh["shard"]["needs"] == "build" and gh["merge"]["needs"] == "shard"
+    assert gh["merge"]["if"] == "${{ !cancelled() }}", "merge must run (or refuse) after a failed shard"
+    step = next(s for s in gh["shard"]["steps"] if "ci/kvx-certify.sh" in s.get("run", ""))
+    assert step["env"]["KVX_SHARD"] == f"${{{{ matrix.shard }}}}/{len(matrix)}" and matrix == list(
+        range(1, len(matrix) + 1)), (step["env"], matrix)
+    up = [s for s in gh["shard"]["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    assert up[0]["with"]["name"] == "kvx-shard-${{ matrix.shard }}" and "kvx-results/results.json" in \
+        up[0]["with"]["path"]
+    down = [s["with"] for s in gh["merge"]["steps"] if str(s.get("uses", "")).startswith("actions/download")]
+    assert {"name": "kvx-provider", "path": "examples/minimal_provider"} in down
+    assert {"pattern": "kvx-shard-*", "path": "kvx-parts"} in down
+    merge = next(s for s in gh["merge"]["steps"] if "ci/kvx-certify.sh" in s.get("run", ""))
+    assert merge["env"]["KVX_MERGE_FROM"] == "kvx-parts/*"
+    built = gh["build"]["steps"][-1]["with"]["path"]
+    assert built == yaml.safe_load(GITHUB.read_text())["env"]["KVX_PROVIDER"]
+
+    gl = yaml.safe_load(GITLAB.read_text())
+    shard, merge, build = gl["kvx-certify-shard"], gl["kvx-certify-merge"], gl["kvx-provider-build"]
+    assert isinstance(shard["parallel"], int) and shard["parallel"] >= 2
+    assert any('KVX_SHARD="$CI_NODE_INDEX/$CI_NODE_TOTAL"' in line for line in shard["script"])
+    assert any('"kvx-parts/$CI_NODE_INDEX"' in line for line in shard["script"]), "each shard needs its own folder"
+    assert "kvx-parts/" in shard["artifacts"]["paths"] and shard["artifacts"]["when"] == "always"
+    assert merge["variables"]["KVX_MERGE_FROM"] == "kvx-parts/*" and merge["when"] == "always"
+    assert set(merge["needs"]) == {"kvx-provider-build", "kvx-certify-shard"}
+    assert shard["needs"] == ["kvx-provider-build"]
+    assert gl["variables"]["KVX_PROVIDER"] in build["artifacts"]["paths"]
+    stages = gl["stages"]
+    assert stages.index(build["stage"]) < stages.index(shard["stage"]) < stages.index(merge["stage"])
+    for a in ARTIFACTS:
+        assert f"kvx-results/{a}" in merge["artifacts"]["paths"]
 
 
 # ---------------------------------------------------------------------------- commands named in text
@@ -194,6 +232,27 @@ def test_script_command_lines_parse(recorder):
     assert "--no-peers" in bench and compare[compare.index("--min-bytes") + 1] == "256e6"
     assert compare[2].endswith("out/bench/results.json")
     assert compare[compare.index("--max-regression") + 1] == "7" and compare[compare.index("--fail-below") + 1] == "10"
+
+
+def test_script_shard_and_merge(recorder, tmp_path):
+    dur = tmp_path / "durations.json"
+    dur.write_text("{}")
+    r, calls = recorder(KVX_SHARD="2/3", KVX_DURATIONS=dur, KVX_BENCH="quick", KVX_GPUS="0,1")
+    assert r.returncode == 0, r.stderr
+    assert [c[0] for c in calls] == ["run"], "a shard is not a certificate: no verify, no bench"
+    run = calls[0]
+    assert run[run.index("--shard") + 1] == "2/3" and run[run.index("--durations-from") + 1] == str(dur)
+    assert run[run.index("--gpus") + 1] == "0,1"
+    r, calls = recorder(codes={"run": 1}, KVX_SHARD="1/3")
+    assert r.returncode == 1 and [c[0] for c in calls] == ["run"]
+    for k in (1, 2):
+        (tmp_path / "parts" / f"kvx-shard-{k}").mkdir(parents=True)
+    r, calls = recorder(KVX_MERGE_FROM="parts/*")
+    assert r.returncode == 0, r.stderr
+    assert [c[0] for c in calls] == ["merge", "verify"], calls
+    assert calls[0][1:3] == ["parts/kvx-shard-1", "parts/kvx-shard-2"] and "--output-dir" in calls[0]
+    r, calls = recorder(codes={"merge": 14}, KVX_MERGE_FROM="parts/*")
+    assert r.returncode == 14 and [c[0] for c in calls] == ["merge"]
 
 
 @pytest.mark.parametrize("failing,code,expected_calls", [

@@ -36,6 +36,11 @@ def add_arguments(p: argparse.ArgumentParser, *, with_provider: bool = True) -> 
     p.add_argument("--label", metavar="TEXT", help="a label for this run (shown in the report)")
     p.add_argument("--no-verify", action="store_true", help="skip the oracle check after timing (not recommended)")
     p.add_argument("--quiet", action="store_true", help="no per-case lines")
+    # several GPUs of one host (kvx_conformance/bench/multigpu.py, docs/scale.md)
+    p.add_argument("--gpus", metavar="LIST",
+                   help="device/unified memory: split the sweep over these GPU indexes (e.g. 0,1 or 0-3 or all), one "
+                        "process per GPU, each against its own roofline; flags a GPU > 5%% slower than the others")
+    p.add_argument("--case-ids", metavar="FILE", help=argparse.SUPPRESS)  # a --gpus child's share of the cases
 
 
 def select(cases, globs):
@@ -76,9 +81,26 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
         return e.exit_code, None
     reference = None if args.no_peers else (args.reference or _bundled())
     cases = select(preset(args.preset, memory), args.filter)
+    if getattr(args, "case_ids", None):
+        import json
+
+        wanted = set(json.loads(Path(args.case_ids).read_text(encoding="utf-8")))
+        cases = [c for c in cases if c.id in wanted]
     if not cases:
         print("kvx-conform: no case matched --filter", file=sys.stderr)
         return EXIT_USAGE, None
+    if getattr(args, "gpus", None) and memory != "host":
+        split = _gpu_split(args, memory)
+        if isinstance(split, str):
+            print(f"kvx-conform: {split}", file=sys.stderr)
+            return EXIT_USAGE, None
+        if split is not None:
+            from .multigpu import run_split
+
+            if not args.quiet:
+                print(f"kvx-conform bench: {len(cases)} cases, preset {args.preset}, memory {memory}, provider "
+                      f"{provider}, split over GPUs {','.join(map(str, split[0]))}")
+            return run_split(args, provider, out, cases, *split)
     if not args.quiet:
         print(f"kvx-conform bench: {len(cases)} cases, preset {args.preset}, memory {memory}, provider {provider}")
     if memory == "host":
@@ -109,6 +131,23 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
         print(f"report       {out / 'bench.html'}")
     bad = s["errors"] or s["verification_failures"]
     return (EXIT_FAILED if bad else EXIT_OK), doc
+
+
+def _gpu_split(args: argparse.Namespace, memory: str):
+    """(gpus, visible names) for a split run, None to run here (one GPU: GPU 0), or an error line."""
+    from ..gpus import GpuSpecError, parse_gpus, visible_devices
+
+    import torch
+
+    count = torch.cuda.device_count()
+    try:
+        gpus = parse_gpus(args.gpus, count)
+    except GpuSpecError as e:
+        return str(e)
+    if gpus == [0] or not gpus:
+        return None
+    args.memory_resolved = memory
+    return gpus, visible_devices(count)
 
 
 def _bundled() -> str | None:

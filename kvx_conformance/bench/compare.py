@@ -1,5 +1,10 @@
 """``kvx-conform compare BASE.json NEW.json``: bandwidth changes between two bench runs; CI gates.
 
+Given two conformance results.json files instead (kind kvx-conform-results), it lists the
+tests that changed by id (newly failing, newly passing, flaky, changed, added, removed) and
+exits 1 when a test that passed in BASE now fails, crashes, times out or errors, or a
+required test that passed does not pass any more (kvx_conformance/compare_results.py).
+
 Cases are matched by id. ``--max-regression PCT`` fails (exit 1) when a case's
 bandwidth dropped by more than PCT percent; ``--fail-below PCT`` fails when a case of
 NEW reaches less than PCT percent of NEW's in-run roofline. ``--min-bytes N`` limits
@@ -90,13 +95,15 @@ class CompareCommand:
     @staticmethod
     def add_parser(sub) -> argparse.ArgumentParser:
         p = sub.add_parser(
-            "compare", help="bandwidth changes between two bench results.json files; CI gates",
+            "compare", help="bandwidth changes between two bench results.json files, or test changes between "
+                            "two conformance results.json files; CI gates",
             formatter_class=argparse.RawDescriptionHelpFormatter,
             description=__doc__.split("\n", 2)[2] if __doc__ else "",
             epilog="examples:\n"
                    "  kvx-conform compare base/results.json new/results.json\n"
                    "  kvx-conform compare base/results.json new/results.json --max-regression 5 --min-bytes 256e6\n"
-                   "  kvx-conform compare base/results.json new/results.json --fail-below 90 --min-bytes 256e6\n")
+                   "  kvx-conform compare base/results.json new/results.json --fail-below 90 --min-bytes 256e6\n"
+                   "  kvx-conform compare kvx-report-v1/results.json kvx-report/results.json   # conformance\n")
         p.add_argument("base")
         p.add_argument("new")
         p.add_argument("--max-regression", type=float, metavar="PCT",
@@ -108,10 +115,21 @@ class CompareCommand:
         p.add_argument("--agreement", action="store_true",
                        help="also print run-to-run agreement on large cases (>= 256 MB moved)")
         p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+        p.add_argument("--fail-on-flaky", action="store_true",
+                       help="conformance results: a test that passed in BASE and is flaky in NEW fails the gate")
         return p
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
+        from ..compare_results import is_conformance_results, main as compare_conformance
+
+        kinds = [is_conformance_results(p) for p in (args.base, args.new)]
+        if all(kinds):
+            return compare_conformance(args)
+        if any(kinds):
+            print("kvx-conform: one file is conformance results, the other is not: compare two results.json "
+                  "files of the same kind (run / run, or bench / bench)", file=sys.stderr)
+            return EXIT_BAD_INPUT
         try:
             base, new = load(args.base), load(args.new)
         except ValueError as e:

@@ -260,6 +260,7 @@ def _row(r: dict, p: dict) -> dict:
         "verified": ver.get("ok"), "verified_rows": f"{ver.get('rows_checked', 0)}/{ver.get('rows_total', 0)}",
         "problems": "; ".join(ver.get("problems", [])),
         "error": r.get("error") or p.get("error") or p.get("graph_error"),
+        "gpu": r.get("gpu"),  # a --gpus run: the GPU that timed this case
     }
 
 
