@@ -417,7 +417,8 @@ def case_features(case) -> list[str]:
             f = None
         if f and f not in feats:
             feats.append(f)
-        if not _canonical(t, c.geom) and "noncanonical_strides" not in feats:
+        # CUSTOM is described by its strides (spec 4.2): any stride pattern is the feature itself
+        if t.layout != Layout.BLOCK_CUSTOM and not _canonical(t, c.geom) and "noncanonical_strides" not in feats:
             feats.append("noncanonical_strides")
     if c.k.layout != c.v.layout or c.k.dtype != c.v.dtype or c.k.stride != c.v.stride:
         feats.append("mixed_layouts")
@@ -429,7 +430,9 @@ def case_features(case) -> list[str]:
         dense = contiguous_strides(tuple(io.shape))
         if tuple(io.stride) != dense and "io_strides" not in feats:
             feats.append("io_strides")
-        if io.dtype not in (c.k.dtype, c.v.dtype) and "mixed_io_dtype" not in feats:
+        # into or out of an FP8 cache a different IO dtype is the FP8 feature (quantization)
+        fp8_cache = c.k.dtype in FP8_DTYPES or c.v.dtype in FP8_DTYPES
+        if io.dtype not in (c.k.dtype, c.v.dtype) and not fp8_cache and "mixed_io_dtype" not in feats:
             feats.append("mixed_io_dtype")
     return feats
 

@@ -70,7 +70,10 @@ def build_certificate(results: dict) -> dict:
         "NOT CERTIFYING: a quick or partial run; run the full suite to certify",
         "claimed_profiles": (results.get("claims") or {}).get("profiles", []),
         "claimed_features": (results.get("claims") or {}).get("features", []),
-        "profiles": {name: {"verdict": p.get("verdict"), "claimed": p.get("claimed"),
+        "claims_explicit": bool((results.get("claims") or {}).get("explicit")),
+        "not_claimed_profiles": results.get("not_claimed", (results.get("claims") or {}).get("not_claimed", [])),
+        "not_served_profiles": results.get("not_served", []),
+        "profiles": {name: {"verdict": p.get("verdict"), "claimed": p.get("claimed"), "served": p.get("served"),
                             "required": p.get("required"), "required_passed": p.get("required_passed"),
                             "waived": p.get("waived", []), "warnings": len(p.get("warnings", []))}
                      for name, p in profiles.items()},

@@ -29,7 +29,7 @@ from .cases import GatherCase, Result, ValidateCase, WriteCase
 from .descriptors import IOLayout, TensorLayout
 from .dtypes import bits_view
 from .loader import status_name
-from .outcomes import ConformanceFailure, Unsupported
+from .outcomes import ConformanceFailure, Unsupported, note_served_call
 
 #: Statuses a data-dependent error may come back as on DEVICE memory (R-DEVICE-STATUS).
 DATA_DEPENDENT = (Status.OUT_OF_RANGE, Status.INVALID_ARGUMENT)
@@ -236,19 +236,58 @@ def _oracle():
     return reference_impl
 
 
-def _unsupported(got: Result, case, feature: str | tuple[str, ...] | None, clause: str) -> None:
-    """An UNSUPPORTED answer must have written nothing; then it is the feature's to excuse."""
+#: Layout features of which the core profile needs one (readings: core).
+CORE_LAYOUT_FEATURES = ("nhd", "hnd")
+
+
+def refusable_features(case, feature: str | tuple[str, ...] | None = None,
+                       core: str | None = None) -> tuple[str, ...]:
+    """The optional features a refusal of ``case`` may be excused by: the test's own
+    ``feature`` plus every optional feature the case exercises (``casebuild.case_features``),
+    except the provider's ``core`` layout ("nhd" or "hnd": required of it), or both core
+    layouts when it is not known, unless the test names it."""
+    given = (feature,) if isinstance(feature, str) else tuple(feature or ())
+    required = (core,) if core in CORE_LAYOUT_FEATURES else CORE_LAYOUT_FEATURES
+    used = tuple(f for f in case_features(case) if f not in required)
+    return tuple(dict.fromkeys(given + used))
+
+
+def provider_core_layout(provider, memory: Memory) -> str | None:
+    """The provider's core layout (``casebuild.core_layout``), or None where it cannot be
+    learnt (a proxy provider without ``kvx_validate_cache_desc`` and nothing cached)."""
+    from .casebuild import core_layout
+
+    try:
+        return core_layout(provider, memory)
+    except Exception:  # noqa: BLE001 - a proxy that cannot validate: both core layouts count as required
+        return None
+
+
+def _unsupported(got: Result, case, feature: str | tuple[str, ...] | None, clause: str,
+                 core: str | None = None) -> None:
+    """A refusal (UNSUPPORTED, or INVALID_ARGUMENT for a call the oracle answers OK: spec 8
+    "unsupported field") must have written nothing; then it is the feature's to excuse."""
+    name = status_name(got.status)
     check_guards(got, clause=clause, case=case)
     if not isinstance(case, ValidateCase):
         check_arrays(got, untouched(case), case, clause=clause,
-                     what="the provider answered UNSUPPORTED but modified memory")
+                     what=f"the provider answered {name} but modified memory")
     label = getattr(case, "label", "") or type(case).__name__
     # the test's feature plus every optional feature the case exercises: the answer is
     # excused when any of them is unclaimed (plugin), so a claimed feature is not blamed
     # for a refusal of something else the case combines it with
-    given = (feature,) if isinstance(feature, str) else tuple(feature)
-    features = tuple(dict.fromkeys(given + tuple(case_features(case))))
-    raise Unsupported(f"provider answered UNSUPPORTED for {label}", features)
+    raise Unsupported(f"provider answered {name} for {label}", refusable_features(case, feature, core),
+                      refused_with=name)
+
+
+def is_refusal(got_status: int, expected_status: int, allowed) -> bool:
+    """UNSUPPORTED where the test does not expect it, or INVALID_ARGUMENT for a call the
+    oracle answers OK (spec 8: INVALID_ARGUMENT also means "unsupported field")."""
+    allowed = {int(s) for s in allowed}
+    if int(got_status) == Status.UNSUPPORTED:
+        return int(Status.UNSUPPORTED) not in allowed
+    return (int(got_status) == Status.INVALID_ARGUMENT and int(expected_status) == Status.OK
+            and int(Status.INVALID_ARGUMENT) not in allowed)
 
 
 def _judge(
@@ -261,6 +300,7 @@ def _judge(
     feature: str | tuple[str, ...] | None,
     statuses: Iterable[int] | None,
     partial: Callable[[], Result] | None,
+    core: str | None = None,
 ) -> Result:
     exp_status = int(expected.status)
     allowed = {exp_status} if statuses is None else {int(s) for s in statuses}
@@ -270,18 +310,15 @@ def _judge(
     if device_ok:
         allowed.add(int(Status.OK))  # R-DEVICE-STATUS
     check_inputs(got, case=case)  # whatever the answer, the inputs are the caller's (R-INPUTS)
-    if (
-        got.status == Status.UNSUPPORTED
-        and Status.UNSUPPORTED not in allowed
-        and feature is not None
-    ):
-        _unsupported(got, case, feature, clause)
+    if feature is not None and is_refusal(got.status, exp_status, allowed):
+        _unsupported(got, case, feature, clause, core)
     check_status(got.status, allowed, clause=clause, case=case)
     check_guards(got, clause=clause, case=case)
     if isinstance(case, ValidateCase):
         return got
     if got.status == Status.OK and exp_status == Status.OK:
         check_arrays(got, expected, case, clause=clause)
+        note_served_call()
         return got
     # An error answer, or OK for an erroneous call where that is allowed: the call
     # wrote nothing, or (data-dependent errors) only what its valid part writes.
@@ -335,7 +372,8 @@ def verify_validate(
     exp = _oracle().expected_validate(case, opts.memory)
     _agree(exp, expect, case)
     got = execute.run_validate(provider, case, opts)
-    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, partial=None)
+    core = provider_core_layout(provider, opts.memory) if feature is not None and got.status != exp.status else None
+    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=None)
 
 
 def verify_write(
@@ -354,7 +392,8 @@ def verify_write(
     exp = _oracle().expected_write(case, opts.memory)
     _agree(exp, expect, case)
     got = execute.run_write(provider, case, opts)
-    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, partial=partial)
+    core = provider_core_layout(provider, opts.memory) if feature is not None and got.status != exp.status else None
+    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=partial)
 
 
 def verify_gather(
@@ -368,7 +407,8 @@ def verify_gather(
     exp = _oracle().expected_gather(case, opts.memory)
     _agree(exp, expect, case)
     got = execute.run_gather(provider, case, opts)
-    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, partial=partial)
+    core = provider_core_layout(provider, opts.memory) if feature is not None and got.status != exp.status else None
+    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=partial)
 
 
 # ---------------------------------------------------------------------------- valid parts

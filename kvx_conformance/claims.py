@@ -5,11 +5,18 @@ Both are YAML or JSON (chosen by content: JSON is tried first, YAML needs pyyaml
 
 Claims::
 
-    profiles: [core, layouts, tables]     # profiles to certify (default: [core])
+    profiles: [core, layouts, tables]     # profiles to certify (default: every profile)
     features: [ragged, kv_offsets, fp8]   # optional features claimed (OPTIONAL_FEATURES)
 
-A claimed feature that answers UNSUPPORTED is a failure; an unclaimed optional feature
-may answer UNSUPPORTED. Expectations::
+With no claims file (or no ``profiles`` key) every profile is claimed, so the default
+certification covers every MUST; a profile the provider does not serve at all (its
+optional feature refused throughout) then reads "not served" and does not block. A vendor
+may claim a narrower set explicitly: the certificate, the report and the console then name
+the profiles not claimed, and an explicitly claimed profile that is not served blocks.
+
+A claimed feature that is refused (UNSUPPORTED, or INVALID_ARGUMENT for a valid call: spec
+8 "unsupported field") is a failure; an unclaimed optional feature may be refused.
+Expectations::
 
     waivers:                               # or a bare list
       - id: write.oob_slot.status[S64]     # a stable test id; '*' matches any run of characters
@@ -28,7 +35,8 @@ from pathlib import Path
 
 from .outcomes import OPTIONAL_FEATURES, PROFILES
 
-DEFAULT_PROFILES = ("core",)
+#: Claimed when the claims file names no profiles (or there is none): every profile.
+DEFAULT_PROFILES = tuple(PROFILES)
 
 
 class InputFileError(Exception):
@@ -75,15 +83,30 @@ class Claims:
     profiles: tuple[str, ...] = DEFAULT_PROFILES
     features: frozenset[str] = frozenset()
     source: str | None = None
+    #: the vendor named the profiles (claims file ``profiles:`` or ``--profile``); otherwise
+    #: every profile is claimed by default and one that is not served does not block.
+    #: None: explicit when the profiles are not the default set.
+    explicit: bool | None = None
+
+    def __post_init__(self):
+        if self.explicit is None:
+            object.__setattr__(self, "explicit", set(self.profiles) != set(DEFAULT_PROFILES))
+
+    @property
+    def not_claimed(self) -> list[str]:
+        """Profiles of ``outcomes.PROFILES`` outside the claimed set."""
+        return [p for p in PROFILES if p not in self.profiles]
 
     def to_dict(self) -> dict:
-        return {"profiles": list(self.profiles), "features": sorted(self.features), "source": self.source}
+        return {"profiles": list(self.profiles), "features": sorted(self.features), "source": self.source,
+                "explicit": self.explicit, "not_claimed": self.not_claimed}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Claims":
         if not d:
             return cls()
-        return cls(tuple(d.get("profiles") or DEFAULT_PROFILES), frozenset(d.get("features") or ()), d.get("source"))
+        profiles = tuple(d.get("profiles") or DEFAULT_PROFILES)
+        return cls(profiles, frozenset(d.get("features") or ()), d.get("source"), d.get("explicit"))
 
 
 def load_claims(path: str | os.PathLike | None) -> Claims:
@@ -95,7 +118,8 @@ def load_claims(path: str | os.PathLike | None) -> Claims:
     unknown_keys = set(data) - {"profiles", "features", "provider", "vendor", "notes"}
     if unknown_keys:
         raise InputFileError(f"claims file {path}: unknown key(s) {', '.join(sorted(unknown_keys))}")
-    profiles = _string_list(data.get("profiles"), "profiles", path) or list(DEFAULT_PROFILES)
+    named = _string_list(data.get("profiles"), "profiles", path)
+    profiles = named or list(DEFAULT_PROFILES)
     features = _string_list(data.get("features"), "features", path)
     bad_p = [p for p in profiles if p not in PROFILES]
     if bad_p:
@@ -107,7 +131,7 @@ def load_claims(path: str | os.PathLike | None) -> Claims:
         raise InputFileError(
             f"claims file {path}: unknown feature(s) {', '.join(bad_f)} (known: {', '.join(OPTIONAL_FEATURES)})"
         )
-    return Claims(tuple(dict.fromkeys(profiles)), frozenset(features), str(path))
+    return Claims(tuple(dict.fromkeys(profiles)), frozenset(features), str(path), explicit=bool(named))
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,10 @@ class Profile:
     cache_dtypes: tuple[DType, ...] = CACHE_DTYPES
     formats: tuple[TableFormat, ...] = (TableFormat.PACKED, TableFormat.RAGGED, TableFormat.KV_OFFSETS)
     scales: tuple[str, ...] = ("none", "tensor_ptr", "per_tensor", "per_head", "both")
+    mixed_kv: bool = True  # K and V of different layouts, strides or dtypes (feature mixed_layouts)
+    mixed_io: bool = True  # IO dtype different from the cache dtype (feature mixed_io_dtype)
+    noncanonical: bool = True  # padded / permuted HND_PACKED and CUSTOM strides (noncanonical_strides)
+    secondary: bool = True  # KV_OFFSETS secondary pool (feature secondary_pool)
 
 
 #: Everything the generators know.
@@ -68,6 +72,38 @@ FULL = Profile()
 #: UNSUPPORTED answers cannot hide the rule under test.
 CORE = Profile(layout_kinds=("nhd", "hnd"), io_kinds=("dense",), four_d=False, cache_dtypes=BASELINE_DTYPES,
                formats=(TableFormat.PACKED,), scales=("none",))
+
+
+
+def profile_for(features) -> Profile:
+    """The profile of VALID cases that use only ``features`` (``outcomes.OPTIONAL_FEATURES``
+    names; the provider's core layout "nhd" or "hnd" among them) beyond required behaviour:
+    F16/BF16/F32 caches, IO of the cache's dtype, dense 3-D IO, canonical strides, PACKED
+    tables, S32/S64 metadata, invalid slots. Scales are always drawn: a non-FP8 cache must
+    ignore them (required)."""
+    f = set(features)
+    canon = [k for k in ("nhd", "hnd", "hnd_packed") if k in f]
+    if "custom_layout" in f:
+        canon.append("custom")
+    kinds = list(canon)
+    if "noncanonical_strides" in f:
+        kinds += [k for k, need in (("nhd_padded", {"nhd"}), ("hnd_padded", {"hnd"}), ("vllm_v", {"hnd"}),
+                                    ("permuted", {"nhd", "hnd"})) if need <= f]
+    if not kinds:
+        raise ValueError("profile_for needs at least one of the core layouts 'nhd' / 'hnd'")
+    return Profile(
+        layout_kinds=tuple(kinds),
+        io_kinds=("dense", "padded", "permuted") if "io_strides" in f else ("dense",),
+        four_d="gather_4d" in f,
+        cache_dtypes=CACHE_DTYPES if "fp8" in f else BASELINE_DTYPES,
+        formats=tuple(x for x, need in ((TableFormat.PACKED, None), (TableFormat.RAGGED, "ragged"),
+                                        (TableFormat.KV_OFFSETS, "kv_offsets")) if need is None or need in f),
+        mixed_kv="mixed_layouts" in f,
+        mixed_io="mixed_io_dtype" in f,
+        noncanonical="noncanonical_strides" in f,
+        secondary="secondary_pool" in f,
+    )
+
 
 _profile: contextvars.ContextVar[Profile] = contextvars.ContextVar("kvx_generator_profile", default=FULL)
 
@@ -191,12 +227,16 @@ def random_tensor_layout(rng: np.random.Generator, geom: Geometry, dtype: DType,
         return cache_layout(geom, Layout.BLOCK_HND, dtype, pad=int(rng.integers(1, 6)))
     if kind == "vllm_v":
         return cache_layout(geom, Layout.BLOCK_HND, dtype, pad=int(rng.integers(0, 3)), order=(0, 1, 3, 2))
+    canon = not _profile.get().noncanonical  # draw as always (same random stream), then drop pad / order
     if kind == "hnd_packed":
         pack = int(_pick(rng, [p for p in PACKS if geom.head_dim % p == 0]))
         order = tuple(rng.permutation(5)) if rng.random() < 0.3 else None
-        return cache_layout(geom, Layout.BLOCK_HND_PACKED, dtype, pack=pack, pad=int(rng.integers(0, 3)), order=order)
+        pad = int(rng.integers(0, 3))
+        return cache_layout(geom, Layout.BLOCK_HND_PACKED, dtype, pack=pack, pad=0 if canon else pad,
+                            order=None if canon else order)
     if kind == "custom":
-        return cache_layout(geom, Layout.BLOCK_CUSTOM, dtype, pad=int(rng.integers(0, 4)), order=tuple(rng.permutation(4)))
+        pad, order = int(rng.integers(0, 4)), tuple(rng.permutation(4))
+        return cache_layout(geom, Layout.BLOCK_CUSTOM, dtype, pad=0 if canon else pad, order=None if canon else order)
     if kind == "permuted":
         layout = _pick(rng, (Layout.BLOCK_NHD, Layout.BLOCK_HND))
         base = cache_layout(geom, layout, dtype)
@@ -228,6 +268,9 @@ def random_io_layout(
 def _cache_case(rng, geom, k_dtype, v_dtype, k_kind=None, v_kind=None, pool=None) -> CacheCase:
     k = random_tensor_layout(rng, geom, k_dtype, k_kind)
     v = random_tensor_layout(rng, geom, v_dtype, v_kind)
+    if not _profile.get().mixed_kv:  # V in K's layout and strides (and dtype)
+        v = k.with_(dtype=k_dtype)
+        v_dtype = k_dtype
     return CacheCase(geom, k, v, random_finite(rng, k_dtype, k.span_elements()),
                      random_finite(rng, v_dtype, v.span_elements()), pool)
 
@@ -289,10 +332,15 @@ def random_write_case(
     T = int(rng.integers(0, min(geom.num_slots + 4, 24) + 1)) if num_tokens is None else num_tokens
     mode = value_mode or _pick(rng, VALUE_MODES)
 
+    if not _profile.get().mixed_kv:
+        v_dtype = k_dtype
+
     def io_dtype_for(cache_dt: DType) -> DType:
         if cache_dt in FP8_DTYPES and rng.random() < 0.3:
             return cache_dt
-        return _pick(rng, BASELINE_DTYPES)
+        picked = _pick(rng, BASELINE_DTYPES)
+        # into an FP8 cache a baseline IO dtype quantizes: that is the FP8 feature itself
+        return picked if _profile.get().mixed_io or cache_dt in FP8_DTYPES else cache_dt
 
     key_dtype = key_dtype or io_dtype_for(k_dtype)
     value_dtype = value_dtype or io_dtype_for(v_dtype)
@@ -386,6 +434,10 @@ def random_gather_case(
         k_dtype = k_dtype or _pick(rng, BASELINE_DTYPES)
         v_dtype = v_dtype or (k_dtype if kvo or rng.random() < 0.5 else _pick(rng, BASELINE_DTYPES))
         out_dtype = out_dtype or _pick(rng, BASELINE_DTYPES)
+        if not prof.mixed_kv:
+            v_dtype = k_dtype
+        if not prof.mixed_io and out_dtype not in (k_dtype, v_dtype):
+            out_dtype = k_dtype
 
     S = (int(rng.integers(0, 5)) if rng.random() < 0.1 else int(rng.integers(1, 5))) if seq_count is None else seq_count
     if min_tokens:
@@ -441,7 +493,7 @@ def random_gather_case(
         elem = abi.DTYPE_SIZE[k_dtype]
         per_block = H * bs * D
         p_blocks = nb + int(rng.integers(0, 5))  # pools may hold more blocks than num_blocks
-        has_sec = (rng.random() < 0.4) if secondary is None else secondary
+        has_sec = ((rng.random() < 0.4) if secondary is None else secondary) and prof.secondary
         s_blocks = int(rng.integers(1, 6)) if has_sec else 0
         prim = random_finite(rng, k_dtype, p_blocks * per_block)
         sec = random_finite(rng, k_dtype, s_blocks * per_block) if has_sec else None

@@ -73,14 +73,39 @@ OPTIONAL_FEATURES = {
 }
 
 
-class Unsupported(Exception):
-    """The provider answered UNSUPPORTED for a case using ``feature``: a key of OPTIONAL_FEATURES,
-    a tuple of them (the answer is acceptable when any of them is unclaimed), or None (required
-    behaviour: never acceptable)."""
+#: Optional features whose refusal the spec says SHOULD be UNSUPPORTED (4.2 strides; 4.4
+#: alignment, as the readings take it): refused with INVALID_ARGUMENT instead, the refusal
+#: is accepted and a recommended-level warning is recorded on the test.
+SHOULD_REFUSE_WITH_UNSUPPORTED = {"noncanonical_strides": "spec 4.2", "misaligned": "spec 4.4"}
 
-    def __init__(self, message: str, feature: str | tuple[str, ...] | None = None):
+
+_served_calls = [0]
+
+
+def note_served_call() -> None:
+    """Record that the running test's provider answered OK, correctly, to a valid write or
+    gather (called by the checks): the evidence that a profile was served (results)."""
+    _served_calls[0] += 1
+
+
+def take_served_calls() -> int:
+    """The served calls noted since the last take (the plugin takes them per test phase)."""
+    n, _served_calls[0] = _served_calls[0], 0
+    return n
+
+
+class Unsupported(Exception):
+    """The provider refused a case using ``feature``: a key of OPTIONAL_FEATURES, a tuple of
+    them (the refusal is acceptable when any of them is unclaimed), or None (required
+    behaviour: never acceptable). ``refused_with`` is the status of the refusal:
+    ``"UNSUPPORTED"``, or ``"INVALID_ARGUMENT"`` (spec 8: "unsupported field") for a call the
+    oracle answers OK."""
+
+    def __init__(self, message: str, feature: str | tuple[str, ...] | None = None,
+                 refused_with: str = "UNSUPPORTED"):
         super().__init__(message)
         self.feature = feature
+        self.refused_with = refused_with
 
 
 class ConformanceFailure(AssertionError):

@@ -7,6 +7,8 @@ Suites see it through fixtures:
 - ``kvx_call_options``  factory ``kvx_call_options(misalign=0, stream=None, after_call=None)``
                         -> :class:`~kvx_conformance.execute.CallOptions` with the run's memory
 - ``kvx_claims``        (session) frozenset of claimed optional feature names
+- ``kvx_generator_features`` (session) optional features generated tests may draw
+                        (claimed, or served in a probe call: ``kvx_conformance.served``)
 - ``kvx_run_config``    (session) :class:`RunConfig`: provider path, memory, quick flag,
                         hypothesis budget, seed, output dir
 
@@ -36,7 +38,14 @@ import pytest
 
 from . import abi
 from .claims import Claims, InputFileError, load_claims, load_expectations
-from .outcomes import OPTIONAL_FEATURES, ConformanceFailure, Outcome, Unsupported
+from .outcomes import (
+    OPTIONAL_FEATURES,
+    SHOULD_REFUSE_WITH_UNSUPPORTED,
+    ConformanceFailure,
+    Outcome,
+    Unsupported,
+    take_served_calls,
+)
 from .results import ResultsWriter, TestRecord, _atomic_write_json, first_line
 
 #: marker entry names -> C entry points
@@ -195,6 +204,9 @@ def run_config(config: pytest.Config) -> RunConfig:
         claims = load_claims(config.getoption("kvx_claims"))
     except InputFileError as e:
         raise pytest.UsageError(str(e)) from None
+    selected = tuple(dict.fromkeys(config.getoption("kvx_profile") or ()))
+    if selected and not claims.explicit:  # --profile P names the profiles to certify
+        claims = Claims(selected, claims.features, claims.source, explicit=True)
     out = config.getoption("kvx_output_dir")
     rc = RunConfig(
         provider_path=Path(prov) if prov else None,
@@ -247,6 +259,16 @@ def kvx_call_options(kvx_memory: abi.Memory):
 @pytest.fixture(scope="session")
 def kvx_claims(kvx_run_config: RunConfig) -> frozenset[str]:
     return kvx_run_config.claims.features
+
+
+@pytest.fixture(scope="session")
+def kvx_generator_features(kvx_provider, kvx_memory: abi.Memory, kvx_claims: frozenset[str]) -> frozenset[str]:
+    """Optional features the generated / differential tests may draw: the provider's core
+    layout, what it served in one probe call per feature, and what the vendor claims
+    (``kvx_conformance.served``)."""
+    from .served import generator_features
+
+    return generator_features(kvx_provider, kvx_memory, kvx_claims)
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -448,6 +470,9 @@ class _Worker:
                            for name, text in report.sections]
         meta = item.stash.get(_META, None) or item_meta(item, self._timeout)
         result = self._result(item, call, report, meta)
+        served = take_served_calls()
+        if call.when == "call":
+            result["served_calls"] = served
         if result["outcome"] == Outcome.UNSUPPORTED.value:
             path, lineno, _ = item.location
             report.outcome = "skipped"
@@ -477,6 +502,8 @@ class _Worker:
             optional = [f for f in features if f in OPTIONAL_FEATURES]
             unclaimed = [f for f in optional if f not in self.rc.claims.features]
             text = str(u)
+            refused_with = getattr(u, "refused_with", "UNSUPPORTED")
+            res["refusal"] = refused_with
             if not optional:
                 res.update(outcome=Outcome.FAIL.value, claimed_unsupported=True,
                            message=f"answered UNSUPPORTED, but this test checks required behaviour "
@@ -484,10 +511,11 @@ class _Worker:
             elif not unclaimed:
                 res.update(outcome=Outcome.FAIL.value, claimed_unsupported=True,
                            message=f"claimed feature{'s' if len(optional) > 1 else ''} {', '.join(optional)} "
-                                   f"answered UNSUPPORTED: {text}")
+                                   f"answered {refused_with}: {text}")
             else:
                 # the case uses at least one optional feature the vendor does not claim: acceptable
-                res.update(outcome=Outcome.UNSUPPORTED.value, message=f"UNSUPPORTED ({', '.join(unclaimed)}): {text}")
+                res.update(outcome=Outcome.UNSUPPORTED.value, message=f"{refused_with} ({', '.join(unclaimed)}): {text}")
+                res["warning"] = refusal_warning(refused_with, unclaimed)
             return res
         if kind == "fail" and call.when == "call":
             cf = _first_of(exc, ConformanceFailure)
@@ -507,6 +535,19 @@ class _Worker:
 
 
 _BREAKER = pytest.StashKey[str]()
+
+
+def refusal_warning(refused_with: str, unclaimed: list[str]) -> str | None:
+    """A recommended-level warning for an accepted refusal given as INVALID_ARGUMENT where the
+    spec says the answer SHOULD be UNSUPPORTED: every feature that excuses it is one of
+    ``outcomes.SHOULD_REFUSE_WITH_UNSUPPORTED`` (4.2 strides, 4.4 alignment)."""
+    if refused_with != "INVALID_ARGUMENT" or not unclaimed:
+        return None
+    if not all(f in SHOULD_REFUSE_WITH_UNSUPPORTED for f in unclaimed):
+        return None
+    clauses = ", ".join(dict.fromkeys(SHOULD_REFUSE_WITH_UNSUPPORTED[f] for f in unclaimed))
+    return (f"refused {', '.join(unclaimed)} with INVALID_ARGUMENT; {clauses} says the answer SHOULD be "
+            f"UNSUPPORTED (recommended)")
 
 #: loader.Provider methods -> the KVX entry point each calls
 _ENTRY_OF_METHOD = {"get_version_raw": "kvx_get_version", "validate_cache_desc": "kvx_validate_cache_desc",
@@ -725,6 +766,9 @@ class _Controller:
             breaker=next((p.get("breaker") for p in phases if p.get("breaker")), None), worker=worker,
             detail=next((p.get("detail") for p in phases if p.get("detail")), ""),
             gpu=scale.gpu_of(worker) if scale is not None else None,
+            refusal=next((p.get("refusal") for p in phases if p.get("refusal")), None),
+            warning=next((p.get("warning") for p in phases if p.get("warning")), None),
+            served_calls=next((p["served_calls"] for p in phases if p.get("served_calls") is not None), None),
         )
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
         if self.writer is not None:

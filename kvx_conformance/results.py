@@ -4,7 +4,9 @@ Written *as tests finish*: each finished test is appended to ``results.jsonl`` a
 once, and ``results.json`` is rewritten atomically every few tests (and at the end),
 so a run that is killed still leaves what ran. The verdict logic lives here too:
 per profile, certified when every required test passes or is acceptably
-unsupported or waived; recommended failures are warnings, never hidden.
+unsupported or waived and the provider served what the profile covers
+(:func:`profile_served`), "not served" when it refused all of it; recommended
+failures are warnings, never hidden.
 """
 from __future__ import annotations
 
@@ -34,6 +36,22 @@ VERDICT_CERTIFIED = "certified"
 VERDICT_NOT_CERTIFIED = "not certified"
 VERDICT_QUICK = "not certifying (quick)"
 VERDICT_PARTIAL = "not certifying (partial selection)"
+#: a profile whose optional feature the provider does not serve at all (see ``profile_served``)
+VERDICT_NOT_SERVED = "not served"
+VERDICT_NOT_RUN = "not run"
+
+
+def profile_served(required: list["TestRecord"]) -> bool:
+    """Whether the provider served what a profile covers, judged on its required tests.
+
+    Served: at least one required test of the profile passed in which the provider answered
+    OK, and correctly, to a valid write or gather (``served_calls`` > 0; a record that did
+    not count them, ``None``, counts as served when it passed). A test that only checks a
+    rejection serves nothing: a provider without the FP4 extension, whose only passing FP4
+    test checks that it *rejects* FP4 data, does not serve ``fp4``.
+    """
+    return any(t.outcome == Outcome.PASS.value and (t.served_calls is None or t.served_calls > 0)
+               for t in required)
 
 
 @dataclass
@@ -68,6 +86,15 @@ class TestRecord:
     tally: dict[str, int] | None = None
     #: the GPU (index as --gpus names it) the test's worker was bound to; None on host runs
     gpu: int | None = None
+    #: the status of an accepted or failed refusal: "UNSUPPORTED", or "INVALID_ARGUMENT" (spec 8
+    #: "unsupported field") for a call the oracle answers OK
+    refusal: str | None = None
+    #: a recommended-level warning about an otherwise acceptable outcome (e.g. a refusal given
+    #: as INVALID_ARGUMENT where the spec says SHOULD return UNSUPPORTED)
+    warning: str | None = None
+    #: valid writes / gathers the provider answered OK and correctly in this test (None: not
+    #: counted, e.g. an older results file): the evidence that its profile was served
+    served_calls: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,14 +155,16 @@ def summarize(
         blocking = [t.id for t in required if t.outcome in BLOCKING and not t.waived]
         waived = [t.id for t in required if t.outcome in BLOCKING and t.waived]
         warnings = [t.id for t in mine if t.level == "recommended" and t.outcome in WARNING]
+        warnings += [t.id for t in mine if t.warning and t.id not in warnings]
         req_pass = sum(t.outcome == Outcome.PASS.value for t in required)
         req_unsup = sum(t.outcome == Outcome.UNSUPPORTED.value for t in required)
+        served = bool(mine) and profile_served(required)
         if not mine:
-            verdict = "not run"
+            verdict = VERDICT_NOT_RUN
         elif blocking:
             verdict = VERDICT_NOT_CERTIFIED
-        elif required and req_pass == 0 and req_unsup > 0 and not waived:
-            verdict = "unsupported"
+        elif required and not served and not waived:
+            verdict = VERDICT_NOT_SERVED
         else:
             verdict = VERDICT_CERTIFIED
         if not complete and verdict == VERDICT_CERTIFIED:
@@ -143,6 +172,7 @@ def summarize(
         profiles[name] = {
             "verdict": verdict,
             "claimed": name in claims.profiles,
+            "served": served,
             "description": PROFILES.get(name, ""),
             "tests": len(mine),
             "required": len(required),
@@ -154,7 +184,12 @@ def summarize(
             "warnings": warnings,
         }
 
-    claimed_ok = all(profiles.get(p, {}).get("verdict") == VERDICT_CERTIFIED for p in claims.profiles)
+    # Explicitly claimed profiles must all be certified. With the default claims (every
+    # profile) a profile the provider does not serve, or one the run's suite has no test
+    # of, does not block; every other one must be certified.
+    must = [p for p in claims.profiles
+            if claims.explicit or profiles.get(p, {}).get("verdict") not in (VERDICT_NOT_SERVED, VERDICT_NOT_RUN, None)]
+    claimed_ok = all(profiles.get(p, {}).get("verdict") == VERDICT_CERTIFIED for p in must)
     if not complete or not_run:
         claimed_ok = False
     if quick:
@@ -168,6 +203,8 @@ def summarize(
     for t in tests:
         if t.level == "recommended" and t.outcome in WARNING:
             warnings.append(f"{t.id}: recommended ({t.clause}) {t.outcome}: {first_line(t.message)}")
+        elif t.warning:
+            warnings.append(f"{t.id}: recommended: {t.warning}")
     waiver_rows = []
     for m in matches:
         applied = [tid for tid in m.matched if by_id.get(tid) is m.waiver and _waivable(tests, tid)]
@@ -179,6 +216,8 @@ def summarize(
         "verdict": verdict,
         "certifying": not quick and not partial,
         "claimed_profiles_certified": claimed_ok,
+        "not_claimed": claims.not_claimed,
+        "not_served": [p for p, v in profiles.items() if v["verdict"] == VERDICT_NOT_SERVED],
         "profiles": profiles,
         "counts": counts,
         "warnings": warnings,

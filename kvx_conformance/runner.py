@@ -541,10 +541,11 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
             lines.append(f"warning: {w}")
     lines.append("== profiles")
     for name, p in (doc.get("profiles") or {}).items():
-        claimed = "claimed" if p.get("claimed") else ""
+        claimed = "claimed" if p.get("claimed") else "NOT CLAIMED"
         lines.append(f"  {name:<12} {p['verdict']:<14} {p['required_passed']}/{p['required']} required passed"
                      f"{', ' + str(len(p['warnings'])) + ' warning(s)' if p.get('warnings') else ''}"
                      f"{', ' + str(len(p['waived'])) + ' waived' if p.get('waived') else ''}  {claimed}")
+    lines += claims_lines(doc)
     if doc.get("engines"):
         lines.append("== engines (works with the engine's caches?)")
         for e in doc["engines"].values():
@@ -563,6 +564,22 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
         verdict += "   (INCOMPLETE)"
     lines.append(f"== verdict: {verdict}")
     return lines
+
+
+def claims_lines(doc: dict) -> list[str]:
+    """What the verdict covers: the profiles not claimed (a narrower explicit claim) and the
+    profiles not served (they do not block unless claimed explicitly)."""
+    claims = doc.get("claims") or {}
+    out = []
+    not_claimed = doc.get("not_claimed") or claims.get("not_claimed") or []
+    if not_claimed:
+        out.append(f"== not claimed (not certified by this run): {', '.join(not_claimed)}")
+    not_served = doc.get("not_served") or []
+    if not_served:
+        how = ("claimed explicitly: they block" if claims.get("explicit")
+               else "the provider refused all they cover; they do not block the default claims")
+        out.append(f"== not served: {', '.join(not_served)} ({how})")
+    return out
 
 
 # ----------------------------------------------------------------------------- list

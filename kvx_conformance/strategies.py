@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from . import generators as gen
-from .abi import BASELINE_DTYPES, CACHE_DTYPES, INDEX_DTYPES, DType, Status, TableFormat
+from .abi import BASELINE_DTYPES, CACHE_DTYPES, FP8_DTYPES, INDEX_DTYPES, DType, Status, TableFormat
 from .descriptors import Geometry
 
 
@@ -49,14 +49,17 @@ def geometries(draw, pow2_block: bool = False) -> Geometry:
     )
 
 
-def _profile(core: bool) -> gen.Profile:
+def _profile(core: bool, profile: gen.Profile | None = None) -> gen.Profile:
+    if profile is not None:
+        return profile
     return gen.CORE if core else gen.FULL
 
 
 @st.composite
-def write_cases(draw, core: bool = False) -> Drawn:
-    """A valid ``kvx_write_kv`` case (``core``: the readings' minimum features only)."""
-    prof = _profile(core)
+def write_cases(draw, core: bool = False, profile: gen.Profile | None = None) -> Drawn:
+    """A valid ``kvx_write_kv`` case (``core``: the readings' minimum features only;
+    ``profile``: only what it allows, e.g. ``generators.profile_for(features)``)."""
+    prof = _profile(core, profile)
     geom = draw(geometries())
     kw = dict(
         geom=geom,
@@ -69,9 +72,16 @@ def write_cases(draw, core: bool = False) -> Drawn:
         value_mode=draw(st.sampled_from(gen.VALUE_MODES)),
         scales=draw(st.sampled_from(prof.scales)),
     )
-    if core:
+    if not prof.mixed_kv:
+        kw["v_kind"] = kw["k_kind"]
+    if core or not prof.mixed_kv:
         kw["v_dtype"] = kw["k_dtype"]
+    if core and profile is None:
         kw["key_dtype"] = kw["value_dtype"] = draw(st.sampled_from(BASELINE_DTYPES))
+    elif not prof.mixed_io:
+        # IO of the cache's dtype; into an FP8 cache a baseline IO dtype quantizes (feature fp8)
+        io = draw(st.sampled_from((kw["k_dtype"],) + (BASELINE_DTYPES if kw["k_dtype"] in FP8_DTYPES else ())))
+        kw["key_dtype"] = kw["value_dtype"] = io
     seed = draw(seeds)
     with gen.using_profile(prof):
         case = gen.random_write_case(np.random.default_rng(seed), seed=seed, **kw)
@@ -80,9 +90,10 @@ def write_cases(draw, core: bool = False) -> Drawn:
 
 
 @st.composite
-def gather_cases(draw, core: bool = False) -> Drawn:
-    """A valid ``kvx_gather_kv`` case over PACKED, RAGGED and KV_OFFSETS tables."""
-    prof = _profile(core)
+def gather_cases(draw, core: bool = False, profile: gen.Profile | None = None) -> Drawn:
+    """A valid ``kvx_gather_kv`` case over PACKED, RAGGED and KV_OFFSETS tables
+    (``profile``: only what it allows)."""
+    prof = _profile(core, profile)
     fmt = draw(st.sampled_from(prof.formats))
     kvo = fmt == TableFormat.KV_OFFSETS
     geom = draw(geometries(pow2_block=kvo))
@@ -95,14 +106,22 @@ def gather_cases(draw, core: bool = False) -> Drawn:
         seq_count=draw(st.integers(0, 4)),
         max_seq_len=draw(st.integers(0, 20)),
     )
-    if core:
+    if not prof.mixed_kv:
+        kw["v_kind"] = kw["k_kind"]
+    if core and profile is None:
         dt = draw(st.sampled_from(BASELINE_DTYPES))
         kw.update(k_dtype=dt, v_dtype=dt)
+    elif profile is not None:
+        kw["k_dtype"] = draw(st.sampled_from(prof.cache_dtypes))
+        if not prof.mixed_kv:
+            kw["v_dtype"] = kw["k_dtype"]
+        if not prof.mixed_io:
+            kw["out_dtype"] = kw["k_dtype"]
     elif draw(st.booleans()):
         kw["k_dtype"] = draw(st.sampled_from(CACHE_DTYPES))
     if kvo:
         kw["beam_width"] = draw(st.integers(1, 3))
-        kw["secondary"] = draw(st.booleans())
+        kw["secondary"] = draw(st.booleans()) and prof.secondary
     seed = draw(seeds)
     with gen.using_profile(prof):
         case = gen.random_gather_case(np.random.default_rng(seed), seed=seed, **kw)
@@ -111,18 +130,23 @@ def gather_cases(draw, core: bool = False) -> Drawn:
 
 
 @st.composite
-def validate_cases(draw) -> Drawn:
-    """A valid ``kvx_validate_cache_desc`` case over every layout and dtype."""
+def validate_cases(draw, profile: gen.Profile | None = None) -> Drawn:
+    """A valid ``kvx_validate_cache_desc`` case over every layout and dtype (``profile``:
+    only what it allows)."""
+    prof = profile or gen.FULL
     geom = draw(geometries())
     kw = dict(
         geom=geom,
-        k_dtype=draw(st.sampled_from(CACHE_DTYPES)),
-        v_dtype=draw(st.sampled_from(CACHE_DTYPES)),
-        k_kind=draw(st.sampled_from(gen.LAYOUT_KINDS)),
-        v_kind=draw(st.sampled_from(gen.LAYOUT_KINDS)),
+        k_dtype=draw(st.sampled_from(prof.cache_dtypes)),
+        v_dtype=draw(st.sampled_from(prof.cache_dtypes)),
+        k_kind=draw(st.sampled_from(prof.layout_kinds)),
+        v_kind=draw(st.sampled_from(prof.layout_kinds)),
     )
+    if not prof.mixed_kv:
+        kw["v_dtype"], kw["v_kind"] = kw["k_dtype"], kw["k_kind"]
     seed = draw(seeds)
-    case = gen.random_validate_case(np.random.default_rng(seed), seed=seed, **kw)
+    with gen.using_profile(prof):
+        case = gen.random_validate_case(np.random.default_rng(seed), seed=seed, **kw)
     knobs = ", ".join(f"{k}={getattr(v, 'name', v)}" for k, v in kw.items() if k != "geom")
     return Drawn(case, f"random_validate_case({geom}, {knobs})", seed)
 

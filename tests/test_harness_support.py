@@ -154,6 +154,7 @@ def write_suite(root: Path, files: dict[str, str]) -> Path:
 
 from kvx_conformance.claims import Claims, InputFileError, Waiver, load_claims, load_expectations  # noqa: E402
 from kvx_conformance.results import ResultsWriter, TestRecord, load_results, summarize  # noqa: E402
+from kvx_conformance.outcomes import PROFILES  # noqa: E402
 
 
 def _rec(id, outcome, level="required", profile="core", message=""):
@@ -168,7 +169,9 @@ def test_claims_yaml_and_json_and_errors(tmp_path):
     assert c.profiles == ("core", "tables") and c.features == {"ragged"}
     j = tmp_path / "c.json"
     j.write_text(json.dumps({"features": ["fp8"]}))
-    assert load_claims(j).profiles == ("core",)
+    dflt = load_claims(j)  # no 'profiles': every profile is claimed, not explicitly
+    assert set(dflt.profiles) == set(PROFILES) and not dflt.explicit and dflt.not_claimed == []
+    assert c.explicit and "layouts" in c.not_claimed
     bad = tmp_path / "bad.yaml"
     bad.write_text("features: [warp_drive]\n")
     with pytest.raises(InputFileError, match="unknown feature.*warp_drive"):
@@ -197,7 +200,7 @@ def test_verdicts_per_profile():
     p = s["profiles"]
     assert p["core"]["verdict"] == "certified" and p["core"]["warnings"] == ["c"]
     assert p["tables"]["verdict"] == "not certified" and p["tables"]["blocking"] == ["e"]
-    assert p["fp8"]["verdict"] == "unsupported"
+    assert p["fp8"]["verdict"] == "not served" and not p["fp8"]["served"]
     assert p["layouts"]["verdict"] == "certified" and p["layouts"]["waived"] == ["g"]
     assert s["verdict"] == "not certified" and s["certifying"]
     assert any("recommended" in w for w in s["warnings"])

@@ -9,16 +9,29 @@ database) unless the run was given ``--kvx-seed``, so two runs of one provider d
 same cases. A failure prints the falsifying example: the builder, its knobs and the
 seed that rebuild the case (``kvx_conformance.generators``).
 
-A provider may answer UNSUPPORTED for a generated case when the case uses at least one
-optional feature the provider does not claim (``casebuild.case_features``).
+These are required tests, and a required test uses required features only: the valid
+cases draw an optional feature (``outcomes.OPTIONAL_FEATURES``) only where the vendor
+claims it or the provider served it in a probe call (``kvx_conformance.served``, fixture
+``kvx_generator_features``); ``generated.core.*`` draw required features alone. A refusal
+(UNSUPPORTED, or INVALID_ARGUMENT for a valid call: spec 8) of a case that uses an optional
+feature the vendor does not claim is never a failure (``checks.refusable_features``).
+Single-rule violations may combine features: the descriptor rules come before any refusal
+(R-ORDER), so their status does not depend on what the provider serves.
 """
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, seed as hyp_seed, settings
 
-from kvx_conformance import casebuild as cb, strategies as strat
+from kvx_conformance import casebuild as cb, generators as gen, served, strategies as strat
 from kvx_conformance.abi import Status
-from kvx_conformance.checks import partial_gather, partial_write, verify_gather, verify_validate, verify_write
+from kvx_conformance.checks import (
+    partial_gather,
+    partial_write,
+    refusable_features,
+    verify_gather,
+    verify_validate,
+    verify_write,
+)
 from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, ConformanceFailure, Unsupported, conformance
 
 CL_VALID = "spec 4-7 (hypothesis-generated valid calls); R-CACHE, R-IO, R-WRITE, R-GATHER, R-CONVERT, R-FP8"
@@ -38,20 +51,25 @@ def _settings(rc):
     return apply
 
 
-def _check(drawn: strat.Drawn, claims, run) -> None:
-    """Run one drawn case; UNSUPPORTED is excused by an unclaimed feature of the case."""
-    feats = cb.case_features(drawn.case)
+def _check(drawn: strat.Drawn, claims, run, core: str | None = None) -> None:
+    """Run one drawn case; a refusal is excused by an unclaimed optional feature of the case
+    (the provider's ``core`` layout is required of it, not optional)."""
+    feats = refusable_features(drawn.case, core=core)
     try:
-        run(feats[0] if feats else None)
+        run(feats or None)
     except Unsupported as e:
         if not any(f not in claims for f in feats):
             raise ConformanceFailure(
-                "UNSUPPORTED for a generated case whose every optional feature is claimed",
-                expected="a correct result", got=f"UNSUPPORTED ({e})", clause=CL_VALID, case=repr(drawn),
+                "a generated case refused although every optional feature it uses is claimed",
+                expected="a correct result", got=f"{e.refused_with} ({e})", clause=CL_VALID, case=repr(drawn),
                 seed=drawn.seed) from None
     except ConformanceFailure as e:
         raise ConformanceFailure(e.what, expected=e.expected, got=e.got, clause=e.clause, case=repr(drawn),
                                  seed=drawn.seed) from None
+
+
+def _zero_tokens(case) -> bool:
+    return getattr(case, "num_tokens", None) == 0
 
 
 def _call(provider, drawn: strat.Drawn, opts, *, clause, feature, **kw):
@@ -68,37 +86,54 @@ def _call(provider, drawn: strat.Drawn, opts, *, clause, feature, **kw):
 
 
 def _valid_test(strategy, provider, opts, rc, claims):
+    core = cb.core_layout(provider, opts.memory)
+
     @_settings(rc)
     @given(drawn=strategy)
     def inner(drawn):
-        _check(drawn, claims, lambda f: _call(provider, drawn, opts, clause=CL_VALID, feature=f, expect=Status.OK))
+        # a zero-token call is a no-op only at the recommended level (R-WRITE, R-GATHER):
+        # these required tests accept INVALID_ARGUMENT for it, with nothing written
+        kw = {"statuses": (Status.OK, Status.INVALID_ARGUMENT)} if _zero_tokens(drawn.case) else {}
+        _check(drawn, claims, lambda f: _call(provider, drawn, opts, clause=CL_VALID, feature=f, expect=Status.OK,
+                                              **kw), core)
 
     inner()
 
 
 @conformance("generated.valid.validate", CL_VALID, REQUIRED, "generated", "validate")
-def test_generated_validate(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
-    _valid_test(strat.validate_cases(), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+def test_generated_validate(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
+    prof = gen.profile_for(kvx_generator_features)
+    _valid_test(strat.validate_cases(profile=prof), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
 
 
 @conformance("generated.valid.write", CL_VALID, REQUIRED, "generated", "write")
-def test_generated_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
-    _valid_test(strat.write_cases(), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+def test_generated_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
+    prof = gen.profile_for(kvx_generator_features)
+    _valid_test(strat.write_cases(profile=prof), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
 
 
 @conformance("generated.valid.gather", CL_VALID, REQUIRED, "generated", "gather")
-def test_generated_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
-    _valid_test(strat.gather_cases(), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+def test_generated_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
+    prof = gen.profile_for(kvx_generator_features)
+    _valid_test(strat.gather_cases(profile=prof), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+
+
+def _required_profile(provider, opts):
+    return gen.profile_for(served.required_only(provider, opts.memory))
 
 
 @conformance("generated.core.write", CL_VALID + " (core features only)", REQUIRED, "generated", "write")
 def test_generated_core_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
-    _valid_test(strat.write_cases(core=True), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+    opts = kvx_call_options()
+    _valid_test(strat.write_cases(profile=_required_profile(kvx_provider, opts)), kvx_provider, opts,
+                kvx_run_config, kvx_claims)
 
 
 @conformance("generated.core.gather", CL_VALID + " (core features only)", REQUIRED, "generated", "gather")
 def test_generated_core_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
-    _valid_test(strat.gather_cases(core=True), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+    opts = kvx_call_options()
+    _valid_test(strat.gather_cases(profile=_required_profile(kvx_provider, opts)), kvx_provider, opts,
+                kvx_run_config, kvx_claims)
 
 
 @conformance("generated.invalid.descriptor", CL_INVALID + "; R-SIZE, R-CACHE, R-IO, R-WRITE, R-GATHER", REQUIRED,

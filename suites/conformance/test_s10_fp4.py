@@ -19,7 +19,14 @@ from kvx_conformance import fp4exec as fx
 from kvx_conformance.abi import DType, Fp4Format, Layout, Status
 from kvx_conformance.loader import status_name
 from kvx_conformance.checks import CL_INPUTS
-from kvx_conformance.outcomes import INFORMATIONAL, REQUIRED, ConformanceFailure, Unsupported, conformance
+from kvx_conformance.outcomes import (
+    INFORMATIONAL,
+    REQUIRED,
+    ConformanceFailure,
+    Unsupported,
+    conformance,
+    note_served_call,
+)
 
 CL = "KVX 1.2 FP4 extension (readings: FP4 extension; docs/fp4.md)"
 CL_EXACT = CL + ", exact tier"
@@ -40,9 +47,13 @@ def _need_fp4(provider):
 def _status(st: int, want: int, what: str, clause: str, seed: int | None = None, case: str = ""):
     if st == Status.UNSUPPORTED and want != Status.UNSUPPORTED:
         raise Unsupported(f"{what}: UNSUPPORTED", feature="fp4")
+    if st == Status.INVALID_ARGUMENT and want == Status.OK:  # spec 8: "unsupported field"
+        raise Unsupported(f"{what}: INVALID_ARGUMENT", feature="fp4", refused_with="INVALID_ARGUMENT")
     if st != want:
         raise ConformanceFailure(f"{what}: unexpected status", expected=status_name(want), got=status_name(st),
                                  clause=clause, case=case, seed=seed)
+    if st == Status.OK:
+        note_served_call()  # a valid FP4 call answered OK (the test then checks the values)
 
 
 def _fail_if(probs: list[str], what: str, expected: str, clause: str, seed: int, case: str):

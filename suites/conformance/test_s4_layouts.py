@@ -181,22 +181,41 @@ MIXED = {
 }
 
 
+def _mixed_k_v(provider, opts, which, op, io_dtype, feature):
+    (kk, kd, kkw), (vk, vd, vkw) = MIXED[which]
+    k, v = cb.layout(G, kk, kd, **kkw), cb.layout(G, vk, vd, **vkw)
+    cache = cb.make_cache(G, k, v, seed=60)
+    if op == "write":
+        # IO of each side's own cache dtype (io_dtype None), or io_dtype for both
+        kl = cb.io_layout(io_dtype or kd, 12, G)
+        vl = cb.io_layout(io_dtype or vd, 12, G)
+        case = cb.write_case(cache, cb.spread_slots(G, 12, 61), key_layout=kl, value_layout=vl, seed=62, label=which)
+        verify_write(provider, case, opts, clause="spec 4.2; R-CACHE", feature=feature)
+    else:
+        # one output dtype for K and V: K's dtype (io_dtype None), or io_dtype
+        case = cb.packed_gather(cache, cb.distinct_table(G, 2, 3, 63), [12, 5], 12, io_dtype=io_dtype, seed=64,
+                                label=which)
+        verify_gather(provider, case, opts, clause="spec 4.2; R-CACHE", feature=feature)
+
+
 @conformance("layout.mixed_k_v", "spec 4.2; R-CACHE (K and V may differ in layout, strides and dtype)", REQUIRED,
              "layouts", ("write", "gather"), feature="mixed_layouts")
 @pytest.mark.parametrize("which", list(MIXED))
 @OPS
 def test_mixed_k_v(kvx_provider, kvx_call_options, which, op):
-    (kk, kd, kkw), (vk, vd, vkw) = MIXED[which]
-    k, v = cb.layout(G, kk, kd, **kkw), cb.layout(G, vk, vd, **vkw)
-    opts = kvx_call_options()
-    cache = cb.make_cache(G, k, v, seed=60)
-    if op == "write":
-        case = cb.write_case(cache, cb.spread_slots(G, 12, 61), io_dtype=DType.F32, seed=62, label=which)
-        verify_write(kvx_provider, case, opts, clause="spec 4.2; R-CACHE", feature="mixed_layouts")
-    else:
-        case = cb.packed_gather(cache, cb.distinct_table(G, 2, 3, 63), [12, 5], 12, io_dtype=DType.F32, seed=64,
-                                label=which)
-        verify_gather(kvx_provider, case, opts, clause="spec 4.2; R-CACHE", feature="mixed_layouts")
+    """K and V in different layouts / dtypes; IO in the caches' own dtypes (no conversion
+    beyond what a K/V dtype difference implies for a gather's single output dtype)."""
+    _mixed_k_v(kvx_provider, kvx_call_options(), which, op, None, "mixed_layouts")
+
+
+@conformance("layout.mixed_k_v.io_convert", "spec 4.2, 4.3; R-CACHE, R-CONVERT (K and V differ, F32 IO converted)",
+             REQUIRED, "layouts", ("write", "gather"), feature="mixed_io_dtype")
+@pytest.mark.parametrize("which", list(MIXED))
+@OPS
+def test_mixed_k_v_io_convert(kvx_provider, kvx_call_options, which, op):
+    """The mixed K/V caches with F32 IO: K/V layouts combined with an IO dtype conversion
+    (features mixed_layouts and mixed_io_dtype; refused, it is excused unless both are claimed)."""
+    _mixed_k_v(kvx_provider, kvx_call_options(), which, op, DType.F32, ("mixed_io_dtype", "mixed_layouts"))
 
 
 # ---------------------------------------------------------------------------- IO strides

@@ -1,0 +1,166 @@
+"""Default verdicts on independent host providers (csrc/testing/kvx_host_provider.c).
+
+- ``host_ok``: correct on host memory (F16/BF16/F32, NHD and HND with any strides, PACKED and
+  RAGGED tables, S32/S64), refuses an IO dtype other than the cache dtype with
+  INVALID_ARGUMENT (spec 8 "unsupported field"), no FP4 extension (ABI 1.1). With no claims
+  file it is CERTIFIED by a full default run; fp4 / fp4_exact / fp8 read "not served"; the
+  refusals are ``unsupported`` outcomes. Claiming ``mixed_io_dtype`` turns them into failures.
+- ``host_ignore_strides`` / ``host_ragged_short`` / ``host_late_write``: one defect each
+  (spec 4.2 strides, spec 5.1 RAGGED rows, spec 7.2 lifetime); with no claims file each is
+  not certified: the default claims cover every profile, so the failing profile blocks.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvx_conformance import native
+
+FULL_RUN_BUDGET_S = 240  # a full default run of host_ok takes about 20 s on 2 loaded cores
+
+
+def _kvx() -> list[str]:
+    script = Path(sys.executable).with_name("kvx-conform")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kvx_conformance.cli"]
+
+
+def _lib(variant: str) -> str:
+    path = native.testing_provider(f"host_{variant}")
+    if not path.exists():
+        pytest.fail(f"{path} is not built: the package build (csrc/testing) must produce it")
+    return str(path)
+
+
+def _run(variant: str, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict, float]:
+    t0 = time.monotonic()
+    p = subprocess.run([*_kvx(), "run", _lib(variant), "--output-dir", str(out), "-n", "2", "--progress", "none",
+                        *args], capture_output=True, text=True, timeout=600)
+    elapsed = time.monotonic() - t0
+    assert (out / "results.json").exists(), f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}"
+    return p, json.loads((out / "results.json").read_text(encoding="utf-8")), elapsed
+
+
+def _explain(p: subprocess.CompletedProcess) -> str:
+    return f"exit {p.returncode}\n--- stdout (tail)\n{p.stdout[-4000:]}\n--- stderr (tail)\n{p.stderr[-2000:]}"
+
+
+def test_correct_host_provider_certified_with_no_claims(tmp_path):
+    """The full default run (no claims file, no selection): CERTIFIED, nothing required fails
+    because of a refusal, and the profiles it does not serve say so everywhere."""
+    p, doc, elapsed = _run("ok", tmp_path / "ok")
+    print(f"full default run of host_ok: {elapsed:.1f} s, {len(doc['tests'])} tests")
+    assert p.returncode == 0, _explain(p)
+    assert doc["verdict"] == "certified" and doc["certifying"] and doc["claimed_profiles_certified"]
+    assert elapsed < FULL_RUN_BUDGET_S, f"the full default run took {elapsed:.0f} s"
+    assert set(doc["claims"]["profiles"]) == set(doc["profiles"]) and not doc["claims"]["explicit"]
+    assert doc["provider"]["abi_version"].startswith("1.1"), doc["provider"]["abi_version"]
+    required_bad = [t["id"] for t in doc["tests"] if t["level"] == "required"
+                    and t["outcome"] in ("fail", "crash", "timeout", "error")]
+    assert not required_bad, required_bad
+    for prof in ("fp4", "fp4_exact", "fp8"):
+        assert doc["profiles"][prof]["verdict"] == "not served", (prof, doc["profiles"][prof])
+        assert not doc["profiles"][prof]["served"]
+    for prof in ("core", "layouts", "tables", "robustness", "concurrency", "generated", "engines"):
+        assert doc["profiles"][prof]["verdict"] == "certified", (prof, doc["profiles"][prof])
+    assert set(doc["not_served"]) == {"fp4", "fp4_exact", "fp8"} and doc["not_claimed"] == []
+    by_id = {t["id"]: t for t in doc["tests"]}
+    refused = [i for i, t in by_id.items() if t["refusal"] == "INVALID_ARGUMENT"]
+    for tid in ("dtype.write.convert[cache_f16-io_f32]", "dtype.gather.convert[cache_bf16-io_f16]",
+                "dtype.write.rounding_ties[bf16]", "layout.mixed_k_v.io_convert[write-nhd_k_hnd_v]"):
+        assert by_id[tid]["outcome"] == "unsupported" and tid in refused, by_id[tid]
+    # the same layouts without a conversion are served and pass
+    assert by_id["layout.mixed_k_v[write-nhd_k_hnd_v]"]["outcome"] == "pass"
+    cert = json.loads((tmp_path / "ok" / "certificate.json").read_text(encoding="utf-8"))
+    assert cert["verdict"] == "certified" and set(cert["not_served_profiles"]) == {"fp4", "fp4_exact", "fp8"}
+    assert cert["profiles"]["fp4"]["verdict"] == "not served"
+    assert "not served: fp8, fp4, fp4_exact" in p.stdout, p.stdout[-2000:]
+    report = (tmp_path / "ok" / "report.html").read_text(encoding="utf-8")
+    assert 'id="not-served"' in report and "not served" in report
+
+
+def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps({"features": ["mixed_io_dtype"]}))
+    p, doc, _ = _run("ok", tmp_path / "claimed", "--claims", str(claims), "--id", "dtype.*.convert*",
+                     "--id", "dtype.write.rounding_ties*")
+    assert p.returncode == 1, _explain(p)
+    assert doc["tests"] and {t["outcome"] for t in doc["tests"]} == {"fail"}, _explain(p)
+    for t in doc["tests"]:
+        assert "claimed feature mixed_io_dtype answered INVALID_ARGUMENT" in t["message"], t["message"]
+    assert doc["profiles"]["core"]["verdict"] == "not certified"
+
+
+@pytest.mark.parametrize("variant,ids,profile", [
+    ("ignore_strides", ["layout.padded_rows*", "layout.transposed*"], "layouts"),
+    ("ragged_short", ["gather.ragged.*"], "tables"),
+    ("late_write", ["lifetime.*"], "concurrency"),
+])
+def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
+    """With no claims file the profile that holds the broken MUST is claimed: its failure
+    blocks (exit 1), though the run selects only that profile's catching tests."""
+    sel = [a for i in ids for a in ("--id", i)]
+    p, doc, _ = _run(variant, tmp_path / variant, *sel)
+    assert p.returncode == 1, _explain(p)
+    assert not doc["claims"]["explicit"] and profile in doc["claims"]["profiles"]
+    assert doc["profiles"][profile]["verdict"] == "not certified", doc["profiles"][profile]
+    assert doc["profiles"][profile]["blocking"], doc["profiles"][profile]
+    assert not doc["claimed_profiles_certified"]
+
+
+def test_explicit_narrow_claim_names_the_profiles_not_claimed(tmp_path):
+    """A claims file naming core only: the ignore-strides defect then certifies for core, and
+    the console, results, certificate and report name every profile not claimed."""
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps({"profiles": ["core"]}))
+    p, doc, _ = _run("ok", tmp_path / "narrow", "--claims", str(claims), "--id", "version.*")
+    assert doc["claims"]["explicit"] and doc["claims"]["profiles"] == ["core"]
+    assert "layouts" in doc["not_claimed"] and "core" not in doc["not_claimed"]
+    assert "not claimed (not certified by this run): layouts" in p.stdout, p.stdout[-2000:]
+    cert = json.loads((tmp_path / "narrow" / "certificate.json").read_text(encoding="utf-8"))
+    assert "layouts" in cert["not_claimed_profiles"] and cert["claims_explicit"]
+    assert 'id="not-claimed"' in (tmp_path / "narrow" / "report.html").read_text(encoding="utf-8")
+
+
+def test_invalid_argument_refusal_of_strides_is_a_recommended_warning():
+    """Spec 4.2 / 4.4 say the refusal SHOULD be UNSUPPORTED: refused with INVALID_ARGUMENT the
+    test is still ``unsupported`` (accepted) but the warning shows in the profile and the run."""
+    from kvx_conformance.claims import Claims
+    from kvx_conformance.plugin import refusal_warning
+    from kvx_conformance.results import TestRecord, summarize
+
+    w = refusal_warning("INVALID_ARGUMENT", ["noncanonical_strides"])
+    assert w and "spec 4.2" in w and "SHOULD" in w
+    assert refusal_warning("UNSUPPORTED", ["noncanonical_strides"]) is None
+    assert refusal_warning("INVALID_ARGUMENT", ["mixed_io_dtype"]) is None  # spec 8 allows it there
+    assert refusal_warning("INVALID_ARGUMENT", ["noncanonical_strides", "mixed_io_dtype"]) is None
+    recs = [TestRecord("layout.padded_rows[write-nhd_pad3]", "n1", "spec 4.2", "required", "layouts", [],
+                       "noncanonical_strides", "unsupported", refusal="INVALID_ARGUMENT", warning=w),
+            TestRecord("layout.nhd[write]", "n2", "spec 4.2", "required", "layouts", [], "nhd", "pass",
+                       served_calls=1)]
+    s = summarize(recs, Claims(), [], quick=False, partial=False, complete=True)
+    assert s["profiles"]["layouts"]["verdict"] == "certified"
+    assert "layout.padded_rows[write-nhd_pad3]" in s["profiles"]["layouts"]["warnings"]
+    assert any("layout.padded_rows[write-nhd_pad3]: recommended:" in x and "SHOULD" in x for x in s["warnings"])
+
+
+def test_served_needs_a_valid_call_served():
+    """A profile whose only passing required tests check rejections is not served."""
+    from kvx_conformance.claims import Claims
+    from kvx_conformance.results import TestRecord, summarize
+
+    recs = [TestRecord("fp4.validate.f4_without_extension", "n1", "x", "required", "fp4", [], "fp4", "pass",
+                       served_calls=0),
+            TestRecord("fp4.write.roundtrip", "n2", "x", "required", "fp4", [], "fp4", "unsupported",
+                       served_calls=0)]
+    s = summarize(recs, Claims(), [], quick=False, partial=False, complete=True)
+    assert s["profiles"]["fp4"]["verdict"] == "not served" and s["claimed_profiles_certified"]
+    s = summarize(recs, Claims(("fp4",)), [], quick=False, partial=False, complete=True)
+    assert s["profiles"]["fp4"]["verdict"] == "not served" and not s["claimed_profiles_certified"]
+    recs[1].outcome, recs[1].served_calls = "pass", 3
+    s = summarize(recs, Claims(("fp4",)), [], quick=False, partial=False, complete=True)
+    assert s["profiles"]["fp4"]["verdict"] == "certified" and s["claimed_profiles_certified"]
