@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 from . import __version__
@@ -53,12 +54,68 @@ def suites_hash(root: Path | None, harness_version: str = __version__) -> str:
     return h.hexdigest()
 
 
+#: how the coverage line names optional features (outcomes.OPTIONAL_FEATURES keys)
+FEATURE_LABELS = {
+    "hnd_packed": "HND_PACKED", "ragged": "RAGGED", "kv_offsets": "KV_OFFSETS", "custom_layout": "CUSTOM layout",
+    "nhd": "NHD", "hnd": "HND", "fp8": "FP8", "fp4": "FP4", "mixed_io_dtype": "conversion",
+    "host_memory": "host memory", "device_memory": "device memory", "unified_memory": "unified memory",
+}
+_UNSUPPORTED_MSG = re.compile(r"^UNSUPPORTED \(([^)]*)\)")
+
+
+def refused_features(results: dict) -> list[str]:
+    """The optional features the run's UNSUPPORTED outcomes refused.
+
+    Each such test names the features its case exercises (the answer is excused by any
+    unclaimed one of them); the refused features are the fewest that explain every
+    UNSUPPORTED outcome: first the features some refused test declares as its own, the
+    one explaining most outcomes first, on a tie the one more tests declare (a 4-D RAGGED gather refused is put down to
+    RAGGED once RAGGED explains other refusals too)."""
+    cands: list[tuple[set[str], set[str]]] = []  # (the case's features, the test's own)
+    for t in results.get("tests", []):
+        if t.get("outcome") != "unsupported":
+            continue
+        m = _UNSUPPORTED_MSG.match(t.get("message") or "")
+        feats = {f.strip() for f in m.group(1).split(",") if f.strip()} if m else set()
+        f = t.get("feature")
+        own = {f} if isinstance(f, str) else set(f or ())
+        feats |= own
+        if feats:
+            cands.append((feats, own))
+    order = {f: i for i, f in enumerate(FEATURE_LABELS)}
+    out: list[str] = []
+    while cands:
+        count: dict[str, int] = {}
+        declared: dict[str, int] = {}
+        for c, own in cands:
+            for f in c:
+                count[f] = count.get(f, 0) + 1
+            for f in own:
+                declared[f] = declared.get(f, 0) + 1
+        best = min(count, key=lambda f: (f not in declared, -count[f], -declared.get(f, 0),
+                                          order.get(f, len(order)), f))
+        out.append(best)
+        cands = [(c, own) for c, own in cands if best not in c]
+    return sorted(out, key=lambda f: (order.get(f, len(order)), f))
+
+
+def coverage(results: dict) -> str:
+    """One line: the verdict, the memory types it was earned on, and the optional features
+    the provider refused, e.g. "certified on device memory; refused: HND_PACKED, RAGGED"."""
+    verdict = str(results.get("verdict") or "unknown")
+    mem = results.get("memory_types") or [(results.get("config") or {}).get("memory") or "?"]
+    refused = [FEATURE_LABELS.get(f, f) for f in refused_features(results)]
+    return (f"{verdict} on {' and '.join(mem)} memory; "
+            + (f"refused: {', '.join(refused)}" if refused else "nothing refused"))
+
+
 def build_certificate(results: dict) -> dict:
     prov = results.get("provider", {}) or {}
     cfg = results.get("config", {}) or {}
     profiles = results.get("profiles", {}) or {}
     waivers = [w for w in results.get("waivers", []) if w.get("applied_to")]
     return {
+        "coverage": coverage(results),
         "certificate_schema": CERTIFICATE_SCHEMA,
         "kind": "kvx-conform-certificate",
         "date": now_iso(),
@@ -82,6 +139,7 @@ def build_certificate(results: dict) -> dict:
         "suites": {"source": cfg.get("suite"), "sha256": cfg.get("suites_hash")},
         "harness": results.get("harness"),
         "memory_types": results.get("memory_types", []),
+        "refused_features": refused_features(results),
         "counts": results.get("counts", {}),
         "waivers": [{"id": w["id"], "reason": w["reason"], "applied_to": w["applied_to"]} for w in waivers],
         "warnings": results.get("warnings", []),

@@ -563,6 +563,9 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
     if not doc.get("complete"):
         verdict += "   (INCOMPLETE)"
     lines.append(f"== verdict: {verdict}")
+    from .certificate import coverage
+
+    lines.append(f"== covers: {coverage(doc)}")
     return lines
 
 

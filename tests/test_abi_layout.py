@@ -1,6 +1,6 @@
 """The header against the published KVX v1.1 layout, and the ctypes mirror against the probe.
 
-The published table (shared/kvx-abi-1.1.md) gives field order and C types; natural C
+The published KVX v1.1 table (mirrored below as PUBLISHED) gives field order and C types; natural C
 alignment on x86-64/aarch64 LP64 gives the offsets. The ABI probe (compiled from
 csrc/include/kvx/kvx_abi.h by the package build) prints what the compiler made of
 our header.

@@ -208,3 +208,54 @@ def test_run_accepts_bench_option():
     assert args.bench == "quick"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--bench", "huge"])
+
+
+def _hwconv_host() -> str:
+    from kvx_conformance.native import testing_provider
+
+    path = testing_provider("hwconv_host")
+    if not path.exists():
+        pytest.fail(f"{path} is not built: the package build (csrc/testing) must produce it")
+    return str(path)
+
+
+#: cases the host twin (csrc/testing/hwconv) serves and cases it refuses (HND_PACKED, RAGGED,
+#: KV_OFFSETS: optional features it does not claim)
+REFUSAL_FILTERS = ["write-nhd-f16-t16-*", "gather-hnd-f16-t512-*-packed-sl256-*", "write-hnd_packed-f16-t16-*",
+                   "gather-hnd_packed-f16-t16-*", "*-ragged-*", "*-kv_offsets-*"]
+
+
+def _bench_refusing(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    cmd = [sys.executable, "-m", "kvx_conformance.cli", "bench", _hwconv_host(), "--preset", "quick", "--memory",
+           "host", "--output-dir", str(out), "--rounds", "3", "--no-peers",
+           *[a for f in REFUSAL_FILTERS for a in ("--filter", f)], *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONHASHSEED": "0"})
+    doc = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    return p, doc
+
+
+def test_refused_optional_features_are_listed_not_failed(tmp_path):
+    """A provider that refuses HND_PACKED, RAGGED and KV_OFFSETS: exit 0, the refused cases
+    listed apart (console, results.json, report), the served ones timed and verified."""
+    p, doc = _bench_refusing(tmp_path)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    s = doc["summary"]
+    refused = {x["id"]: x for x in s["refused"]}
+    assert len(refused) == 5 and not s["errors"] and not s["verification_failures"], s
+    assert s["timed"] == 2, s
+    assert set(s["refused_features"]) == {"hnd_packed", "ragged", "kv_offsets"}, s["refused_features"]
+    assert all(x["status"] == "UNSUPPORTED" for x in refused.values())
+    assert "refused      5 case(s) for optional features not claimed" in p.stdout, p.stdout
+    assert "gather-hnd-f16-t512-h8-d128-bs16-ragged-sl256-host" in p.stdout
+    html = (tmp_path / "bench.html").read_text()
+    assert "refused for optional features the provider does not claim" in html
+
+
+def test_refusal_of_a_claimed_feature_or_strict_fails(tmp_path):
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps({"features": ["ragged"]}))
+    p, doc = _bench_refusing(tmp_path / "claimed", "--claims", str(claims))
+    assert p.returncode == 1, p.stdout[-2000:]
+    assert doc["summary"]["errors"] == ["gather-hnd-f16-t512-h8-d128-bs16-ragged-sl256-host"], doc["summary"]
+    p, doc = _bench_refusing(tmp_path / "strict", "--strict")
+    assert p.returncode == 1 and len(doc["summary"]["refused"]) == 5, p.stdout[-2000:]

@@ -193,7 +193,7 @@ def test_segv_on_write_core_profile_goes_on(tmp_path):
         f"the tests of the other entry points must still run and pass, ran: {sorted(entries)}"
     assert any("Segmentation fault" in (t["message"] + t.get("detail", "")) for t in r["hit"]), r["hit"][0]
     assert r["doc"]["profiles"]["core"]["verdict"] == "not certified"
-    assert secs < 300, f"issue 3 target: within 5 minutes on 2 cores, took {secs:.0f} s"
+    assert secs < 300, f"target: within 5 minutes on 2 cores, took {secs:.0f} s"
 
 
 def test_noop_provider_not_certified_with_waivers(tmp_path):

@@ -1,7 +1,7 @@
 """End to end: build examples/minimal_provider with its Makefile, certify it with
 ci/kvx-certify.sh (core profile, host memory, the example's claims and expectations),
 then check the artifacts and `kvx-conform verify` on the certificate: valid as issued,
-and a changed provider or a changed suite is reported (issue 9).
+and a changed provider or a changed suite is reported.
 
 Needs `make` and a C compiler (present in CI); one conformance run of the core
 profile (about 20-30 s on 2 cores).

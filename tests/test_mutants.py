@@ -1,4 +1,4 @@
-"""Every mutant provider is caught, by name of the catching test (issue 3, item 8).
+"""Every mutant provider is caught, by name of the catching test (docs/kill-matrix.md).
 
 ``tests/data/killers.json`` (written by ``python -m kvx_conformance.mutants sweep``,
 which runs the whole suite on every mutant) records, per mutant of

@@ -75,7 +75,7 @@ inline Xfer make_xfer(kvx_dtype_t src, kvx_dtype_t dst) {
 /* Converts one element at `src` into `out` (xf.dst_size bytes). Same dtype:
  * the bits, unchanged (NaN payloads kept, R-CONVERT). FP8 destination (write
  * into an FP8 cache): quantize with `scale`. Otherwise through FP32 with RNE. */
-inline void convert_elem(const char* src, unsigned char* out, const Xfer& xf, float scale) {
+inline void convert_value(const char* src, unsigned char* out, const Xfer& xf, float scale) {
   if (xf.src == xf.dst) {
     memcpy(out, src, xf.dst_size);
     return;
@@ -88,6 +88,58 @@ inline void convert_elem(const char* src, unsigned char* out, const Xfer& xf, fl
   }
   encode_from_f32(out, xf.dst, f, ROUND_NEAREST_EVEN,
                   KVX_MUT(BF16_TRUNCATES) ? ROUND_TOWARD_ZERO : ROUND_NEAREST_EVEN);
+}
+
+/* What a converted element's bytes hold: 0 finite non-zero, 1 zero, 2 NaN (inf: 0). */
+inline int converted_kind(const unsigned char* out, kvx_dtype_t dt) {
+  if (dt == KVX_DTYPE_F32) {
+    uint32_t u;
+    memcpy(&u, out, 4);
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? 2 : (u & 0x7FFFFFFFu) == 0 ? 1 : 0;
+  }
+  if (dt == KVX_DTYPE_F16 || dt == KVX_DTYPE_BF16) {
+    uint16_t h;
+    memcpy(&h, out, 2);
+    const uint16_t inf = dt == KVX_DTYPE_F16 ? 0x7C00u : 0x7F80u;
+    return (h & 0x7FFFu) > inf ? 2 : (h & 0x7FFFu) == 0 ? 1 : 0;
+  }
+  const uint8_t m = out[0] & 0x7Fu;
+  if (dt == KVX_DTYPE_F8_E4M3) return m == 0x7Fu ? 2 : m == 0 ? 1 : 0;
+  return m > 0x7Cu ? 2 : m == 0 ? 1 : 0;
+}
+
+/* Three deliberate changes to a conversion's result (mutants.h): a NaN stored as
+ * the largest finite value of its sign; a zero stored with the other sign; and
+ * (the certifying variant) every NaN stored in another encoding. */
+inline void mutate_converted(unsigned char* out, const Xfer& xf) {
+  if (xf.src == xf.dst) return; /* plain copies are not conversions */
+  const int kind = converted_kind(out, xf.dst);
+  const size_t n = xf.dst_size;
+  const unsigned char sign = out[n - 1] & 0x80u; /* little endian: the top byte */
+  if (KVX_MUT(CONVERSION_NAN_TO_FINITE) && kind == 2) {
+    static const unsigned char f16[2] = {0xFF, 0x7B}, bf16[2] = {0x7F, 0x7F}, f32[4] = {0xFF, 0xFF, 0x7F, 0x7F};
+    if (xf.dst == KVX_DTYPE_F16) memcpy(out, f16, 2);
+    else if (xf.dst == KVX_DTYPE_BF16) memcpy(out, bf16, 2);
+    else if (xf.dst == KVX_DTYPE_F32) memcpy(out, f32, 4);
+    else out[0] = xf.dst == KVX_DTYPE_F8_E4M3 ? 0x7Eu : 0x7Bu;
+    out[n - 1] |= sign;
+  }
+  if (KVX_MUT(CONVERSION_ZERO_SIGN) && kind == 1) out[n - 1] ^= 0x80u;
+  if (KVX_MUT(NAN_PAYLOAD_VARIANT) && kind == 2) {
+    /* F16 / BF16 0x7FFF, F32 0x7FFFFFFF, E4M3 the other sign, E5M2 0x7F | sign */
+    if (xf.dst == KVX_DTYPE_F8_E4M3) out[0] ^= 0x80u;
+    else if (xf.dst == KVX_DTYPE_F8_E5M2) out[0] = (unsigned char)(sign | 0x7Fu);
+    else {
+      memset(out, 0xFF, n);
+      out[n - 1] = 0x7F;
+    }
+  }
+}
+
+inline void convert_elem(const char* src, unsigned char* out, const Xfer& xf, float scale) {
+  convert_value(src, out, xf, scale);
+  if (KVX_MUT(CONVERSION_NAN_TO_FINITE) || KVX_MUT(CONVERSION_ZERO_SIGN) || KVX_MUT(NAN_PAYLOAD_VARIANT))
+    mutate_converted(out, xf);
 }
 
 inline float scale_of(const ScalePlan& s, uint64_t head) {

@@ -54,6 +54,12 @@
 #define KVX_MUT_FP4_UNROUNDED_SCALE 40
 #define KVX_MUT_FP4_ZERO_BLOCK_NAN 41
 #define KVX_MUT_FP4_SCALE_LOGICAL_BLOCK 42
+#define KVX_MUT_CONVERSION_NAN_TO_FINITE 43
+#define KVX_MUT_CONVERSION_ZERO_SIGN 44
+/* Not a mutant (never in mutants.txt): a reference variant whose conversions
+ * encode NaN differently, which must still certify (NaN compared as a class,
+ * docs/numerics.md; csrc/mutants/CMakeLists.txt builds libkvx_variant_nan_payload). */
+#define KVX_MUT_NAN_PAYLOAD_VARIANT 45
 /* inputs are read-only, 64-bit block ids (numbered apart from the others) */
 #define KVX_MUT_MODIFIES_INPUT_KEY 70
 #define KVX_MUT_MODIFIES_SLOTS 71

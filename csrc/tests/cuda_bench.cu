@@ -1,7 +1,7 @@
 /*
  * cuda_bench.cu -- bandwidth and latency of the CUDA backend (kvx_plan.h level).
  *
- * Figures (docs/cuda-reference.md, held against shared/perf-anchors.md):
+ * Figures (docs/cuda-reference.md, held against the targets of docs/benchmarks.md):
  *   1. the roofline: cudaMemcpyAsync device-to-device, 1 GiB and 256 MiB,
  *      counting bytes read plus bytes written;
  *   2. large write and gather (>= 1 GiB moved, far beyond the 50 MB L2), one

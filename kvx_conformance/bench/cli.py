@@ -1,8 +1,9 @@
 """``kvx-conform bench [PROVIDER]``: bandwidth of write/gather against the in-run roofline.
 
-Exit status: 0 every case timed and verified; 1 some case failed (refused, not
-verified against the oracle); 2 usage; 3-8 provider load errors (docs/exit-codes.md);
-10 memory type unavailable.
+Exit status: 0 every case timed and verified, or refused for an optional feature the
+provider does not claim; 1 some case failed (not verified against the oracle, an error,
+a claimed or baseline feature refused, nothing timed; with --strict any refusal); 2 usage;
+3-8 provider load errors (docs/exit-codes.md); 10 memory type unavailable.
 """
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser, *, with_provider: bool = True) -> 
                    help="device/unified memory: split the sweep over these GPU indexes (e.g. 0,1 or 0-3 or all), one "
                         "process per GPU, each against its own roofline; flags a GPU > 5%% slower than the others")
     p.add_argument("--case-ids", metavar="FILE", help=argparse.SUPPRESS)  # a --gpus child's share of the cases
+    p.add_argument("--claims", metavar="FILE",
+                   help="claims file (as for run): a refusal of a claimed optional feature fails the bench")
+    p.add_argument("--strict", action="store_true",
+                   help="every refused case fails the bench, optional features included")
 
 
 def select(cases, globs):
@@ -66,10 +71,16 @@ def resolve_memory(requested: str) -> tuple[str | None, str | None]:
 
 
 def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, dict | None]:
+    from ..claims import InputFileError, load_claims
     from ..loader import ProviderLoadError, load_provider
     from .report import write_report
     from .run import results_document, run_device, run_host, write_json
 
+    try:
+        claims = load_claims(getattr(args, "claims", None))
+    except InputFileError as e:
+        print(f"kvx-conform: {e}", file=sys.stderr)
+        return EXIT_USAGE, None
     memory, err = resolve_memory(args.memory)
     if err:
         print(f"kvx-conform: {err}", file=sys.stderr)
@@ -115,7 +126,8 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
                           repeats=args.repeats, quiet=args.quiet, verify=not args.no_verify, partial=partial)
         partial.unlink(missing_ok=True)
     doc = results_document(preset=args.preset, memory=memory, provider_path=provider, reference_path=reference,
-                           body=body, command=["kvx-conform", *sys.argv[1:]], label=args.label)
+                           body=body, command=["kvx-conform", *sys.argv[1:]], label=args.label,
+                           claimed_features=sorted(claims.features))
     out.mkdir(parents=True, exist_ok=True)
     write_json(doc, out / "results.json")
     write_report(doc, out / "bench.html")
@@ -123,13 +135,22 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
     if not args.quiet:
         print(f"roofline     {doc['roofline']['bandwidth_Bps'] / 1e9:.0f} GB/s ({doc['roofline']['method']})"
               if doc["roofline"].get("bandwidth_Bps") else "roofline     not measured")
-        print(f"cases        {s['timed']}/{s['cases']} timed, {len(s['verification_failures'])} failed verification")
+        print(f"cases        {s['timed']}/{s['cases']} timed, {len(s['verification_failures'])} failed verification, "
+              f"{len(s['refused'])} refused, {len(s['errors'])} not timed (errors)")
+        if s["refused"]:
+            print(f"refused      {len(s['refused'])} case(s) for optional features not claimed: "
+                  f"{', '.join(s['refused_features'])}{' (--strict: failures)' if args.strict else ''}")
+            for x in s["refused"]:
+                print(f"  refused    {x['id']}: {x['status']} ({', '.join(x['features'])})")
+        for cid in s["errors"]:
+            print(f"  not timed  {cid}")
         if s.get("large_pct_roofline_median") is not None:
             print(f"large cases  median {s['large_pct_roofline_median']:.1f}% of roofline, "
                   f"min {s['large_pct_roofline_min']:.1f}%")
         print(f"results      {out / 'results.json'}")
         print(f"report       {out / 'bench.html'}")
-    bad = s["errors"] or s["verification_failures"]
+    bad = s["errors"] or s["verification_failures"] or (getattr(args, "strict", False) and s["refused"]) \
+        or (s["cases"] and not s["timed"])
     return (EXIT_FAILED if bad else EXIT_OK), doc
 
 
@@ -169,6 +190,10 @@ class BenchCommand:
                 "head_dim, block sizes, table formats) on device memory (CUDA events, CUDA-graph replay, host\n"
                 "call cost) or host memory (pytest-benchmark), beside the bundled reference and a torch/numpy\n"
                 "peer; verify every timed call's memory against the oracle; write results.json and bench.html.\n"
+                "A case refused (UNSUPPORTED / INVALID_ARGUMENT) for an optional feature the provider does not\n"
+                "claim is listed as refused, not timed and not a failure (--strict: a failure).\n"
+                "Exit status: 0 every case timed and verified or refused; 1 a case failed verification, was not\n"
+                "timed otherwise, or nothing was timed; 2 usage; 3-8 load errors; 10 memory unavailable.\n"
                 "Method and schema: docs/benchmarks.md."),
             epilog=("examples:\n"
                     "  kvx-conform bench --preset quick --memory host --output-dir out\n"

@@ -265,7 +265,7 @@ def _row(r: dict, p: dict) -> dict:
 
 
 def targets(doc: dict) -> list[dict]:
-    """Issue 4's performance targets, held against this run (device memory only)."""
+    """The performance targets (docs/benchmarks.md, "Targets"), held against this run (device memory only)."""
     if doc.get("memory") == "host":
         return []
     cases = [r for r in doc.get("cases", []) if _prov(r).get("bandwidth_Bps")]

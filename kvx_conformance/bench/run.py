@@ -261,9 +261,11 @@ def run_host(provider_path: str, cases: list[BenchCase], *, reference_path: str 
     from .sweep import BenchCase as _BC  # noqa: F401
 
     workdir.mkdir(parents=True, exist_ok=True)
+    status_log = workdir / "statuses.jsonl"  # calls answered with a non-OK status (not timed)
+    status_log.unlink(missing_ok=True)
     plan = {"provider": provider_path, "reference": reference_path if reference_path and Path(
         reference_path).resolve() != Path(provider_path).resolve() else None,
-            "peers": peers, "rounds": rounds, "cases": [c.to_dict() for c in cases]}
+            "peers": peers, "rounds": rounds, "cases": [c.to_dict() for c in cases], "status_log": str(status_log)}
     plan_path = workdir / "bench-plan.json"
     plan_path.write_text(json.dumps(plan), encoding="utf-8")
     out_json = workdir / "pytest-benchmark.json"
@@ -294,7 +296,12 @@ def run_host(provider_path: str, cases: list[BenchCase], *, reference_path: str 
     if not out_json.exists():
         raise RuntimeError(f"pytest-benchmark wrote no results (pytest exit status {rc})")
     pb = json.loads(out_json.read_text(encoding="utf-8"))
-    return collect_host(pb, cases, time.monotonic() - t0, rc)
+    statuses = {}
+    if status_log.exists():
+        for line in status_log.read_text(encoding="utf-8").splitlines():
+            e = json.loads(line)
+            statuses[(e["case"], e["impl"])] = int(e["status"])
+    return collect_host(pb, cases, time.monotonic() - t0, rc, statuses)
 
 
 def _pb_stats(b: dict) -> dict:
@@ -310,7 +317,10 @@ def _pb_stats(b: dict) -> dict:
     return st
 
 
-def collect_host(pb: dict, cases: list[BenchCase], elapsed: float, rc: int) -> dict:
+def collect_host(pb: dict, cases: list[BenchCase], elapsed: float, rc: int,
+                 statuses: dict[tuple[str, str], int] | None = None) -> dict:
+    """``statuses``: (case id, impl) -> the non-OK status a call answered (it was not timed)."""
+    statuses = statuses or {}
     by_case: dict[str, dict] = {}
     roof = None
     for b in pb.get("benchmarks", []):
@@ -337,6 +347,9 @@ def collect_host(pb: dict, cases: list[BenchCase], elapsed: float, rc: int) -> d
         for impl, e in by_case.get(c.id, {}).items():
             rec["nsets"] = e.pop("nsets", None)
             rec["impls"][impl] = _figures(c, e, rbw)
+        for (cid, impl), st in statuses.items():
+            if cid == c.id and impl not in rec["impls"]:
+                rec["impls"][impl] = {"status": st, "error": f"status {st} (not timed)"}
         if not rec["impls"]:
             rec["error"] = "not timed (see the pytest-benchmark output: setup failed or the call was refused)"
         rec["ratios"] = _ratios(rec["impls"])
@@ -371,7 +384,8 @@ def rederive(doc: dict) -> dict:
 
 
 def results_document(*, preset: str, memory: str, provider_path: str, reference_path: str | None,
-                     body: dict, command: list[str] | None, label: str | None = None) -> dict:
+                     body: dict, command: list[str] | None, label: str | None = None,
+                     claimed_features: list[str] | None = None) -> dict:
     doc = {
         "schema": SCHEMA,
         "harness": {"name": "kvx-conform", "version": __version__},
@@ -383,6 +397,7 @@ def results_document(*, preset: str, memory: str, provider_path: str, reference_
         "provider": provider_info(provider_path),
         "reference": provider_info(reference_path) if reference_path else None,
         "environment": environment(memory),
+        "claimed_features": sorted(claimed_features or ()),
         "bytes_moved": {
             "write": "2*T*H*D*(io_size+cache_size) + T*8 (S64 slots) [+ 8 bytes of FP8 scales]",
             "gather": "2*R*H*D*(cache_size+io_size) + table bytes (PACKED seqs*ceil(L/bs)*4, RAGGED R*4+(seqs+1)*4, "
@@ -395,17 +410,44 @@ def results_document(*, preset: str, memory: str, provider_path: str, reference_
     return doc
 
 
+#: statuses a provider refuses a call with (spec 8): UNSUPPORTED, or INVALID_ARGUMENT for a
+#: field it does not serve
+REFUSALS = {1: "INVALID_ARGUMENT", 2: "UNSUPPORTED"}
+
+
+def refusal(rec: dict, claimed: set[str], served: set[str] = frozenset()) -> dict | None:
+    """The refusal of an optional feature a case records, or None: the provider answered
+    UNSUPPORTED or INVALID_ARGUMENT (not timed) for a case that exercises an optional
+    feature the provider neither claims nor served in another, timed case (``served``);
+    those features are the refusal's (docs/benchmarks.md, "Refused cases")."""
+    p = rec.get("impls", {}).get("provider", {})
+    st = p.get("status")
+    if p.get("bandwidth_Bps") or st not in REFUSALS:
+        return None
+    feats = [f for f in BenchCase.from_dict(rec["case"]).features() if f not in claimed and f not in served]
+    if not feats:
+        return None
+    return {"id": rec["case"]["id"], "status": REFUSALS[st], "features": feats}
+
+
 def summarize(doc: dict) -> dict:
     cases = doc.get("cases", [])
+    claimed = set(doc.get("claimed_features") or ())
     ok = [r for r in cases if r["impls"].get("provider", {}).get("bandwidth_Bps")]
     failed_verify = [r["case"]["id"] for r in ok if r["impls"]["provider"].get("verified")
                      and not r["impls"]["provider"]["verified"].get("ok")]
+    served = {f for r in ok for f in BenchCase.from_dict(r["case"]).features()}
+    refused = [x for x in (refusal(r, claimed, served) for r in cases) if x]
+    refused_ids = {x["id"] for x in refused}
     big = [r for r in ok if r["case"]["bytes_moved"] >= 256e6]
     small = [r for r in ok if r["case"]["rows"] <= 256]
     pct = [r["impls"]["provider"].get("pct_roofline") for r in big if r["impls"]["provider"].get("pct_roofline")]
     return {
-        "cases": len(cases), "timed": len(ok), "errors": [r["case"]["id"] for r in cases if r.get("error") or not
-                                                          r["impls"].get("provider", {}).get("bandwidth_Bps")],
+        "cases": len(cases), "timed": len(ok),
+        "errors": [r["case"]["id"] for r in cases if r["case"]["id"] not in refused_ids and (
+            r.get("error") or not r["impls"].get("provider", {}).get("bandwidth_Bps"))],
+        "refused": refused,
+        "refused_features": sorted({f for x in refused for f in x["features"]}),
         "verification_failures": failed_verify,
         "large_cases": len(big),
         "large_pct_roofline_min": min(pct) if pct else None,

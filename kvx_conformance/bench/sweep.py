@@ -92,6 +92,22 @@ class BenchCase:
         """HND_PACKED innermost pack: 16 bytes of the cache dtype (vLLM's x)."""
         return max(1, min(self.head_dim, int(16 // dtype_size(self.dtype))))
 
+    def features(self) -> tuple[str, ...]:
+        """The optional features (outcomes.OPTIONAL_FEATURES) this case exercises: a provider
+        that does not claim one of them may refuse the case (docs/benchmarks.md)."""
+        out = []
+        if self.layout in ("hnd_packed", "nhd", "hnd"):
+            out.append(self.layout)  # core needs one of NHD / HND
+        if self.op == "gather" and self.table in ("ragged", "kv_offsets"):
+            out.append(self.table)
+        if self.dtype.startswith("fp8") or self.io.startswith("fp8"):
+            out.append("fp8")
+        if self.io != self.dtype:
+            out.append("mixed_io_dtype")
+        if self.memory in ("device", "unified", "host"):
+            out.append(f"{self.memory}_memory")
+        return tuple(out)
+
     @property
     def id(self) -> str:
         io = "" if self.io == self.dtype else f"-io{self.io}"
@@ -129,7 +145,7 @@ class BenchCase:
 
         Only for a random-slot write into HND_PACKED, whose pieces are ``pack * dtype_size``
         (16) bytes, below the sector: the IO read plus, per piece, one sector read and one
-        written (the bound issue 4 holds such writes to; docs/cuda-reference.md counts the same).
+        written (the bound the targets hold such writes to, docs/benchmarks.md; docs/cuda-reference.md counts the same).
         """
         if self.op != "write" or self.layout != "hnd_packed" or self.table != "random":
             return None

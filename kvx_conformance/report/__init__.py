@@ -131,8 +131,11 @@ def view_model(results: dict) -> dict:
     banner = "ok" if verdict == "certified" else ("warn" if verdict.startswith("not certifying") else "bad")
     if not results.get("complete"):
         banner = "warn" if banner == "ok" else banner
+    from ..certificate import coverage
+
     return {
         "r": results,
+        "coverage": coverage(results),
         "verdict": verdict,
         "banner": banner,
         "certifying": results.get("certifying", False),

@@ -1,4 +1,4 @@
-"""Engine-shaped scenario suites (profile "engines"; issue 7, docs/engine-suites.md).
+"""Engine-shaped scenario suites (profile "engines"; docs/engine-suites.md).
 
 Each scenario allocates the cache the way an engine does (numpy arrays in the
 engine's shapes and strides), describes it through ``kvx_conformance.adapters``,
