@@ -105,8 +105,87 @@ def test_presets_cover_the_axes():
     assert {c.block_size for c in std} == {16, 32, 64, 128}
     assert {c.table for c in std if c.op == "gather"} == {"packed", "ragged", "kv_offsets"}
     assert len({c.id for c in std}) == len(std)
-    assert set(PRESETS) == {"quick", "standard", "full"}
+    assert set(PRESETS) == {"quick", "standard", "full", "decode"}
     assert all(c.tokens <= 65536 for c in preset("full", "host"))
+
+
+def test_decode_preset_is_the_engine_comparison_set():
+    dec = preset("decode", "device")
+    writes = [c for c in dec if c.op == "write"]
+    gathers = [c for c in dec if c.op == "gather"]
+    assert {c.tokens for c in dec} == {1, 4, 16, 64, 256}
+    assert all((c.heads, c.head_dim, c.block_size, c.cache_blocks, c.replay) == (8, 128, 16, 8192, 50) for c in dec)
+    assert all(c.table == "random" for c in writes) and all(c.table == "packed" for c in gathers)
+    by = {(c.layout, c.dtype, c.io) for c in writes}
+    for lay in ("nhd", "hnd", "hnd_packed"):
+        assert {(lay, d, d) for d in ("f16", "bf16", "f32")} <= by
+        assert {(lay, d, "bf16") for d in ("fp8_e4m3", "fp8_e5m2")} <= by
+    for lay in ("nhd", "hnd"):
+        assert {(lay, d, "bf16") for d in ("nvfp4", "mxfp4")} <= by
+    assert all(c.scale != 1.0 for c in writes if c.dtype.startswith("fp8")), "FP8 decode writes divide by a scale"
+    assert {c.layout for c in gathers} == {"nhd", "hnd", "hnd_packed"} and max(c.seqs for c in gathers) == 4
+    assert len({c.id for c in dec}) == len(dec) == 140
+    # FP4 bytes: codes plus one scale byte per 16 values, K and V, slots, and NVFP4's two global scales
+    nv = next(c for c in writes if c.dtype == "nvfp4" and c.tokens == 4)
+    assert nv.bytes_moved() == 2 * 4 * 8 * 128 * 2 + 2 * 4 * 8 * (64 + 8) + 4 * 8 + 8
+
+
+@pytest.fixture(scope="module")
+def decode_host_run(tmp_path_factory):
+    """The decode preset on host memory, a few cases of each kind (FP8 and FP4 included)."""
+    out = tmp_path_factory.mktemp("bench-decode")
+    cmd = [sys.executable, "-m", "kvx_conformance.cli", "bench", "--preset", "decode", "--memory", "host",
+           "--output-dir", str(out), "--rounds", "3",
+           "--filter", "write-nhd-bf16-t4-*", "--filter", "write-hnd-fp8_e4m3-*-t16-*",
+           "--filter", "write-hnd_packed-f16-t4-*", "--filter", "write-*nvfp4-*-t4-*", "--filter", "write-nhd-mxfp4-*-t1-*",
+           "--filter", "gather-hnd-f32-t16-*"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": "0"})
+    assert p.returncode == 0, f"expected exit 0 from {' '.join(cmd)}, got {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return out, json.loads((out / "results.json").read_text()), p.stdout
+
+
+def test_decode_preset_runs_on_host_memory(decode_host_run):
+    from kvx_conformance.bench.report import render
+    from kvx_conformance.bench.run import decode_table
+
+    out, doc, stdout = decode_host_run
+    assert doc["preset"] == "decode" and len(doc["cases"]) == 7, [r["case"]["id"] for r in doc["cases"]]
+    for r in doc["cases"]:
+        p = r["impls"]["provider"]
+        assert r["nsets"] == 1 and r["case"]["cache_blocks"] == 8192, r["case"]["id"]
+        v = p["verified"]
+        assert v["ok"] and v["rows_checked"] == r["case"]["rows"], f"{r['case']['id']}: {v}"
+        assert "excess_over_floor_s" not in p  # no floor on host memory
+    assert doc["summary"]["floor_us"] is None and doc["summary"]["decode_cases"] == 0
+    rows = decode_table(doc)
+    assert len(rows) == 7 and all(r["us"] > 0 and r["verified"] for r in rows)
+    assert "decode-sized calls, per call (no floor on host memory)" in stdout
+    html = (out / "bench.html").read_text()
+    assert "Decode-sized calls" in html and "write-nhd-nvfp4-iobf16-t4" in html
+    # a device document's floor and excess reach the summary, the table and the report
+    dev = copy.deepcopy(doc)
+    dev["memory"] = "device"
+    dev["floor"] = {"time_s": 0.9e-6, "method": "empty kernel", "calls_per_graph": 50,
+                    "start": {"median_s": 0.9e-6}, "end": {"median_s": 0.91e-6}, "drift_pct": 1.1}
+    for r in dev["cases"]:
+        p = r["impls"]["provider"]
+        p["graph_warm"] = {"median_s": 2.0e-6, "p10_s": 1.9e-6, "p90_s": 2.1e-6}
+        p["time_s"], p["excess_over_floor_s"] = 2.0e-6, 1.1e-6
+    from kvx_conformance.bench.run import summarize
+
+    s = summarize(dev)
+    assert s["floor_us"] == pytest.approx(0.9) and s["decode_cases"] == 7
+    assert s["decode_excess_us_median"] == pytest.approx(1.1) and s["decode_excess_us_max"] == pytest.approx(1.1)
+    dev["summary"] = s
+    page = render(dev)
+    assert "Floor: 0.90 µs" in page and "1.10" in page
+
+
+def test_decode_fields_documented():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    for key in ("`floor`", "`graph_warm`", "`excess_over_floor_s`", "`cache_blocks`", "`replay`", "`scale`",
+                "`floor_us`", "`decode_excess_us_median`", "`--preset decode`"):
+        assert key in text, f"expected {key} documented in docs/benchmarks.md"
 
 
 @pytest.mark.parametrize("mutant,case", [

@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser, *, with_provider: bool = True) -> 
     if with_provider:
         p.add_argument("provider", nargs="?", help="provider shared library (default: the bundled reference)")
     p.add_argument("--preset", default="quick", choices=PRESETS,
-                   help="case set: quick (about a minute on CPU), standard (<= 5 min on an H100), full")
+                   help="case set: quick (about a minute on CPU), standard (<= 5 min on an H100), full, "
+                        "decode (decode-sized calls, warm graph replay, against an empty kernel's floor)")
     p.add_argument("--memory", default="auto", choices=["host", "device", "unified", "auto"],
                    help="memory type (auto: device when torch sees a GPU, else host)")
     p.add_argument("--output-dir", default="kvx-bench", metavar="DIR",
@@ -74,7 +75,7 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
     from ..claims import InputFileError, load_claims
     from ..loader import ProviderLoadError, load_provider
     from .report import write_report
-    from .run import results_document, run_device, run_host, write_json
+    from .run import decode_table, results_document, run_device, run_host, write_json
 
     try:
         claims = load_claims(getattr(args, "claims", None))
@@ -144,6 +145,17 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
                 print(f"  refused    {x['id']}: {x['status']} ({', '.join(x['features'])})")
         for cid in s["errors"]:
             print(f"  not timed  {cid}")
+        rows = decode_table(doc)
+        if rows:
+            fl = s.get("floor_us")
+            print("decode-sized calls, per call (" + (f"floor {fl:.3f} us: an empty kernel replayed the same way"
+                                                      if fl is not None else "no floor on host memory") + ")")
+            print(f"  {'case':<72s} {'us':>8s} {'over floor':>11s}")
+            for r in rows:
+                us = "-" if r["us"] is None else f"{r['us']:.3f}"
+                ex = "-" if r["excess_us"] is None else f"{r['excess_us']:+.3f}"
+                flag = "" if r["verified"] else "  NOT VERIFIED" if r["verified"] is False else ""
+                print(f"  {r['id']:<72s} {us:>8s} {ex:>11s}{flag}")
         if s.get("large_pct_roofline_median") is not None:
             print(f"large cases  median {s['large_pct_roofline_median']:.1f}% of roofline, "
                   f"min {s['large_pct_roofline_min']:.1f}%")

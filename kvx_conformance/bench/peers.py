@@ -50,6 +50,8 @@ def torch_peer(pr: Prepared):
     c = pr.case
     if c.memory != "device":
         return None, "torch peer runs on device memory only"
+    if c.fp4 or c.scale != 1.0:
+        return None, "no torch peer for FP4 or scaled FP8 quantization"
     fp8 = c.dtype.startswith("fp8")
     tdt = pr.mem.tdtype
     from .sweep import DTYPES
@@ -157,6 +159,8 @@ def numpy_peer(pr: Prepared):
     c = pr.case
     if c.memory != "host":
         return None, "numpy peer runs on host memory only"
+    if c.fp4 or c.scale != 1.0:
+        return None, "no numpy peer for FP4 or scaled FP8 quantization"
     u8 = c.dtype.startswith("fp8")
     arrs = dict(pr.arrays)
     kc, vc = _views(pr, np, arrs)

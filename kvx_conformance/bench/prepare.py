@@ -24,6 +24,9 @@ from ..cases import CacheCase, GatherCase, PoolCase, WriteCase
 from ..dtypes import bits_view, np_dtype
 from .sweep import DTYPES, LAYOUTS, BenchCase
 
+#: NVFP4 writes: the per-tensor global scale of K and V (docs/fp4.md)
+FP4_GLOBAL_SCALE = 0.01
+
 #: Cache tensors at least this large (bytes, each of K and V) so decode-sized calls
 #: scatter over a realistic cache, not a few L2-resident blocks.
 MIN_CACHE_BYTES = {"host": 8 << 20, "device": 128 << 20, "unified": 128 << 20}
@@ -210,6 +213,8 @@ class Prepared:
 
         c = self.case
         picks = sets if sets is not None else (self.nsets - 1,)
+        if c.fp4:
+            return self._verify_fp4(picks)
         kdt, iodt = np_dtype(DTYPES[c.dtype]), np_dtype(DTYPES[c.io])
         H, D, bs = c.heads, c.head_dim, c.block_size
         row = H * D
@@ -236,7 +241,7 @@ class Prepared:
                 compact = (inv.reshape(-1) * bs + slots[sub] % bs).astype(np.int64)
                 # R-WRITE is idempotent: writing the same rows again over what the timed calls left
                 # must change nothing, iff those rows hold the oracle's values for these tokens.
-                scale = 1.0 if s.meta.get("scaled") else None
+                scale = s.meta.get("scale", 1.0) if s.meta.get("scaled") else None
                 wc = WriteCase(CacheCase(geom, lay, lay, k_now, v_now), io, io, key, val, d.SlotMapping(compact),
                                len(sub), k_scale=scale, v_scale=scale, seed=self.seed, label=c.id)
                 exp = expected_write(wc, MEM[c.memory])
@@ -288,6 +293,48 @@ class Prepared:
                 "sets_checked": list(picks), "problems": problems[:5]}
 
 
+    def _verify_fp4(self, picks) -> dict:
+        """FP4 writes: the written rows' codes and block scales against the oracle's encoding of the IO rows."""
+        from .. import fp4exec as fx
+
+        c = self.case
+        fmt = FP4_FORMATS[c.dtype]
+        H, D, bs = c.heads, c.head_dim, c.block_size
+        nb = self.geom.num_blocks
+        hnd = c.layout == "hnd"
+        self.mem.sync()
+        checked, total, problems = 0, 0, []
+        for j in picks:
+            s = self.sets[j]
+            rng = np.random.default_rng(self.seed + 1000 + j)
+            slots = s.meta["slots"]
+            n = len(slots)
+            total += n
+            sub = np.arange(n) if n <= VERIFY_ROWS else np.sort(rng.choice(n, VERIFY_ROWS, replace=False))
+            blk, off = slots[sub] // bs, slots[sub] % bs
+            uniq, inv = np.unique(blk, return_inverse=True)
+            inv = inv.reshape(-1)
+            iodt = np_dtype(DTYPES[c.io])
+            g = np.float32(s.meta["global"]) if s.meta.get("global") is not None else None
+            for side, io_key in (("k", "key"), ("v", "value")):
+                x = self.mem.take(s.arrays[io_key], (n, H * D), sub, iodt).astype(np.float32).reshape(len(sub), H, D)
+                want_c, want_s = fx.encode_rows(fmt, x, g)
+                got = {}
+                for part, width in (("codes", D // 2), ("scales", D // fx.block_values(fmt))):
+                    blocks = self.mem.take(self.arrays[f"{side}_{part}"], (nb, bs * H * width), uniq, np.uint8)
+                    if hnd:
+                        got[part] = blocks.reshape(len(uniq), H, bs, width)[inv, :, off]
+                    else:
+                        got[part] = blocks.reshape(len(uniq), bs, H, width)[inv, off]
+                for part, want in (("codes", want_c), ("scales", want_s)):
+                    bad = np.count_nonzero(got[part].reshape(want.shape) != want)
+                    if bad:
+                        problems.append(f"set {j}: {bad} {side} cache {part} bytes differ from the oracle's encoding")
+            checked += len(sub)
+        return {"ok": not problems, "rows_checked": int(checked), "rows_total": int(total),
+                "sets_checked": list(picks), "problems": problems[:5]}
+
+
 def _sets_for(case: BenchCase, last_level_cache: int) -> int:
     per_call = case.bytes_moved()
     return int(max(1, min(MAX_SETS, math.ceil(2 * last_level_cache / max(per_call, 1)))))
@@ -297,6 +344,8 @@ def prepare(case: BenchCase, mem=None, *, seed: int = 0, last_level_cache: int =
             nsets: int | None = None) -> Prepared:
     """Build buffers and descriptors for ``case`` (raises ValueError for a dtype this harness lacks)."""
     c = case
+    if c.fp4 and c.op == "write" and c.io in DTYPES:
+        return _prepare_fp4(c, mem or backend(c.memory), seed)
     if c.dtype not in DTYPES or c.io not in DTYPES:
         raise ValueError(f"dtype {c.dtype}/{c.io} has no buffer builder in this harness")
     mem = mem or backend(c.memory)
@@ -304,13 +353,17 @@ def prepare(case: BenchCase, mem=None, *, seed: int = 0, last_level_cache: int =
     dt, iodt = DTYPES[c.dtype], DTYPES[c.io]
     esize = abi.DTYPE_SIZE[dt]
     block_bytes = c.block_size * c.heads * c.head_dim * esize
-    nsets = nsets or _sets_for(c, last_level_cache)
+    nsets = nsets or (1 if c.replay else _sets_for(c, last_level_cache))
     min_blocks = math.ceil(MIN_CACHE_BYTES[c.memory] / block_bytes)
     if c.op == "write":
         need = math.ceil(c.tokens / c.block_size) * nsets
     else:
         need = c.seqs * math.ceil(c.sl / c.block_size) * nsets
     num_blocks = max(need, min_blocks, 2)
+    if c.cache_blocks:
+        if need > c.cache_blocks:
+            raise ValueError(f"{c.id}: {need} blocks needed, the case's cache has {c.cache_blocks}")
+        num_blocks = c.cache_blocks
     geom = d.Geometry(num_blocks, c.block_size, c.heads, c.head_dim)
     lay = LAYOUTS[c.layout] if c.table != "kv_offsets" else LAYOUTS["hnd"]
     k_layout = d.cache_layout(geom, lay, dt, pack=c.pack if c.layout == "hnd_packed" else None)
@@ -358,12 +411,13 @@ def prepare(case: BenchCase, mem=None, *, seed: int = 0, last_level_cache: int =
             arr = {"key": key, "value": val, "slots": sl_dev}
             scaled = dt != iodt and dt in abi.FP8_DTYPES
             if scaled:
-                # per-tensor scale 1.0 (spec 6.9): the quantizing path with its scale read
-                one = mem.from_numpy(np.array([1.0, 1.0], np.float32))
+                # per-tensor scale (spec 6.9; 1.0 unless the case names one): the quantizing path with its
+                # scale read
+                one = mem.from_numpy(np.array([c.scale, c.scale], np.float32))
                 arr["scale"] = one
                 desc.k_scale = mem.ptr(one)
                 desc.v_scale = mem.ptr(one) + 4
-            sets.append(InputSet(desc, arr, {"slots": slots, "scaled": scaled}))
+            sets.append(InputSet(desc, arr, {"slots": slots, "scaled": scaled, "scale": float(np.float32(c.scale))}))
     else:
         seqs, sl = c.seqs, c.sl
         mb = math.ceil(sl / c.block_size)
@@ -401,3 +455,66 @@ def prepare(case: BenchCase, mem=None, *, seed: int = 0, last_level_cache: int =
             sets.append(InputSet(desc, arr, meta))
     mem.sync()
     return Prepared(c, mem, geom, k_layout, v_layout, cache, arrays, sets, seed, pool=pool)
+
+
+FP4_FORMATS = {"nvfp4": abi.Fp4Format.NVFP4, "mxfp4": abi.Fp4Format.MXFP4}
+
+
+def _prepare_fp4(c: BenchCase, mem, seed: int) -> Prepared:
+    """A KVX 1.2 FP4 write (docs/fp4.md): code and block-scale pools of the case's layout (NHD or
+    HND), IO rows of ``c.io``, random distinct slots; one input set (decode) or enough to rotate."""
+    from .. import fp4exec as fx
+
+    if c.layout not in ("nhd", "hnd"):
+        raise ValueError(f"FP4 caches are NHD or HND, not {c.layout}")
+    fmt = FP4_FORMATS[c.dtype]
+    rng = np.random.default_rng(seed)
+    H, D, bs = c.heads, c.head_dim, c.block_size
+    J = D // fx.block_values(fmt)
+    nsets = 1 if c.replay else _sets_for(c, 50 << 20)
+    need = math.ceil(c.tokens / bs) * nsets
+    nb = c.cache_blocks or max(need, math.ceil(MIN_CACHE_BYTES[c.memory] / (bs * H * D // 2)), 2)
+    if need > nb:
+        raise ValueError(f"{c.id}: {need} blocks needed, the case's cache has {nb}")
+    lay = LAYOUTS[c.layout]
+    m = MEM[c.memory]
+    geom = d.Geometry(nb, bs, H, D)
+    arrays = {f"{side}_{part}": mem.empty(nb * bs * H * width, DType.U8, rng)
+              for side in ("k", "v") for part, width in (("codes", D // 2), ("scales", J))}
+    logical = (nb, bs, H, D) if c.layout == "nhd" else (nb, H, bs, D)
+    sshape = (nb, bs, H, J) if c.layout == "nhd" else (nb, H, bs, J)
+    cache = abi.kvx_cache_desc_v1_2_t.new(num_blocks=nb, block_size=bs, num_kv_heads=H, head_dim=D)
+    cache.k = fx._tensor(DType.F4_E2M1, lay, m, logical, fx._dense_strides(logical), mem.ptr(arrays["k_codes"]))
+    cache.v = fx._tensor(DType.F4_E2M1, lay, m, logical, fx._dense_strides(logical), mem.ptr(arrays["v_codes"]))
+    cache.pool = abi.kvx_pool_desc_t.new()
+    ext = abi.kvx_fp4_cache_ext_t.new(format=int(fmt))
+    sdt = fx.scale_dtype(fmt)
+    ext.k_scales = fx._tensor(sdt, lay, m, sshape, fx._dense_strides(sshape), mem.ptr(arrays["k_scales"]))
+    ext.v_scales = fx._tensor(sdt, lay, m, sshape, fx._dense_strides(sshape), mem.ptr(arrays["v_scales"]))
+    g = FP4_GLOBAL_SCALE if fmt == abi.Fp4Format.NVFP4 else None
+    if g is not None:
+        arrays["global"] = mem.from_numpy(np.array([g], np.float32))  # one buffer, K and V
+    for side in ("k_global", "v_global"):
+        sd = abi.kvx_scale_desc_t.new()
+        if g is not None:
+            sd.dtype, sd.granularity = int(DType.F32), int(abi.ScaleGranularity.PER_TENSOR)
+            sd.data = mem.ptr(arrays["global"])
+        setattr(ext, side, sd)
+    cache.fp4 = ext
+    perm = rng.permutation(nb * bs)[: c.tokens * nsets]
+    iodt = DTYPES[c.io]
+    sets = []
+    for j in range(nsets):
+        slots = perm[j * c.tokens:(j + 1) * c.tokens].astype(np.int64)
+        key = mem.random(c.tokens * H * D, iodt, rng)
+        val = mem.random(c.tokens * H * D, iodt, rng)
+        sl_dev = mem.from_numpy(slots)
+        w = abi.kvx_write_desc_v1_2_t.new()
+        w.io = fx._io(iodt, m, mem.ptr(key), mem.ptr(val), c.tokens, H, D)
+        w.slots = abi.kvx_slot_mapping_t.new(dtype=int(DType.S64), token_count=c.tokens, invalid_slot=-1)
+        w.slots.slots = mem.ptr(sl_dev)
+        w.k_scale_desc, w.v_scale_desc = abi.kvx_scale_desc_t.new(), abi.kvx_scale_desc_t.new()
+        sets.append(InputSet(w, {"key": key, "value": val, "slots": sl_dev},
+                             {"slots": slots, "global": None if g is None else float(np.float32(g))}))
+    mem.sync()
+    return Prepared(c, mem, geom, None, None, cache, arrays, sets, seed)

@@ -319,7 +319,7 @@ def render(doc: dict, second: dict | None = None, second_label: str | None = Non
 
     from .compare import agreement
 
-    from .run import rederive
+    from .run import decode_table, rederive
 
     doc = rederive(json.loads(json.dumps(doc)))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
@@ -335,7 +335,7 @@ def render(doc: dict, second: dict | None = None, second_label: str | None = Non
         doc=doc, s=doc.get("summary", {}), env_=doc.get("environment", {}), roof=doc.get("roofline", {}),
         summary_rows=summary_table(doc), rows=all_rows(doc), targets=targets(doc),
         plot_bw=plot_bandwidth(doc), plot_lat=plot_latency(doc), plot_heat=plot_heat(doc), plot_peers=plot_peers(doc),
-        agree=agree, second=second, second_label=second_label,
+        agree=agree, second=second, second_label=second_label, decode=decode_table(doc),
         json_env=json.dumps(doc.get("environment", {}), indent=1, default=str),
     )
 

@@ -108,14 +108,18 @@ def _bw(case: BenchCase, t_s: float | None) -> float | None:
     return case.bytes_moved() / t_s if t_s else None
 
 
-def _figures(case: BenchCase, entry: dict, roofline: float | None) -> dict:
-    """Headline numbers of one implementation: device time (graph replay when it worked, else events)."""
-    src = entry.get("graph") or entry.get("events") or entry.get("host_timer")
+def _figures(case: BenchCase, entry: dict, roofline: float | None, floor_s: float | None = None) -> dict:
+    """Headline numbers of one implementation: device time (warm graph replay for the decode
+    preset's cases, else graph replay when it worked, else events) and, with a floor, the excess."""
+    src = entry.get("graph_warm") or entry.get("graph") or entry.get("events") or entry.get("host_timer")
     if not src:
         return entry
     t = src["median_s"]
     entry["time_s"] = t
-    entry["time_source"] = "graph" if entry.get("graph") else ("events" if entry.get("events") else "pytest-benchmark")
+    entry["time_source"] = ("graph_warm" if entry.get("graph_warm") else "graph" if entry.get("graph") else
+                            "events" if entry.get("events") else "pytest-benchmark")
+    if floor_s is not None and entry["time_source"] == "graph_warm":
+        entry["excess_over_floor_s"] = t - floor_s
     entry["bandwidth_Bps"] = _bw(case, t)
     entry["bandwidth_p10_Bps"] = _bw(case, src["p90_s"])
     entry["bandwidth_p90_Bps"] = _bw(case, src["p10_s"])
@@ -126,7 +130,7 @@ def _figures(case: BenchCase, entry: dict, roofline: float | None) -> dict:
     return entry
 
 
-def _time_device(timer, fn, nsets: int, graph: bool = True) -> dict:
+def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0) -> dict:
     from .timing import CallFailed
 
     out: dict = {}
@@ -141,7 +145,10 @@ def _time_device(timer, fn, nsets: int, graph: bool = True) -> dict:
         out["graph_error"] = "not attempted (unified memory)"
         return out
     try:
-        out["graph"] = timer.graph(fn, nsets, inner)
+        if replay:
+            out["graph_warm"] = timer.graph_warm(fn, replay)
+        else:
+            out["graph"] = timer.graph(fn, nsets, inner)
     except Exception as e:  # capture refused (a call that synchronizes, allocates, ...)
         out["graph"] = None
         out["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
@@ -176,6 +183,13 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
     _log(f"roofline (start): device-to-device copy {roof_start['bandwidth_Bps'] / 1e9:.0f} GB/s", quiet)
     roof = roof_start["bandwidth_Bps"]
     timer = DeviceTimer(repeats=repeats)
+    replay = max((c.replay for c in cases if c.memory == "device"), default=0)
+    floor_start = floor_end = None
+    if replay:
+        floor_start = timer.floor(replay)
+        _log(f"floor (start): empty kernel, {replay} launches per graph, warm: "
+             f"{floor_start['median_s'] * 1e6:.3f} us per launch", quiet)
+    floor_s = floor_start["median_s"] if floor_start else None
     results = []
     for n, case in enumerate(cases):
         rec: dict = {"case": case.to_dict(), "impls": {}}
@@ -197,20 +211,20 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
                 rec["impls"][name] = {"status": int(st), "error": f"status {st} (not timed)"}
                 continue
             e = _time_device(timer, lambda i, s, p=prov: pr.call(p, i, s), pr.nsets,
-                             graph=case.memory != "unified")
+                             graph=case.memory != "unified", replay=case.replay if case.memory == "device" else 0)
             e["status"] = 0
             if verify and "error" not in e:
                 e["verified"] = pr.verify()
-            rec["impls"][name] = _figures(case, e, roof)
+            rec["impls"][name] = _figures(case, e, roof, floor_s)
         if peers and case.memory == "device":
             fn, desc = torch_peer(pr)
             if fn is not None:
                 try:
-                    e = _time_device(timer, fn, pr.nsets)
+                    e = _time_device(timer, fn, pr.nsets, replay=case.replay)
                     e["what"] = desc
                     if verify and "error" not in e:
                         e["verified"] = pr.verify()
-                    rec["impls"]["torch"] = _figures(case, e, roof)
+                    rec["impls"]["torch"] = _figures(case, e, roof, floor_s)
                 except Exception as ex:
                     rec["impls"]["torch"] = {"error": f"{type(ex).__name__}: {ex}"[:300], "what": desc}
         rec["ratios"] = _ratios(rec["impls"])
@@ -224,6 +238,7 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
         _log(f"[{n + 1}/{len(cases)}] {case.id}: "
              + (f"{p['bandwidth_Bps'] / 1e9:8.1f} GB/s {p.get('pct_roofline', 0):5.1f}% {p['time_s'] * 1e6:9.2f} us"
                 if p.get("bandwidth_Bps") else f"{p.get('error', 'no figure')}")
+             + (f"  +{p['excess_over_floor_s'] * 1e6:.2f} us over the floor" if "excess_over_floor_s" in p else "")
              + (f"  torch {tq['bandwidth_Bps'] / 1e9:7.1f} GB/s" if tq.get("bandwidth_Bps") else "")
              + f"  verified={ver}", quiet)
         del pr
@@ -231,13 +246,22 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
         torch.cuda.empty_cache()
     roof_end = device_copy_roofline()
     _log(f"roofline (end): {roof_end['bandwidth_Bps'] / 1e9:.0f} GB/s; run {time.monotonic() - t0:.0f} s", quiet)
+    floor = None
+    if floor_start:
+        floor_end = timer.floor(replay)
+        _log(f"floor (end): {floor_end['median_s'] * 1e6:.3f} us per launch", quiet)
+        floor = {"time_s": floor_s, "method": floor_start["what"], "calls_per_graph": replay,
+                 "start": floor_start, "end": floor_end,
+                 "drift_pct": 100.0 * (floor_end["median_s"] - floor_s) / floor_s}
     return {"roofline": {"start": roof_start, "end": roof_end, "bandwidth_Bps": roof,
                          "method": roof_start["method"],
                          "drift_pct": 100.0 * (roof_end["bandwidth_Bps"] - roof) / roof},
+            "floor": floor,
             "cases": results, "elapsed_s": time.monotonic() - t0,
             "timing": {"device": "CUDA events over back-to-back calls (eager), CUDA graph replay (device time), "
                                  "host perf_counter per call", "repeats": repeats,
-                       "headline": "graph replay median when capture worked, else events median"}}
+                       "headline": "graph replay median when capture worked, else events median; decode "
+                                   "preset: warm graph replay median (graph_warm), and its excess over the floor"}}
 
 
 def _ratios(impls: dict) -> dict:
@@ -442,6 +466,9 @@ def summarize(doc: dict) -> dict:
     big = [r for r in ok if r["case"]["bytes_moved"] >= 256e6]
     small = [r for r in ok if r["case"]["rows"] <= 256]
     pct = [r["impls"]["provider"].get("pct_roofline") for r in big if r["impls"]["provider"].get("pct_roofline")]
+    excess = sorted(r["impls"]["provider"]["excess_over_floor_s"] * 1e6 for r in ok
+                    if r["impls"]["provider"].get("excess_over_floor_s") is not None)
+    floor = doc.get("floor") or {}
     return {
         "cases": len(cases), "timed": len(ok),
         "errors": [r["case"]["id"] for r in cases if r["case"]["id"] not in refused_ids and (
@@ -455,7 +482,30 @@ def summarize(doc: dict) -> dict:
         "small_time_us_max": max((r["impls"]["provider"]["time_s"] * 1e6 for r in small), default=None),
         "small_time_us_median": (sorted(r["impls"]["provider"]["time_s"] * 1e6 for r in small)[len(small) // 2]
                                  if small else None),
+        "floor_us": floor["time_s"] * 1e6 if floor.get("time_s") else None,
+        "decode_cases": len(excess),
+        "decode_excess_us_median": excess[len(excess) // 2] if excess else None,
+        "decode_excess_us_max": excess[-1] if excess else None,
     }
+
+
+def decode_table(doc: dict) -> list[dict]:
+    """The decode preset's rows: case, per-call time, its excess over the floor (µs), verified."""
+    rows = []
+    for r in doc.get("cases", []):
+        c = r["case"]
+        if not c.get("replay"):
+            continue
+        p = r["impls"].get("provider", {})
+        rows.append({"id": c["id"], "op": c["op"], "layout": c["layout"], "dtype": c["dtype"], "io": c["io_dtype"],
+                     "tokens": c["tokens"], "scale": c.get("scale", 1.0), "cache_blocks": c.get("cache_blocks"),
+                     "us": p["time_s"] * 1e6 if p.get("time_s") else None,
+                     "excess_us": (p["excess_over_floor_s"] * 1e6 if p.get("excess_over_floor_s") is not None
+                                   else None),
+                     "p10_us": ((p.get("graph_warm") or {}).get("p10_s") or 0) * 1e6 or None,
+                     "p90_us": ((p.get("graph_warm") or {}).get("p90_s") or 0) * 1e6 or None,
+                     "verified": (p.get("verified") or {}).get("ok"), "error": r.get("error") or p.get("error")})
+    return rows
 
 
 def write_json(doc: dict, path: Path) -> None:

@@ -36,6 +36,10 @@ DTYPES: dict[str, DType] = {
 #: ``name -> (element bits, build function)``; cases naming a dtype absent here and
 #: absent from :data:`DTYPES` are reported as unsupported by the harness, not run.
 EXTRA_DTYPES: dict[str, dict] = {}
+#: KVX 1.2 FP4 caches the harness builds itself (write only): packed E2M1 codes plus one scale
+#: byte per ``block`` values (NVFP4: E4M3 block scales and a per-tensor FP32 global scale;
+#: MXFP4: UE8M0 block scales).
+FP4_DTYPES: dict[str, dict] = {"nvfp4": {"bits": 4, "block": 16}, "mxfp4": {"bits": 4, "block": 16}}
 
 LAYOUTS: dict[str, Layout] = {"nhd": Layout.BLOCK_NHD, "hnd": Layout.BLOCK_HND, "hnd_packed": Layout.BLOCK_HND_PACKED}
 TABLES = ("packed", "ragged", "kv_offsets")
@@ -49,6 +53,8 @@ SECTOR = 32
 def dtype_size(name: str) -> float:
     if name in DTYPES:
         return DTYPE_SIZE[DTYPES[name]]
+    if name in FP4_DTYPES:  # codes plus the block scales, per element
+        return FP4_DTYPES[name]["bits"] / 8.0 + 1.0 / FP4_DTYPES[name]["block"]
     if name in EXTRA_DTYPES:
         return EXTRA_DTYPES[name]["bits"] / 8.0
     raise KeyError(f"unknown benchmark dtype {name!r}")
@@ -69,6 +75,13 @@ class BenchCase:
     memory: str = "device"
     #: the sweep this case belongs to (a plot / table group)
     sweep: str = "tokens"
+    #: cache blocks (0: sized by the harness, docs/benchmarks.md "Working sets")
+    cache_blocks: int = 0
+    #: decode timing: one input set, this many calls captured in one CUDA graph and replayed
+    #: warm (0: the rotating input sets of the other presets)
+    replay: int = 0
+    #: FP8 quantizing writes: the per-tensor scale of K and V
+    scale: float = 1.0
 
     @property
     def io(self) -> str:
@@ -112,11 +125,28 @@ class BenchCase:
     def id(self) -> str:
         io = "" if self.io == self.dtype else f"-io{self.io}"
         extra = f"-sl{self.sl}" if self.op == "gather" else ""
+        if self.scale != 1.0:
+            extra += f"-s{self.scale:g}"
+        if self.cache_blocks:
+            extra += f"-nb{self.cache_blocks}"
+        if self.replay:
+            extra += f"-warm{self.replay}"
         return (f"{self.op}-{self.layout}-{self.dtype}{io}-t{self.tokens}-h{self.heads}-d{self.head_dim}"
                 f"-bs{self.block_size}-{self.table}{extra}-{self.memory}")
 
+    @property
+    def fp4(self) -> bool:
+        return self.dtype in FP4_DTYPES
+
+    @property
+    def scaled(self) -> bool:
+        """A quantizing write with per-tensor scales (FP8 from a wider IO dtype; NVFP4's global scale)."""
+        return self.op == "write" and self.io != self.dtype and (self.dtype.startswith("fp8") or self.dtype == "nvfp4")
+
     def num_blocks(self) -> int:
         """Cache blocks: room for every row (write) or every gathered block, at least 2."""
+        if self.cache_blocks:
+            return self.cache_blocks
         per_seq = math.ceil(self.sl / self.block_size)
         need = math.ceil(self.tokens / self.block_size) if self.op == "write" else self.seqs * per_seq
         return max(2, need)
@@ -127,7 +157,7 @@ class BenchCase:
         payload = 2 * elems * (dtype_size(self.io) + dtype_size(self.dtype))
         if self.op == "write":
             idx = self.tokens * 8  # S64 slots
-            if self.dtype.startswith("fp8") and self.io != self.dtype:
+            if self.scaled:
                 idx += 8
         else:
             blocks = math.ceil(self.sl / self.block_size)
@@ -215,6 +245,38 @@ def _table_sweep(tokens, memory, seq_len=2048) -> list[BenchCase]:
             for t in tokens for tb in TABLES]
 
 
+#: The decode case set: what a serving engine's decode step writes, the shape engines' own KV
+#: write kernels are compared on (8 KV heads, head_dim 128, blocks of 16 tokens, random
+#: distinct slots in a cache of 8192 blocks, K and V), each call replayed DECODE_REPLAY times
+#: in one CUDA graph, warm, beside an empty kernel replayed the same way (the floor).
+DECODE_TOKENS = (1, 4, 16, 64, 256)
+DECODE_BLOCKS = 8192
+DECODE_REPLAY = 50
+DECODE_SEQS = 4  # gathers: the rows come from up to this many sequences
+#: FP8 quantizing writes of the decode set: BF16 IO, one per-tensor scale (not 1: the division runs)
+DECODE_FP8_SCALE = 0.0173
+
+
+def _decode_sweep(memory: str) -> list[BenchCase]:
+    common = dict(heads=8, head_dim=128, block_size=16, memory=memory, cache_blocks=DECODE_BLOCKS,
+                  replay=DECODE_REPLAY)
+    out = []
+    for lay in LAYOUTS:
+        for dt, io, sc in (("f16", "f16", 1.0), ("bf16", "bf16", 1.0), ("f32", "f32", 1.0),
+                           ("fp8_e4m3", "bf16", DECODE_FP8_SCALE), ("fp8_e5m2", "bf16", DECODE_FP8_SCALE),
+                           ("nvfp4", "bf16", 1.0), ("mxfp4", "bf16", 1.0)):
+            if dt in FP4_DTYPES and lay == "hnd_packed":
+                continue  # FP4 caches are NHD or HND (docs/fp4.md)
+            for t in DECODE_TOKENS:
+                out.append(BenchCase("write", lay, dt, io, t, table="random", scale=sc, sweep="decode", **common))
+    for lay in LAYOUTS:
+        for dt in ("f16", "bf16", "f32"):
+            for t in DECODE_TOKENS:
+                sl = max(1, t // DECODE_SEQS)
+                out.append(BenchCase("gather", lay, dt, dt, t, table="packed", seq_len=sl, sweep="decode", **common))
+    return out
+
+
 def preset(name: str, memory: str = "device", extra_dtypes: tuple[str, ...] = ()) -> list[BenchCase]:
     """The cases of a preset for one memory type. ``extra_dtypes`` (e.g. FP4 formats a provider
     claims) are added to the token sweep of the standard and full presets."""
@@ -239,12 +301,14 @@ def preset(name: str, memory: str = "device", extra_dtypes: tuple[str, ...] = ()
         for lay in layouts:
             cases += _block_sweep(65536, (16, 32, 64, 128), memory, layouts=(lay,))
         cases += _table_sweep((1, 16, 256, 4096, 65536, 262144), memory)
+    elif name == "decode":
+        cases = _decode_sweep(memory)
     else:
-        raise ValueError(f"unknown preset {name!r} (quick, standard, full)")
+        raise ValueError(f"unknown preset {name!r} (quick, standard, full, decode)")
     if memory == "host" and name != "quick":
         # host providers: the largest sizes take seconds per call; cap at 64k rows
         cases = [c for c in cases if c.tokens <= 65536]
     return _dedupe(cases)
 
 
-PRESETS = ("quick", "standard", "full")
+PRESETS = ("quick", "standard", "full", "decode")

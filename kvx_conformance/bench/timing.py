@@ -12,6 +12,10 @@ a KVX status (0 = OK; torch peers return 0).
   between events: the device time without host gaps.
 - ``host``: the host wall time of one call (``time.perf_counter`` over ``inner`` calls,
   no synchronization inside), i.e. what a caller's thread pays per call.
+- ``graph_warm`` (the decode preset): ``calls`` calls on one input set captured in one CUDA
+  graph, replayed warm; per-call time = replay time / ``calls``. The floor it is held
+  against is :class:`EmptyKernel`, an empty kernel launched ``calls`` times in a graph and
+  replayed the same way (``DeviceTimer.floor``).
 
 Statistics (``stats``): median, p10, p90, mean, min, max and coefficient of variation
 (stdev / mean) of the per-call times of the rounds.
@@ -116,6 +120,98 @@ class DeviceTimer:
             out.append(start.elapsed_time(end) / 1e3 / (replays * nsets))
         del g
         return stats(out)
+
+
+    def _warm_rounds(self, g, calls: int) -> dict:
+        t = self.torch
+        s = self.stream
+        for _ in range(3):
+            g.replay()
+        s.synchronize()
+        a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        with t.cuda.stream(s):
+            a.record(s)
+            g.replay()
+            b.record(s)
+        b.synchronize()
+        replays = max(1, min(200, math.ceil(self.target / max(a.elapsed_time(b) / 1e3, 1e-7))))
+        out = []
+        for r in range(self.repeats):
+            start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            with t.cuda.stream(s):
+                start.record(s)
+                for _ in range(replays):
+                    g.replay()
+                end.record(s)
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3 / (replays * calls))
+        st = stats(out)
+        st["calls_per_graph"] = calls
+        st["replays_per_round"] = replays
+        return st
+
+    def graph_warm(self, fn, calls: int) -> dict:
+        """``calls`` calls on input set 0 captured in one graph, replayed warm: device time per call."""
+        t = self.torch
+        g = t.cuda.CUDAGraph()
+        s = self.stream
+        s.synchronize()
+        with t.cuda.graph(g, stream=s):
+            for _ in range(calls):
+                _check(fn(0, s.cuda_stream))
+        st = self._warm_rounds(g, calls)
+        del g
+        return st
+
+    def floor(self, calls: int) -> dict:
+        """The decode floor: an empty kernel launched ``calls`` times in one graph, replayed like graph_warm."""
+        k = EmptyKernel()
+        t = self.torch
+        g = t.cuda.CUDAGraph()
+        s = self.stream
+        s.synchronize()
+        with t.cuda.graph(g, stream=s):
+            for _ in range(calls):
+                k.launch(s.cuda_stream)
+        st = self._warm_rounds(g, calls)
+        del g
+        st["what"] = EmptyKernel.WHAT
+        return st
+
+
+class EmptyKernel:
+    """A kernel that does nothing (``ret``), from PTX through the CUDA driver API (libcuda, by ctypes):
+    no compiler, no framework kernel, so the floor is the same whichever torch build runs it."""
+
+    PTX = b".version 6.0\n.target sm_50\n.address_size 64\n.visible .entry kvx_bench_empty()\n{\n\tret;\n}\n\0"
+    WHAT = "empty kernel (PTX `ret`), grid 1 x 32 threads, no parameters, cuLaunchKernel"
+    _fn = None
+    _lib = None
+
+    def __init__(self):
+        import ctypes
+
+        import torch
+
+        torch.cuda.synchronize()  # the runtime's primary context is current on this thread
+        cls = type(self)
+        if cls._fn is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+            st = lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(self.PTX))
+            if st != 0:
+                raise RuntimeError(f"cuModuleLoadData of the empty kernel failed: CUresult {st}")
+            st = lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"kvx_bench_empty")
+            if st != 0:
+                raise RuntimeError(f"cuModuleGetFunction failed: CUresult {st}")
+            cls._lib, cls._fn = lib, fn
+
+    def launch(self, stream: int) -> None:
+        import ctypes
+
+        st = self._lib.cuLaunchKernel(self._fn, 1, 1, 1, 32, 1, 1, 0, ctypes.c_void_p(stream), None, None)
+        if st != 0:
+            raise RuntimeError(f"cuLaunchKernel of the empty kernel failed: CUresult {st}")
 
 
 def device_copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> dict:

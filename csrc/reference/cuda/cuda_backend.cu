@@ -227,6 +227,15 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
     p.fuse = 0;
     if (p.tpw > 1) p.tpw = 1;
   }
+  /* Decode-sized writes and PACKED gathers: the one-chunk-per-thread kernels
+   * (move_kernels.cuh, launch_decode): every load known at entry issued at once. */
+  p.decode = 0;
+  if (KVX_CUDA_DECODE && fast && (!packed || rows <= (uint64_t)KVX_CUDA_DECODE_PACKED_MAX_ROWS) && !p.fuse &&
+      !p.bytewise &&
+      rows <= (uint64_t)KVX_CUDA_DECODE_MAX_ROWS && (uint64_t)H * chunks * n * rows <= 0x7F000000ull &&
+      (p.kind == KIND_WRITE || (p.kind == KIND_PACKED && p.fd_bw.div == 1)))
+    p.decode = 1;
+  if (p.decode) tiles = qtiles = false;
   /* Large calls of the generic fast path whose task (one row, K and V) has fewer than
    * KVX_CUDA_TASK_CHUNKS 16-byte chunks (head_dim 64 x 8 heads in F16: 128) would leave
    * the lanes' loads half unused: 2, 4 or 8 rows per task instead (lanes alternate rows). */

@@ -53,6 +53,25 @@ constexpr int kThreads = 256;
 #ifndef KVX_CUDA_PACKED_LG_TG
 #define KVX_CUDA_PACKED_LG_TG 3 /* HND_PACKED fast path: 2^3 tokens per task */
 #endif
+#ifndef KVX_CUDA_DECODE
+#define KVX_CUDA_DECODE 1 /* decode-sized NHD/HND writes and PACKED gathers: the one-chunk-per-thread kernels \
+                             (move_decode_*, every load issued before the first wait); 0: move_fast */
+#endif
+#ifndef KVX_CUDA_DECODE_MAX_ROWS
+#define KVX_CUDA_DECODE_MAX_ROWS 256 /* ... for calls of at most this many rows */
+#endif
+#ifndef KVX_CUDA_DECODE_SPREAD
+#define KVX_CUDA_DECODE_SPREAD 0 /* decode kernels: 1, blocks of as few warps as spread the call over every SM \
+                                    (launch_threads: 0.05-0.15 us slower below 256 rows); 0: full blocks */
+#endif
+#ifndef KVX_CUDA_DECODE_THREADS
+#define KVX_CUDA_DECODE_THREADS 256 /* decode kernels: threads per block */
+#endif
+#ifndef KVX_CUDA_DECODE_PACKED_MAX_ROWS
+#define KVX_CUDA_DECODE_PACKED_MAX_ROWS 64 /* HND_PACKED calls of at most this many rows take the decode kernels \
+                                              too (0: the tile kernels); at 256 rows the tiles won (prefill writes \
+                                              3.1 against 3.8 us, F32 gathers warm 3.1 against 3.6 us) */
+#endif
 constexpr int kUnroll = 4;
 
 /* Division by a run-time constant (Granlund-Montgomery): q = (hi(n*mul) + n) >> shr,
@@ -103,6 +122,7 @@ struct MoveParams {
   uint32_t tpw;           /* fast path: tasks per warp, 0 = resident grid (grid-stride) */
   uint32_t fuse;          /* fast path: one task moves K and V (when the Op allows it) */
   uint32_t lg_split;      /* fast path: each task's chunks split over 2^lg_split warps (small calls) */
+  uint32_t decode;        /* fast path: a decode-sized call for the move_decode_* kernels (launch_decode) */
   FastDiv fd_c, fd_h;     /* chunks per row (C), heads (H) */
   uint32_t vec;           /* elements per chunk */
   int kind;

@@ -1423,6 +1423,9 @@ int write_smem(const Params& P, unsigned threads) {
 }
 
 /* Fast kernels: 32 rows per warp, 256 rows per CTA, chunks of 2^30 rows. */
+#ifndef KVX_FP4_FAST_MIN_ROWS
+#define KVX_FP4_FAST_MIN_ROWS 256 /* FP4 writes of at most this many rows: the per-block kernel (launch) */
+#endif
 kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaStream_t stream, unsigned threads = 256,
                          int smem = 0) {
   if (smem && !allow_smem(kernel, smem)) return KVX_STATUS_INTERNAL_ERROR;
@@ -1514,7 +1517,10 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
   P.block_size = plan.block_size;
   P.slot32 = P.num_slots < (1ull << 31);
   P.vec_ok = vec_ok(P);
-  if (fast_ok(P)) {
+  /* one thread per token row suits large calls; a decode-sized call (at most KVX_FP4_FAST_MIN_ROWS
+   * rows) takes the per-block kernel, one thread per (row, side, head, scale block): 256 rows took
+   * 82 us on the row kernel (docs/cuda-reference.md, "Decode-sized calls") */
+  if (fast_ok(P) && plan.num_tokens > (unsigned long long)KVX_FP4_FAST_MIN_ROWS) {
     const unsigned threads = P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS;
     return launch_fast(pick_fast<true>(P), P, plan.num_tokens, (cudaStream_t)stream, threads, write_smem(P, threads));
   }

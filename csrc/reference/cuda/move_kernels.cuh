@@ -12,6 +12,8 @@
 #ifndef KVX_CUDA_MOVE_KERNELS_CUH
 #define KVX_CUDA_MOVE_KERNELS_CUH
 
+#include <string.h>
+
 #include "move.cuh"
 
 namespace kvx_cuda {
@@ -578,8 +580,178 @@ __device__ __forceinline__ uint32_t convert_elem(uint32_t bits, int src, int dst
   return out; /* little-endian: the low bytes hold the element */
 }
 
+/* ------------------------------------------------------------------------ */
+/* Decode-sized calls (p.decode: at most KVX_CUDA_DECODE_MAX_ROWS rows, NHD/HND caches, writes
+ * and PACKED gathers): one 16-byte chunk per thread, K and V in one launch, and a plan of
+ * byte strides only (DecodeParams, a few cache lines of kernel parameters). Every load whose
+ * address is known at entry is issued at once: a write's slot, IO chunk and FP8 scale
+ * together, so the call waits for one memory round trip before its store; a gather's length
+ * and table entry together, then the cache chunk. Latency, not bandwidth, is what such a call
+ * costs (docs/cuda-reference.md, "Decode-sized calls"). */
+struct DecodeJob {
+  char* cache;
+  char* io;
+  long long c_block, c_token, c_head; /* bytes */
+  long long c_group;                  /* bytes between HND_PACKED pack groups (0: one group) */
+  long long io_token, io_head;        /* bytes */
+  FastDiv grp;                        /* chunks per contiguous group of head_dim */
+  const float* scale;
+  int scale_kind;
+};
+struct DecodeParams {
+  DecodeJob job[2];
+  const void* meta;    /* write: slots; gather: sequence lengths */
+  const void* indices; /* gather: the PACKED table */
+  long long invalid_slot;
+  unsigned long long num_slots;
+  FastDiv fd_row;      /* chunks per IO row: njobs x H x C */
+  FastDiv fd_hc, fd_c; /* chunks per job row (H x C), per head (C) */
+  FastDiv fd_bs, fd_msl;
+  uint32_t total;      /* rows x njobs x H x C */
+  uint32_t row_begin;
+  uint32_t c_chunk, io_chunk; /* bytes per chunk on each side (within a group on the cache side) */
+  uint32_t max_seq_len, max_blocks, num_blocks;
+  uint32_t default_nan;
+  int wide;            /* write: S64 slots; gather: S64 indices */
+  int len64;
+};
+
+/* the job of chunk u: (io row, job, head, chunk) */
+__device__ __forceinline__ void decode_item(const DecodeParams& p, uint32_t u, uint32_t& row, uint32_t& j, uint32_t& h,
+                                            uint32_t& c) {
+  const uint32_t r = fdiv(u, p.fd_row);
+  uint32_t q = u - r * p.fd_row.div;
+  j = q >= p.fd_hc.div ? 1u : 0u;
+  q -= j * p.fd_hc.div;
+  h = fdiv(q, p.fd_c);
+  c = q - h * p.fd_c.div;
+  row = p.row_begin + r;
+}
+
+__device__ __forceinline__ long long decode_cache_off(const DecodeParams& p, const DecodeJob& jb, uint32_t h, uint32_t c) {
+  const uint32_t g = fdiv(c, jb.grp);
+  return (long long)h * jb.c_head + (long long)g * jb.c_group + (long long)(c - g * jb.grp.div) * p.c_chunk;
+}
+
+template <class Op>
+__global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_write(const __grid_constant__ DecodeParams p) {
+  const uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= p.total) return;
+  uint32_t row, j, h, c;
+  decode_item(p, u, row, j, h, c);
+  const DecodeJob jb = j ? p.job[1] : p.job[0];
+  /* three independent loads, then one wait */
+  const long long slot = p.wide ? __ldg((const long long*)p.meta + row) : (long long)__ldg((const int*)p.meta + row);
+  const typename Op::InVec v =
+      ld_vec<typename Op::InVec>(jb.io + (long long)row * jb.io_token + (long long)h * jb.io_head + (long long)c * p.io_chunk);
+  float s = 1.0f;
+  if constexpr (Op::kScaled)
+    if (jb.scale_kind != SCALE_ONE) s = __ldg(jb.scale_kind == SCALE_HEAD ? jb.scale + h : jb.scale);
+  if (slot < 0 || slot == p.invalid_slot || (unsigned long long)slot >= p.num_slots) return;
+  long long b, off;
+  if (p.num_slots <= 0xFFFFFFFFull) {
+    const uint32_t q = fdiv((uint32_t)slot, p.fd_bs);
+    b = q;
+    off = (uint32_t)slot - q * p.fd_bs.div;
+  } else {
+    b = slot / p.fd_bs.div;
+    off = slot - b * p.fd_bs.div;
+  }
+  char* dst = jb.cache + b * jb.c_block + off * jb.c_token + decode_cache_off(p, jb, h, c);
+  const float r = Op::kScaled ? fp8_rcp(s) : 0.0f;
+  st_vec<typename Op::OutVec>(dst, Op::run(v, s, r, p.default_nan));
+}
+
+template <class Op>
+__global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_gather(const __grid_constant__ DecodeParams p) {
+  const uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= p.total) return;
+  uint32_t row, j, h, c;
+  decode_item(p, u, row, j, h, c);
+  const DecodeJob jb = j ? p.job[1] : p.job[0];
+  const uint32_t s = fdiv(row, p.fd_msl); /* beam width 1 (PACKED) */
+  const uint32_t t = row - s * p.max_seq_len;
+  const uint32_t blk = fdiv(t, p.fd_bs);
+  const uint32_t off = t - blk * p.fd_bs.div;
+  /* two independent loads (length, table entry), then the cache chunk */
+  const long long len = p.len64 ? __ldg((const long long*)p.meta + s) : (long long)__ldg((const int*)p.meta + s);
+  long long id = -1;
+  if (blk < p.max_blocks) {
+    const unsigned long long e = (unsigned long long)s * p.max_blocks + blk;
+    id = p.wide ? __ldg((const long long*)p.indices + e) : (long long)__ldg((const int*)p.indices + e);
+  }
+  if (len < 0) return;
+  const long long n = len < (long long)p.max_seq_len ? len : (long long)p.max_seq_len;
+  if ((long long)t >= n || n > (long long)p.max_blocks * (long long)p.fd_bs.div) return;
+  if (id < 0 || id >= (long long)p.num_blocks) return;
+  const typename Op::InVec v =
+      ld_vec<typename Op::InVec>(jb.cache + id * jb.c_block + (long long)off * jb.c_token + decode_cache_off(p, jb, h, c));
+  char* dst = jb.io + (long long)row * jb.io_token + (long long)h * jb.io_head + (long long)c * p.io_chunk;
+  st_vec<typename Op::OutVec>(dst, Op::run(v, 1.0f, 0.0f, p.default_nan));
+}
+
+template <class Op>
+cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
+  DecodeParams d;
+  memset(&d, 0, sizeof d);
+  const uint32_t C = p.fd_c.div, H = p.fd_h.div;
+  const bool gather = p.kind != KIND_WRITE;
+  for (uint32_t i = 0; i < 2; ++i) {
+    const Job& jb = p.job[i < p.njobs ? i : 0];
+    DecodeJob& o = d.job[i];
+    o.cache = jb.cache;
+    o.io = jb.io;
+    o.c_block = jb.c_block * jb.cache_esize;
+    o.c_token = jb.c_token * jb.cache_esize;
+    o.c_head = jb.c_head * jb.cache_esize;
+    o.c_group = jb.c_outer * jb.cache_esize; /* 0 unless HND_PACKED (choose_path) */
+    o.grp = jb.grp;
+    o.io_token = jb.io_token * jb.io_esize;
+    o.io_head = jb.io_head * jb.io_esize;
+    o.scale = jb.scale;
+    o.scale_kind = jb.scale_kind;
+  }
+  d.c_chunk = p.vec * (uint32_t)p.job[0].cache_esize;
+  d.io_chunk = p.vec * (uint32_t)p.job[0].io_esize;
+  const unsigned long long per_row = (unsigned long long)p.njobs * H * C;
+  const unsigned long long total = per_row * p.row_count;
+  d.fd_row = make_fastdiv((uint32_t)per_row);
+  d.fd_hc = make_fastdiv(H * C);
+  d.fd_c = p.fd_c;
+  d.fd_bs = p.fd_bs;
+  d.fd_msl = p.fd_msl;
+  d.total = (uint32_t)total;
+  d.row_begin = p.row_begin;
+  d.default_nan = p.default_nan;
+  if (gather) {
+    d.meta = p.seq_lens;
+    d.indices = p.indices;
+    d.wide = p.idx64;
+    d.len64 = p.len64;
+    d.max_seq_len = p.max_seq_len;
+    d.max_blocks = p.max_blocks;
+    d.num_blocks = p.num_blocks;
+  } else {
+    d.meta = p.slots;
+    d.wide = p.slot64;
+    d.invalid_slot = p.invalid_slot;
+    d.num_slots = p.num_slots;
+  }
+  const unsigned long long warps = (total + 31) / 32;
+  const int threads = KVX_CUDA_DECODE_SPREAD ? launch_threads(p, warps, KVX_CUDA_DECODE_THREADS) : KVX_CUDA_DECODE_THREADS;
+  const unsigned long long grid = (total + threads - 1) / threads;
+  if (gather) {
+    if constexpr (Op::kScaled) return cudaErrorInvalidValue; /* FP8 destinations exist on write only */
+    else move_decode_gather<Op><<<(unsigned)grid, threads, 0, stream>>>(d);
+  } else {
+    move_decode_write<Op><<<(unsigned)grid, threads, 0, stream>>>(d);
+  }
+  return cudaGetLastError();
+}
+
 template <class Op>
 cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
+  if (p.decode) return launch_decode<Op>(p, stream);
   /* one warp per (job, row group) task, or per row group when K and V are fused */
   const unsigned long long groups = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
   const bool fused = Op::kFuse && p.njobs == 2 && p.fuse;
