@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import abi, buffers, descriptors as d
+from . import abi, buffers, descriptors as d, health
 from .abi import Memory, TableFormat
 from .cases import CacheCase, GatherCase, Result, ValidateCase, WriteCase
 
@@ -97,6 +97,7 @@ def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory) -> abi.kvx_cac
 
 def run_validate(provider, case: ValidateCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
     arena = _Arena(opts.memory, opts.misalign)
     c = _place_cache(arena, case.cache, opts.memory)
     args = apply_overrides({"cache": c}, case.c_overrides)
@@ -112,6 +113,7 @@ def _scale_value_ptr(arena: _Arena, name: str, value: float | None) -> int:
 
 def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
     mem = opts.memory
     arena = _Arena(mem, opts.misalign)
     cache = _place_cache(arena, case.cache, mem)
@@ -141,6 +143,7 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
 
 def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
     mem = opts.memory
     arena = _Arena(mem, opts.misalign)
     cache = _place_cache(arena, case.cache, mem)

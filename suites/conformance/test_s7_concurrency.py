@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from kvx_conformance import buffers, casebuild as cb, descriptors as d
+from kvx_conformance import buffers, casebuild as cb, descriptors as d, health
 from kvx_conformance.abi import DType, Memory, Status
 from kvx_conformance.cases import WriteCase
 from kvx_conformance.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
@@ -182,6 +182,8 @@ class LifetimeProbe:
             if now != pattern:
                 diff = sum(a != b for a, b in zip(now, pattern))
                 self.late.append(f"{name}: {diff} byte(s) written {self.wait_s * 1000:.0f} ms after the call returned")
+                # threads the provider left may go on writing: the harness replaces this worker
+                health.note_late_write(self.late[-1], where="lifetime")
             ctypes.memmove(ptr, snap, n)
 
     def write_kv(self, cache, desc, stream=None):
