@@ -120,6 +120,7 @@ class Quarantine:
         self.on = False
         self.quiet_s, self.hold_s, self.max_bytes = quiet_s, hold_s, max_bytes
         self._items: collections.deque = collections.deque()
+        self._kept: list = []
         self._bytes = 0
         self._lock = threading.RLock()  # admit() runs from __del__, possibly inside sweep()
 
@@ -153,7 +154,11 @@ class Quarantine:
                 item = self._items.popleft()
                 self._check(item, "quarantine")
                 self._bytes -= item[1].nbytes
-                if item[4] is not None:
+                if final:
+                    # the end of a run: threads the provider left may still write; what is held
+                    # stays allocated until the process ends (runs in one process: mutant checks)
+                    self._kept.append(item)
+                elif item[4] is not None:
                     item[4]()
 
     def youngest_age(self) -> float | None:
