@@ -9,10 +9,15 @@ share one interface, so the executor does not care where memory lives.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
+import sys
+import threading
+import time
 
 import numpy as np
 
+from . import health
 from .abi import Memory
 
 DEFAULT_GUARD = 256
@@ -64,6 +69,7 @@ class HostBuffer(Buffer):
     def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
                  align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
         self.name, self.nbytes, self.guard = name, int(nbytes), guard
+        self._owner = health.current_test()
         self._raw = np.empty(guard + align + self.nbytes + guard, dtype=np.uint8)
         base = self._raw.ctypes.data
         first = (-(base + guard)) % align + misalign % align
@@ -86,6 +92,81 @@ class HostBuffer(Buffer):
 
     def _all_bytes(self) -> np.ndarray:
         return self._raw
+
+    def __del__(self):
+        # only when nothing else holds the memory (a view keeps it alive anyway)
+        try:
+            raw = getattr(self, "_raw", None)
+            if raw is not None and QUARANTINE.on and sys.getrefcount(raw) <= 3:
+                QUARANTINE.admit(raw, self.name, getattr(self, "_owner", ""))
+        except Exception:  # interpreter shutdown
+            pass
+
+
+# ----------------------------------------------------------------------------- quarantine
+
+
+class Quarantine:
+    """Freed host-addressable buffers are not given back at once: each stays allocated,
+    filled with a canary byte, for ``hold_s`` (bounded by ``max_bytes``), and is checked
+    once it is ``quiet_s`` old and again when it is given back. A changed canary is a
+    write after return (spec 7.2) into the buffer of the test that owned it; the late
+    write lands in memory the harness still owns instead of in memory a later test reuses.
+    Enabled in the processes that run the conformance tests (the pytest plugin)."""
+
+    CANARY = 0xC5
+
+    def __init__(self, quiet_s: float = 0.25, hold_s: float = 3.0, max_bytes: int = 256 << 20):
+        self.on = False
+        self.quiet_s, self.hold_s, self.max_bytes = quiet_s, hold_s, max_bytes
+        self._items: collections.deque = collections.deque()
+        self._kept: list = []
+        self._bytes = 0
+        self._lock = threading.RLock()  # admit() runs from __del__, possibly inside sweep()
+
+    def admit(self, raw: np.ndarray, name: str, owner: str, free=None) -> None:
+        raw.fill(self.CANARY)
+        with self._lock:
+            self._items.append([time.monotonic(), raw, name, owner, free, False])
+            self._bytes += raw.nbytes
+        if self._bytes > self.max_bytes:
+            self.sweep()
+
+    def _check(self, item: list, where: str) -> None:
+        raw = item[1]
+        bad = np.flatnonzero(raw != self.CANARY)
+        if bad.size:
+            raw.fill(self.CANARY)  # report each late write once
+            health.note_late_write(f"{item[2]}: {bad.size} byte(s) written after the call returned "
+                                   f"(first at byte {int(bad[0])} of the buffer's allocation)",
+                                   owner=item[3], where=where)
+
+    def sweep(self, final: bool = False) -> None:
+        """Check buffers that became quiet; give back those held long enough (all when final)."""
+        now = time.monotonic()
+        with self._lock:
+            for item in self._items:
+                if not item[5] and now - item[0] >= self.quiet_s:
+                    item[5] = True
+                    self._check(item, "quarantine")
+            while self._items and (final or now - self._items[0][0] >= self.hold_s or
+                                   (self._bytes > self.max_bytes and now - self._items[0][0] >= self.quiet_s)):
+                item = self._items.popleft()
+                self._check(item, "quarantine")
+                self._bytes -= item[1].nbytes
+                if final:
+                    # the end of a run: threads the provider left may still write; what is held
+                    # stays allocated until the process ends (runs in one process: mutant checks)
+                    self._kept.append(item)
+                elif item[4] is not None:
+                    item[4]()
+
+    def youngest_age(self) -> float | None:
+        with self._lock:
+            return time.monotonic() - self._items[-1][0] if self._items else None
+
+
+QUARANTINE = Quarantine()
 
 
 def _torch():
@@ -142,29 +223,13 @@ class DeviceBuffer(Buffer):
 class _Cudart:
     """cudaMallocManaged / cudaFree from the CUDA runtime torch loaded."""
 
-    _lib = None
-
     @classmethod
     def lib(cls):
-        if cls._lib is None:
-            _torch()
-            import glob
-            import os
-
-            import torch
-
-            cands = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libcudart*.so*"))
-            cands += glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cuda_runtime", "lib", "libcudart.so*"))
-            cands += ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
-            for c in cands:
-                try:
-                    cls._lib = ctypes.CDLL(c)
-                    break
-                except OSError:
-                    continue
-            if cls._lib is None:
-                raise RuntimeError("unified memory needs libcudart (not found next to torch)")
-        return cls._lib
+        _torch()
+        try:
+            return health.cudart()
+        except RuntimeError:
+            raise RuntimeError("unified memory needs libcudart (not found next to torch)") from None
 
 
 class UnifiedBuffer(HostBuffer):
@@ -176,6 +241,7 @@ class UnifiedBuffer(HostBuffer):
                  align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
         lib = _Cudart.lib()
         self.name, self.nbytes, self.guard = name, int(nbytes), guard
+        self._owner = health.current_test()
         total = guard + align + self.nbytes + guard
         p = ctypes.c_void_p()
         if lib.cudaMallocManaged(ctypes.byref(p), ctypes.c_size_t(total), ctypes.c_uint(1)) != 0:
@@ -203,11 +269,19 @@ class UnifiedBuffer(HostBuffer):
 
     def __del__(self):
         m = getattr(self, "_managed", None)
-        if m:
+        if not m:
+            return
+
+        def free(m=m):
             try:
                 _Cudart.lib().cudaFree(ctypes.c_void_p(m))
             except Exception:
                 pass
+
+        if QUARANTINE.on:
+            QUARANTINE.admit(self._raw, self.name, getattr(self, "_owner", ""), free)
+        else:
+            free()
 
 
 _KINDS = {Memory.HOST: HostBuffer, Memory.DEVICE: DeviceBuffer, Memory.UNIFIED: UnifiedBuffer}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import abi, buffers, descriptors as d
+from . import abi, buffers, descriptors as d, health
 from .abi import Memory, TableFormat
 from .cases import CacheCase, GatherCase, Result, ValidateCase, WriteCase
 
@@ -119,6 +119,7 @@ def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory, *, readonly: b
 
 def run_validate(provider, case: ValidateCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
     arena = _Arena(opts.memory, opts.misalign, opts.device)
     c = _place_cache(arena, case.cache, opts.memory, readonly=True)
     args = apply_overrides({"cache": c}, case.c_overrides)
@@ -135,6 +136,7 @@ def _scale_value_ptr(arena: _Arena, name: str, value: float | None) -> int:
 
 def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
     mem = opts.memory
     arena = _Arena(mem, opts.misalign, opts.device)
     cache = _place_cache(arena, case.cache, mem, readonly=False)
@@ -165,6 +167,7 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
 
 def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
     mem = opts.memory
     arena = _Arena(mem, opts.misalign, opts.device)
     cache = _place_cache(arena, case.cache, mem, readonly=True)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import abi
+from . import abi, health
 from .abi import Status
 
 ENTRY_POINTS = ("kvx_get_version", "kvx_validate_cache_desc", "kvx_write_kv", "kvx_gather_kv")
@@ -118,17 +118,27 @@ class Provider:
             return obj
         return ctypes.addressof(obj)
 
+    # Each call is followed by health.after_call: on device / unified runs it synchronizes
+    # and turns a sticky CUDA error into a device fault charged to this entry point.
     def get_version_raw(self, version: abi.kvx_version_t | None) -> int:
-        return self._get_version(ctypes.byref(version) if version is not None else None)
+        st = self._get_version(ctypes.byref(version) if version is not None else None)
+        health.after_call("kvx_get_version")
+        return st
 
     def validate_cache_desc(self, cache) -> int:
-        return self._validate(self._ref(cache))
+        st = self._validate(self._ref(cache))
+        health.after_call("kvx_validate_cache_desc")
+        return st
 
     def write_kv(self, cache, desc, stream: int | None = None) -> int:
-        return self._write(self._ref(cache), self._ref(desc), stream)
+        st = self._write(self._ref(cache), self._ref(desc), stream)
+        health.after_call("kvx_write_kv")
+        return st
 
     def gather_kv(self, cache, desc, stream: int | None = None) -> int:
-        return self._gather(self._ref(cache), self._ref(desc), stream)
+        st = self._gather(self._ref(cache), self._ref(desc), stream)
+        health.after_call("kvx_gather_kv")
+        return st
 
     def version(self) -> Version:
         v = abi.kvx_version_t.new()

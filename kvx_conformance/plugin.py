@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from . import abi
+from . import abi, health
 from .claims import Claims, InputFileError, load_claims, load_expectations
 from .outcomes import (
     OPTIONAL_FEATURES,
@@ -65,6 +65,10 @@ _START_MARK = "== kvx-start "
 CAPTURE_TAIL_CHARS = 16 * 1024
 #: GPUs and shards (--kvx-gpus, --kvx-shard): kvx_conformance/scale_plugin.py, registered as "kvx-scale"
 pytest_plugins = ["kvx_conformance.scale_plugin"]
+#: a JSON record the worker writes into its fault log before it ends itself
+#: (kind device-fault or late-write) or at start (kind worker: its pid)
+_RECORD_MARK = "== kvx-record "
+CL_LIFETIME = "spec 7.2 (implementations MUST NOT retain pointers after return); R-LIFETIME"
 
 
 def entry_function(name: str) -> str:
@@ -92,6 +96,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--kvx-repro-extra", default="", help="extra arguments for the repro lines (e.g. --suite X)")
     g.addoption("--kvx-collect-out", help="write the collected tests' metadata to this JSON file")
     g.addoption("--kvx-progress", default="auto", choices=["auto", "tty", "lines", "none"])
+    g.addoption("--kvx-sanitize", metavar="WRAPPER",
+                help="start the xdist workers through this executable (kvx-conform run --sanitize writes one "
+                     "that runs python under compute-sanitizer, logging to faults/sanitizer-<pid>.log)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -373,7 +380,30 @@ class _Worker:
             faults.mkdir(parents=True, exist_ok=True)
             # a worker killed by a signal leaves "Fatal Python error: ..." and its stack here
             self._fault_file = open(faults / f"{wid}.log", "a", encoding="utf-8")
-            faulthandler.enable(file=self._fault_file, all_threads=False)
+            # all threads: a crash in a thread the provider left running shows no "Current thread"
+            faulthandler.enable(file=self._fault_file, all_threads=True)
+            self._record({"kind": "worker", "pid": os.getpid(), "ppid": os.getppid()})
+        self._xdist = hasattr(config, "workerinput")
+        self._dead: health.Fault | None = None  # single-process run after a device fault
+        self._late_pending: list[dict] = []
+        if not config.option.collectonly:
+            from . import buffers
+
+            # a worker ends itself on a device fault (xdist replaces it); a single process raises
+            health.arm(self.rc.memory != abi.Memory.HOST,
+                       handler=self._on_device_fault if self._xdist and self._fault_file is not None else None)
+            buffers.QUARANTINE.on = True
+
+    def _record(self, obj: dict) -> None:
+        if self._fault_file is not None:
+            self._fault_file.write(f"\n{_RECORD_MARK}{json.dumps(obj)}\n")
+            self._fault_file.flush()
+
+    def _on_device_fault(self, fault: health.Fault) -> None:
+        """A provider call left a sticky device fault: record it and end this worker now, so
+        that xdist charges this test and runs the rest in a fresh process (fresh CUDA context)."""
+        self._record({**fault.to_dict(), "pid": os.getpid(), "ppid": os.getppid()})
+        os._exit(health.EXIT_DEVICE_FAULT)
 
     # -- collection: metadata, profile / id / quick selection
     @pytest.hookimpl(trylast=True)
@@ -434,6 +464,12 @@ class _Worker:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem):
+        from . import buffers
+
+        # between tests no call is in flight: a changed canary in a freed buffer is a write after return
+        buffers.QUARANTINE.sweep()
+        self._late_pending += health.take_late_writes()
+        health.set_test(item.nodeid)
         limit = item.stash.get(_META, {}).get("timeout") or self._timeout
         if self._fault_file is None:
             limit = None
@@ -450,7 +486,29 @@ class _Worker:
                 faulthandler.cancel_dump_traceback_later()
 
     @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        from . import buffers
+
+        if not buffers.QUARANTINE.on:
+            return
+        age = buffers.QUARANTINE.youngest_age()
+        if age is not None and age < buffers.QUARANTINE.quiet_s:
+            time.sleep(buffers.QUARANTINE.quiet_s - age)
+        buffers.QUARANTINE.sweep(final=True)
+        late, self._late_pending = self._late_pending + health.take_late_writes(), []
+        if not late:
+            return
+        if hasattr(self.config, "workeroutput"):
+            self.config.workeroutput["kvx_late_writes"] = json.dumps(late)
+        elif _CTL in self.config.stash:
+            self.config.stash[_CTL].late_writes_seen(late, None)
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self._dead is not None:
+            f = self._dead
+            pytest.skip(f"not run: this process's CUDA context was lost to the device fault in {f.entry} "
+                        f"({f.error}) during {f.test}; kvx-conform run replaces the worker instead")
         tripped = self._tripped()
         if not tripped:
             return
@@ -480,7 +538,18 @@ class _Worker:
         elif result.get("claimed_unsupported"):
             report.outcome = "failed"
             report.longrepr = result["message"]
-        report.user_properties = list(report.user_properties) + [("kvx.result", json.dumps(result))]
+        props = [("kvx.result", json.dumps(result))]
+        late = health.take_late_writes()
+        self._late_pending += late
+        if any(x.get("where") == "lifetime" for x in late) and self._xdist and self._fault_file is not None:
+            # writes after return: threads the provider left may still write; end this worker
+            # (xdist starts a fresh one) and keep the test's own outcome
+            self._record({"kind": "late-write", "result": result, "late": self._late_pending, "pid": os.getpid()})
+            os._exit(health.EXIT_LATE_WRITE)
+        if self._late_pending:
+            props.append(("kvx.late_writes", json.dumps(self._late_pending)))
+            self._late_pending = []
+        report.user_properties = list(report.user_properties) + props
 
     def _result(self, item: pytest.Item, call: pytest.CallInfo, report, meta: dict) -> dict:
         res: dict = {"when": call.when, "outcome": Outcome.PASS.value, "message": "", "failure": None, "seed": None}
@@ -489,6 +558,13 @@ class _Worker:
                 res.update(outcome=Outcome.SKIP.value, message=str(getattr(report, "wasxfail", "")))
             return res
         exc = call.excinfo.value
+        df = _first_of(exc, health.DeviceFault)
+        if df is not None:  # single-process run (a worker ends itself before this)
+            f = df.fault
+            self._dead = f
+            res.update(outcome=Outcome.CRASH.value, message=f"{f.message()}; the process's CUDA context is lost",
+                       crash=_fault_crash(f.to_dict()), detail=f"case: {f.case}" if f.case else "")
+            return res
         if call.excinfo.errisinstance(pytest.skip.Exception):
             res.update(outcome=Outcome.SKIP.value, message=str(getattr(exc, "msg", exc)))
             if _BREAKER in item.stash:
@@ -549,6 +625,13 @@ def refusal_warning(refused_with: str, unclaimed: list[str]) -> str | None:
     return (f"refused {', '.join(unclaimed)} with INVALID_ARGUMENT; {clauses} says the answer SHOULD be "
             f"UNSUPPORTED (recommended)")
 
+
+def _fault_crash(rec: dict) -> dict:
+    """The results.json ``crash`` object of a device-fault record."""
+    return {"kind": "device-fault", "entry": rec.get("entry") or None, "error": rec.get("error"),
+            "error_string": rec.get("error_string"), "case": rec.get("case") or None}
+
+
 #: loader.Provider methods -> the KVX entry point each calls
 _ENTRY_OF_METHOD = {"get_version_raw": "kvx_get_version", "validate_cache_desc": "kvx_validate_cache_desc",
                     "write_kv": "kvx_write_kv", "gather_kv": "kvx_gather_kv"}
@@ -566,10 +649,12 @@ def crashed_entry(frames: str) -> str | None:
 # ----------------------------------------------------------------------------- controller role
 
 
-def _read_crash_detail(state_dir: Path, worker: str | None, nodeid: str) -> tuple[str, str]:
-    """The fatal-error line and the innermost frames the worker's fault log holds for nodeid."""
+def _read_crash_detail(state_dir: Path, worker: str | None, nodeid: str) -> tuple[str, str, list[dict], bool]:
+    """From the worker's fault log, for nodeid: the fatal-error line, the innermost frames,
+    the records the worker wrote (``_RECORD_MARK``) and whether the dump names the thread
+    that crashed (False: it was not a Python thread, i.e. one the provider started)."""
     if not worker or state_dir is None:
-        return "", ""
+        return "", "", [], True
     p = state_dir / FAULTS_DIR / f"{worker}.log"
     try:
         with open(p, "rb") as f:
@@ -578,12 +663,20 @@ def _read_crash_detail(state_dir: Path, worker: str | None, nodeid: str) -> tupl
             f.seek(max(0, size - 256 * 1024))
             text = f.read().decode("utf-8", "replace")
     except OSError:
-        return "", ""
+        return "", "", [], True
     idx = text.rfind(f"{_START_MARK}{nodeid}\n")
     if idx < 0:
-        return "", ""
+        return "", "", [], True
     seg = text[idx:].splitlines()[1:]
+    records = []
+    for ln in seg:
+        if ln.startswith(_RECORD_MARK):
+            try:
+                records.append(json.loads(ln[len(_RECORD_MARK):]))
+            except ValueError:
+                pass
     head = next((ln.strip() for ln in seg if ln.startswith(("Fatal Python error", "Timeout ("))), "")
+    current = any(ln.startswith("Current thread") for ln in seg)
     blocks, cur = [], []
     for ln in seg:
         if ln.startswith(("Thread 0x", "Current thread", "Stack (")):
@@ -597,7 +690,26 @@ def _read_crash_detail(state_dir: Path, worker: str | None, nodeid: str) -> tupl
         if "/_pytest/" in ln or "/pluggy/" in ln:
             break
         frames.append(ln)
-    return head, "\n".join(frames[:8])
+    return head, "\n".join(frames[:8]), records, current or not head.startswith("Fatal Python error")
+
+
+def sanitizer_excerpt(state_dir: Path | None, pid: int | None, limit: int = 40) -> tuple[str, str]:
+    """(first error line, the report's lines) from compute-sanitizer's log of process pid."""
+    if state_dir is None or pid is None:
+        return "", ""
+    try:
+        text = (state_dir / FAULTS_DIR / f"sanitizer-{pid}.log").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "", ""
+    lines = [ln.removeprefix("========= ").rstrip() for ln in text.splitlines()
+             if ln.startswith("=========") and ln.strip("= ")]
+    first = next((i for i, ln in enumerate(lines) if ln.startswith(("Invalid ", "Misaligned ", "Out-of-range",
+                                                                      "Malloc", "Program hit", "Race",
+                                                                      "Uninitialized", "Barrier"))), None)
+    if first is None:
+        return "", ""
+    body = lines[first:first + limit]
+    return body[0].strip(), "\n".join(body)
 
 
 class _Controller:
@@ -619,6 +731,10 @@ class _Controller:
         self.counts = {o.value: 0 for o in Outcome}
         self.breaker_hits: dict[str, list[str]] = {}
         self.tripped: dict[str, dict] = {}
+        #: worker id -> the test whose buffers got writes after return in that worker
+        self.tainted: dict[str | None, str] = {}
+        self._amend: dict[str, dict] = {}  # nodeid -> late-write finding for a test not finished yet
+        self._late_printed = 0
         self.t0 = time.monotonic()
         self._last_progress = self.t0
         self._last_line = ""
@@ -666,6 +782,18 @@ class _Controller:
     def pytest_configure_node(self, node) -> None:
         node.workerinput["kvx_state_dir"] = str(self.state_dir)
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        wrapper = config.getoption("kvx_sanitize")
+        if wrapper and _uses_xdist(config):  # every worker (and every replacement) starts through it
+            config.option.tx = [f"popen//python={shlex.quote(wrapper)}"] * len(config.option.tx or [1])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        out = getattr(node, "workeroutput", None) or {}
+        if out.get("kvx_late_writes"):
+            self.late_writes_seen(json.loads(out["kvx_late_writes"]), getattr(node.gateway, "id", None))
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids) -> None:
         if self.total is None:
@@ -700,6 +828,9 @@ class _Controller:
         props = dict(report.user_properties or ())
         if "kvx.meta" in props and report.nodeid not in self.metas:
             self.metas[report.nodeid] = json.loads(props["kvx.meta"])
+        if "kvx.late_writes" in props:
+            self.late_writes_seen(json.loads(props["kvx.late_writes"]),
+                                  getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None))
         if report.when == "???" or "kvx.crash" in props:
             crash = json.loads(props["kvx.crash"]) if "kvx.crash" in props else {
                 "when": "call", "outcome": Outcome.CRASH.value, "message": str(report.longrepr)}
@@ -720,16 +851,131 @@ class _Controller:
         elapsed = time.monotonic() - self.started.get(crashitem, time.monotonic())
         meta = self._meta(crashitem)
         limit = (meta or {}).get("timeout") or self.timeout
-        head, frames = _read_crash_detail(self.state_dir, wid, crashitem)
-        if limit and elapsed >= 0.9 * float(limit):
-            msg = f"timeout: still running after {elapsed:.1f} s (limit {float(limit):g} s); worker '{wid}' was stopped"
-            outcome = Outcome.TIMEOUT.value
-        else:
-            msg = f"worker '{wid}' crashed while running {crashitem}" + (f": {head}" if head else "")
-            outcome = Outcome.CRASH.value
-        report.longrepr = msg
-        res = {"when": "call", "outcome": outcome, "message": msg, "detail": frames, "duration": elapsed}
+        head, frames, records, in_python_thread = _read_crash_detail(self.state_dir, wid, crashitem)
+        res = self.crash_result(crashitem, wid, elapsed, limit, head, frames, records, in_python_thread)
+        report.longrepr = res["message"]
         report.user_properties = [("kvx.crash", json.dumps(res))]
+
+    def crash_result(self, nodeid: str, wid: str | None, elapsed: float, limit, head: str, frames: str,
+                     records: list[dict], in_python_thread: bool = True) -> dict:
+        """The phase result of a test whose worker ended while running it (see docs/device-faults.md)."""
+        fault = next((r for r in records if r.get("kind") == "device-fault"), None)
+        late = next((r for r in records if r.get("kind") == "late-write"), None)
+        if late is not None:
+            # the worker ended itself after this test saw writes after return: its outcome stands
+            res = dict(late.get("result") or {"when": "call", "outcome": Outcome.FAIL.value, "message": ""})
+            res["message"] = (res.get("message") or "") + \
+                f"\n(writes after return: worker '{wid}' was replaced, a fresh process runs the remaining tests)"
+            res["duration"] = elapsed
+            self.late_writes_seen(late.get("late") or [], wid, replaced=True)
+            return res
+        if fault is not None:
+            sane_head, sane = self._sanitizer_report(fault)
+            crash = _fault_crash(fault)
+            msg = (f"device fault in {fault.get('entry') or 'a provider call'}: {fault.get('error')} "
+                   f"({fault.get('error_string')}) while running {nodeid}; worker '{wid}' was replaced, "
+                   f"a fresh CUDA context runs the remaining tests")
+            if sane_head:
+                msg += f"\ncompute-sanitizer: {sane_head}"
+                crash["sanitizer"] = sane_head
+            detail = "\n".join(x for x in (f"case: {fault['case']}" if fault.get("case") else "", sane) if x)
+            res = {"when": "call", "outcome": Outcome.CRASH.value, "message": msg, "detail": detail,
+                   "duration": elapsed, "crash": crash}
+        elif limit and elapsed >= 0.9 * float(limit):
+            msg = f"timeout: still running after {elapsed:.1f} s (limit {float(limit):g} s); worker '{wid}' was stopped"
+            res = {"when": "call", "outcome": Outcome.TIMEOUT.value, "message": msg, "detail": frames,
+                   "duration": elapsed, "crash": {"kind": "timeout", "entry": crashed_entry(frames)}}
+        else:
+            kind = "signal" if head.startswith("Fatal Python error") else "exit"
+            msg = f"worker '{wid}' crashed while running {nodeid}" + (f": {head}" if head else
+                                                                     ": the process exited (no fatal signal)")
+            crash = {"kind": kind, "entry": crashed_entry(frames)}
+            if not in_python_thread:
+                crash["thread"] = "provider"
+                crash["possible_cause"] = "a thread the provider left running (not inside any call)"
+                msg += "; it happened in a thread the provider started, not inside a call of this test"
+            res = {"when": "call", "outcome": Outcome.CRASH.value, "message": msg, "detail": frames,
+                   "duration": elapsed, "crash": crash}
+        if wid in self.tainted:
+            cause = f"writes after return detected in {self.tainted[wid]}"
+            res["crash"]["possible_cause"] = cause
+            res["message"] = f"possibly caused by {cause}: " + res["message"]
+        return res
+
+    def _sanitizer_report(self, fault: dict) -> tuple[str, str]:
+        """compute-sanitizer's report of the faulting worker (--sanitize): its log is named by the
+        sanitizer's pid (the worker's parent) or the worker's; the sanitizer may still be writing
+        it when the worker is found dead, so wait a little. Else the newest unclaimed log with an error."""
+        if not self.config.getoption("kvx_sanitize") or self.state_dir is None:
+            return "", ""
+        claimed = getattr(self, "_sanitizer_claimed", set())
+        self._sanitizer_claimed = claimed
+        deadline = time.monotonic() + 5.0
+        while True:
+            for pid in (fault.get("ppid"), fault.get("pid")):
+                head, body = sanitizer_excerpt(self.state_dir, pid)
+                if body:
+                    claimed.add(pid)
+                    return head, body
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)
+        # the sanitizer names its log by a pid of its own: find the log whose host backtrace names this
+        # test's function, else take the newest unclaimed one
+        logs = sorted((self.state_dir / FAULTS_DIR).glob("sanitizer-*.log"), key=lambda p: p.stat().st_mtime,
+                      reverse=True)
+        func = (fault.get("test") or "").split("::")[-1].split("[")[0]
+        found = []
+        for log in logs:
+            pid = int(log.stem.split("-")[-1]) if log.stem.split("-")[-1].isdigit() else None
+            if pid in claimed:
+                continue
+            head, body = sanitizer_excerpt(self.state_dir, pid)
+            if body:
+                found.append((pid, head, body))
+        for pid, head, body in sorted(found, key=lambda f: not (func and f" {func} in " in f[2])):
+            claimed.add(pid)
+            return head, body
+        return "", ""
+
+    def late_writes_seen(self, findings: list[dict], wid: str | None, replaced: bool = False) -> None:
+        """Writes after return a worker reported: listed in results.json ``late_writes``; the
+        owning test fails (when it had passed); later crashes of the worker are marked."""
+        for f in findings:
+            owner = f.get("owner") or ""
+            owner_id = (self._meta(owner) or {}).get("id", owner)
+            seen = f.get("seen_in") or ""
+            row = {"test": owner_id, "nodeid": owner, "what": f.get("what", ""), "where": f.get("where", ""),
+                   "seen_in": (self._meta(seen) or {}).get("id", seen), "worker": wid, "worker_replaced": replaced}
+            if self.writer is not None:
+                self.writer.late_writes.append(row)
+            self.tainted.setdefault(wid, owner_id)
+            if self._late_printed < 5:
+                self._late_printed += 1
+                self._print(f"LATE-WRITE writes after return in the buffers of {owner_id}: {row['what']}"
+                            + (f" (worker '{wid}' replaced)" if replaced else ""), newline=True)
+            if f.get("where") != "lifetime" and owner:
+                self._amend_late(owner, row)
+
+    def _amend_late(self, nodeid: str, row: dict) -> None:
+        rec = next((t for t in (self.writer.tests if self.writer else []) if t.nodeid == nodeid), None)
+        if rec is None:
+            if nodeid not in self.done:
+                self._amend.setdefault(nodeid, row)
+            return
+        if rec.outcome in (Outcome.FAIL.value, Outcome.CRASH.value, Outcome.TIMEOUT.value, Outcome.ERROR.value):
+            return
+        self.counts[rec.outcome] -= 1
+        self.counts[Outcome.FAIL.value] += 1
+        rec.outcome = Outcome.FAIL.value
+        rec.message = (f"the provider wrote into this test's buffers after its call returned: {row['what']} "
+                       f"(seen after the test, before {row['seen_in'] or 'the end of the worker'})")
+        rec.failure = {"what": "the provider wrote after returning", "expected": "no write after return",
+                       "got": row["what"], "clause": CL_LIFETIME, "case": ""}
+        rec.repro = repro_command(self.config, self._meta(nodeid) or {"id": rec.id, "nodeid": nodeid}, rec.seed)
+        if self.writer is not None:
+            self.writer.amend(rec)
+        self._event(rec)
 
     def _meta(self, nodeid: str) -> dict | None:
         if nodeid in self.metas or self.state_dir is None:
@@ -769,11 +1015,14 @@ class _Controller:
             refusal=next((p.get("refusal") for p in phases if p.get("refusal")), None),
             warning=next((p.get("warning") for p in phases if p.get("warning")), None),
             served_calls=next((p["served_calls"] for p in phases if p.get("served_calls") is not None), None),
+            crash=next((p.get("crash") for p in phases if p.get("crash")), None),
         )
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
         if self.writer is not None:
             self.writer.add(rec)
-        if outcome in (Outcome.CRASH.value, Outcome.TIMEOUT.value):
+        if nodeid in self._amend:
+            self._amend_late(nodeid, self._amend.pop(nodeid))
+        if outcome in (Outcome.CRASH.value, Outcome.TIMEOUT.value) and not (rec.crash or {}).get("possible_cause"):
             self._breaker_hit(rec)
         self._event(rec)
         self._progress()
@@ -781,7 +1030,7 @@ class _Controller:
     def _breaker_hit(self, rec: TestRecord) -> None:
         # charge the entry point the worker was inside when it crashed or hung (its stack
         # names the loader method), else every entry point the test lists
-        inside = crashed_entry(rec.detail)
+        inside = (rec.crash or {}).get("entry") or crashed_entry(rec.detail)
         for e in ([inside] if inside in rec.entry else rec.entry):
             hits = self.breaker_hits.setdefault(e, [])
             hits.append(rec.id)

@@ -78,6 +78,9 @@ class TestRecord:
     worker: str | None = None
     #: crash/timeout detail: the fatal error line and the innermost frames
     detail: str = ""
+    #: crash / timeout: how the worker ended (kind signal, exit, device-fault, timeout), the entry
+    #: point it was in, the CUDA error of a device fault, the case, a possible cause
+    crash: dict | None = None
     #: filled from the expectations file when a waiver matches
     waived: str | None = None
     #: a re-run test (``--reruns``): the outcome of every attempt, first run first
@@ -258,6 +261,8 @@ class ResultsWriter:
         self.breaker: dict = {}
         self.extra_warnings: list[str] = []
         self.collection_errors: list[str] = []
+        #: writes after return seen outside the lifetime test's own check (docs/device-faults.md)
+        self.late_writes: list[dict] = []
         self.started = now_iso()
         self._t0 = time.monotonic()
         self._jsonl = open(self.out_dir / "results.jsonl", "w", encoding="utf-8")
@@ -272,6 +277,13 @@ class ResultsWriter:
         self._since_write += 1
         if self._since_write >= self.every_tests or time.monotonic() - self._last_write >= self.every_seconds:
             self.write(complete=False)
+
+    def amend(self, rec: TestRecord) -> None:
+        """A finished test's record changed (writes after return seen after it finished):
+        results.jsonl gets the new record as a later line for the same nodeid."""
+        self._jsonl.write(json.dumps(rec.to_dict()) + "\n")
+        self._jsonl.flush()
+        self._since_write += 1
 
     def document(self, complete: bool) -> dict:
         not_run = max(0, (self.total or 0) - len(self.tests)) if complete else 0
@@ -294,6 +306,7 @@ class ResultsWriter:
             **summary,
             "breaker": self.breaker,
             "collection_errors": self.collection_errors,
+            "late_writes": self.late_writes,
             "tests": [t.to_dict() for t in self.tests],
         }
         doc["warnings"] = self.extra_warnings + doc["warnings"]

@@ -46,7 +46,7 @@ DEFAULT_TIMEOUT = 30.0
 MAX_WORKER_RESTARTS = 200
 #: files of a previous run that a new run into the same directory replaces
 ARTIFACTS = ("results.json", "results.jsonl", "breaker.json", "collection.json", "certificate.json",
-             "report.html", "junit.xml", "run-info.json", "pytest.ini")
+             "report.html", "junit.xml", "run-info.json", "pytest.ini", "sanitize-python.sh")
 #: where the re-runs of tests that did not pass write their own results (one folder per attempt)
 RERUN_DIR = "reruns"
 DEFAULT_RERUNS = 3
@@ -149,6 +149,9 @@ class RunCommand:
         p.add_argument("--breaker", type=int, default=3, metavar="N",
                        help="crashes/timeouts of one entry point before its remaining tests are skipped "
                             "(default %(default)s)")
+        p.add_argument("--sanitize", action="store_true",
+                       help="run the worker processes under compute-sanitizer (memcheck; CUDA toolkit): a device "
+                            "fault's record then names the kernel and the bad address (slow: select a few tests)")
         p.add_argument("--progress", default="auto", choices=["auto", "tty", "lines", "none"],
                        help="progress display (default auto: one rewritten line on a terminal)")
         p.add_argument("--pytest-args", default="", metavar="ARGS",
@@ -189,6 +192,41 @@ def _resolve_memory(requested: str, info) -> tuple[str | None, str | None, list[
     if answer != "OK":
         notes.append(f"the provider answers {answer} for a valid {requested}-memory descriptor")
     return requested, None, notes
+
+
+def find_sanitizer() -> str | None:
+    """compute-sanitizer: on PATH, next to nvcc, or under $CUDA_HOME / /usr/local/cuda."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    dirs = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        dirs.append(Path(nvcc).resolve().parent)
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            dirs.append(Path(os.environ[env]) / "bin")
+    dirs.append(Path("/usr/local/cuda/bin"))
+    for d in dirs:
+        for cand in (d / "compute-sanitizer", d.parent / "compute-sanitizer" / "compute-sanitizer"):
+            if cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+    return None
+
+
+def sanitize_wrapper(out: Path, sanitizer: str) -> Path:
+    """An executable that starts python under compute-sanitizer (the workers start through it);
+    each sanitizer process logs to faults/sanitizer-<its pid>.log (the worker's parent pid)."""
+    faults = out / "faults"
+    faults.mkdir(parents=True, exist_ok=True)
+    w = out / "sanitize-python.sh"
+    # torch's caching allocator off: each guarded buffer is its own cudaMalloc, so memcheck sees its bounds
+    w.write_text("#!/bin/sh\nexport PYTORCH_NO_CUDA_MEMORY_CACHING=1\n"
+                 f"exec {shlex.quote(sanitizer)} --tool memcheck --print-limit 50 "
+                 f"--log-file {shlex.quote(str(faults))}/sanitizer-%p.log {shlex.quote(sys.executable)} \"$@\"\n",
+                 encoding="utf-8")
+    w.chmod(0o755)
+    return w
 
 
 def _prepare_output(out: Path) -> None:
@@ -266,6 +304,13 @@ def run(args: argparse.Namespace) -> int:
         _err(f"cannot use output directory {out}: {e}")
         return EXIT_USAGE
 
+    sanitizer = None
+    if getattr(args, "sanitize", False):
+        sanitizer = find_sanitizer()
+        if sanitizer is None:
+            _err("--sanitize needs compute-sanitizer (it ships with the CUDA toolkit): not found on PATH, next to "
+                 "nvcc, in $CUDA_HOME/bin or /usr/local/cuda/bin")
+            return EXIT_USAGE
     explicit_mem = args.memory in ("device", "unified")
     try:
         info = run_preflight(provider, timeout=max(30.0, args.timeout),
@@ -307,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
                    "timeout_s": args.timeout, "quick": args.quick, "keyword": args.keyword, "ids": args.id,
                    "profiles": args.profile, "seed": args.seed, "breaker_threshold": args.breaker,
                    "suite": args.suite, "suites_hash": suites_hash(root), "reruns": args.reruns,
-                   "hypothesis_max_examples": None,
+                   "sanitize": sanitizer, "hypothesis_max_examples": None,
                    "gpus": gpu_plan.gpus, "shard": args.shard,
                    "durations_from": str(Path(args.durations_from).resolve()) if args.durations_from else None},
     }
@@ -338,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     if args.claims:
         pa += ["--kvx-claims", str(Path(args.claims).resolve())]
+    if sanitizer:
+        pa += ["--kvx-sanitize", str(sanitize_wrapper(out, sanitizer))]
     if args.expectations:
         pa += ["--kvx-expectations", str(Path(args.expectations).resolve())]
     if args.quick:
@@ -510,6 +557,17 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
 
     tests = doc.get("tests", [])
     lines: list[str] = []
+    late = doc.get("late_writes") or []
+    if late:  # first: it explains failures and crashes below
+        lines.append(f"== writes after return: the provider wrote into buffers after its calls returned "
+                     f"({len(late)} finding(s); first in {late[0]['test']}: {late[0]['what']}); later crashes in "
+                     f"the same worker are marked 'possibly caused by writes after return'")
+    faults = [t for t in tests if (t.get("crash") or {}).get("kind") == "device-fault"]
+    if faults:
+        c = faults[0]["crash"]
+        lines.append(f"== device faults: {len(faults)} test(s) left a sticky CUDA error (first {faults[0]['id']}: "
+                     f"{c.get('error')} in {c.get('entry') or 'a provider call'}); each is a crash, a fresh worker "
+                     f"ran the rest")
     bad = [t for t in tests if t["outcome"] in ("fail", "crash", "timeout", "error", "flaky")]
     rank = {"required": 0, "recommended": 1, "informational": 2}
     bad.sort(key=lambda t: (rank.get(t["level"], 3), t["id"]))

@@ -422,11 +422,12 @@ kvx_status_t host_write(const WritePlan& p) {
   if (p.fp4.format) return host_fp4_write(p); /* KVX 1.2 FP4 cache: host_fp4.cpp */
   const kvx_status_t st = prescan_write(p);
   if (st != OK) return st;
-  if (KVX_MUT(LATE_WRITE)) { /* spec 7.2 lifetime: writes again after returning */
+  if (KVX_MUT(LATE_WRITE) || KVX_MUT(LATE_WRITE_DELAYED)) { /* spec 7.2 lifetime: writes again after returning */
     RecordingStore rec;
     write_tokens(p, rec);
+    /* the delayed one writes long after the lifetime probe's wait */
     std::thread([log = std::move(rec.log)] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::this_thread::sleep_for(std::chrono::milliseconds(KVX_MUT(LATE_WRITE_DELAYED) ? 1000 : 50));
       for (const Staged& s : log) memcpy(s.dst, s.bytes, s.n);
     }).detach();
     return OK;

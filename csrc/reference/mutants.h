@@ -64,6 +64,8 @@
 #define KVX_MUT_MODIFIES_INPUT_KEY 70
 #define KVX_MUT_MODIFIES_SLOTS 71
 #define KVX_MUT_S64_BLOCK_IDS_TRUNCATED 72
+/* writes after return, later than the lifetime probe used to wait */
+#define KVX_MUT_LATE_WRITE_DELAYED 46
 
 #ifndef KVX_MUTANT
 #define KVX_MUTANT KVX_MUT_NONE

@@ -162,93 +162,142 @@ def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0) -> 
     return out
 
 
-def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: str | None, peers: bool = True,
-               repeats: int = 11, quiet: bool = False, verify: bool = True,
-               partial: Path | None = None) -> dict:
-    """Time every case on device/unified memory. ``partial``: a JSON-lines file that gets each
-    case's record as it finishes (what is left if the run is cut short)."""
+def _device_setup(provider_path: str, reference_path: str | None, repeats: int, roof: float, peers: bool,
+                  verify: bool, floor_s: float | None = None) -> dict:
+    """The state of one case process (isolation.isolated_map): providers, timer, L2 size."""
     import torch
 
     from ..loader import load_provider
-    from .peers import torch_peer
-    from .prepare import prepare
-    from .timing import DeviceTimer, device_copy_roofline
+    from .timing import DeviceTimer
 
     provider = load_provider(provider_path)
     reference = load_provider(reference_path) if reference_path and \
         Path(reference_path).resolve() != Path(provider_path).resolve() else None
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) or (50 << 20)
+    return {"provider": provider, "reference": reference, "l2": l2, "timer": DeviceTimer(repeats=repeats),
+            "roof": roof, "peers": peers, "verify": verify, "floor_s": floor_s}
+
+
+def _device_case(state: dict, case: BenchCase) -> dict:
+    """Time one case on the provider, the reference and the torch peer."""
+    import torch
+
+    from .peers import torch_peer
+    from .prepare import prepare
+
+    timer, l2, roof, verify = state["timer"], state["l2"], state["roof"], state["verify"]
+    floor_s = state.get("floor_s")
+    rec: dict = {"case": case.to_dict(), "impls": {}}
+    try:
+        pr = prepare(case, seed=case_seed(case), last_level_cache=l2)
+    except Exception as e:
+        rec["error"] = f"setup: {type(e).__name__}: {e}"[:300]
+        return rec
+    rec["nsets"] = pr.nsets
+    rec["working_set_bytes"] = pr.nsets * case.bytes_moved()
+    rec["l2_bytes"] = l2
+    impls = [("provider", state["provider"])] + ([("reference", state["reference"])] if state["reference"] else [])
+    for name, prov in impls:
+        st = pr.call(prov, 0, timer.stream.cuda_stream)
+        timer.stream.synchronize()
+        if st != 0:
+            rec["impls"][name] = {"status": int(st), "error": f"status {st} (not timed)"}
+            continue
+        e = _time_device(timer, lambda i, s, p=prov: pr.call(p, i, s), pr.nsets,
+                         graph=case.memory != "unified", replay=case.replay if case.memory == "device" else 0)
+        e["status"] = 0
+        if verify and "error" not in e:
+            e["verified"] = pr.verify()
+        rec["impls"][name] = _figures(case, e, roof, floor_s)
+    if state["peers"] and case.memory == "device":
+        fn, desc = torch_peer(pr)
+        if fn is not None:
+            try:
+                e = _time_device(timer, fn, pr.nsets, replay=case.replay)
+                e["what"] = desc
+                if verify and "error" not in e:
+                    e["verified"] = pr.verify()
+                rec["impls"]["torch"] = _figures(case, e, roof, floor_s)
+            except Exception as ex:
+                rec["impls"]["torch"] = {"error": f"{type(ex).__name__}: {ex}"[:300], "what": desc}
+    rec["ratios"] = _ratios(rec["impls"])
+    del pr
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rec
+
+
+def _faulted_record(case: BenchCase, out: dict) -> dict:
+    """The record of a case that left a device fault or whose process died (the rest ran on)."""
+    rec: dict = {"case": case.to_dict(), "impls": {}}
+    if "device_fault" in out:
+        f = out["device_fault"]
+        rec["device_fault"] = {k: f.get(k) for k in ("error", "error_string", "entry", "case")}
+        rec["error"] = f"device fault: {f.get('error')} ({f.get('error_string')}); the case process was replaced"
+    elif "crash" in out:
+        rec["crash"] = out["crash"]
+        rec["error"] = f"the case process died ({out['crash']}); it was replaced"
+    else:
+        rec["error"] = out.get("error", "no result")
+    return rec
+
+
+def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: str | None, peers: bool = True,
+               repeats: int = 11, quiet: bool = False, verify: bool = True,
+               partial: Path | None = None) -> dict:
+    """Time every case on device/unified memory. ``partial``: a JSON-lines file that gets each
+    case's record as it finishes (what is left if the run is cut short).
+
+    The cases run in a child process (:func:`~kvx_conformance.isolation.isolated_map`): a case
+    whose provider call leaves a device fault (or crashes) is recorded as such and a fresh
+    process times the rest."""
+    from ..isolation import isolated_map
+    from .timing import device_copy_roofline
+
     t0 = time.monotonic()
     roof_start = device_copy_roofline()
     _log(f"roofline (start): device-to-device copy {roof_start['bandwidth_Bps'] / 1e9:.0f} GB/s", quiet)
     roof = roof_start["bandwidth_Bps"]
-    timer = DeviceTimer(repeats=repeats)
+    from .timing import DeviceTimer
+
     replay = max((c.replay for c in cases if c.memory == "device"), default=0)
-    floor_start = floor_end = None
-    if replay:
-        floor_start = timer.floor(replay)
+    floor_timer = DeviceTimer(repeats=repeats) if replay else None
+    floor_start = floor_timer.floor(replay) if replay else None
+    if floor_start:
         _log(f"floor (start): empty kernel, {replay} launches per graph, warm: "
              f"{floor_start['median_s'] * 1e6:.3f} us per launch", quiet)
     floor_s = floor_start["median_s"] if floor_start else None
-    results = []
-    for n, case in enumerate(cases):
-        rec: dict = {"case": case.to_dict(), "impls": {}}
-        try:
-            pr = prepare(case, seed=case_seed(case), last_level_cache=l2)
-        except Exception as e:
-            rec["error"] = f"setup: {type(e).__name__}: {e}"[:300]
-            results.append(rec)
-            _log(f"[{n + 1}/{len(cases)}] {case.id}: setup failed: {rec['error']}", quiet)
-            continue
-        rec["nsets"] = pr.nsets
-        rec["working_set_bytes"] = pr.nsets * case.bytes_moved()
-        rec["l2_bytes"] = l2
-        impls = [("provider", provider)] + ([("reference", reference)] if reference else [])
-        for name, prov in impls:
-            st = pr.call(prov, 0, timer.stream.cuda_stream)
-            timer.stream.synchronize()
-            if st != 0:
-                rec["impls"][name] = {"status": int(st), "error": f"status {st} (not timed)"}
-                continue
-            e = _time_device(timer, lambda i, s, p=prov: pr.call(p, i, s), pr.nsets,
-                             graph=case.memory != "unified", replay=case.replay if case.memory == "device" else 0)
-            e["status"] = 0
-            if verify and "error" not in e:
-                e["verified"] = pr.verify()
-            rec["impls"][name] = _figures(case, e, roof, floor_s)
-        if peers and case.memory == "device":
-            fn, desc = torch_peer(pr)
-            if fn is not None:
-                try:
-                    e = _time_device(timer, fn, pr.nsets, replay=case.replay)
-                    e["what"] = desc
-                    if verify and "error" not in e:
-                        e["verified"] = pr.verify()
-                    rec["impls"]["torch"] = _figures(case, e, roof, floor_s)
-                except Exception as ex:
-                    rec["impls"]["torch"] = {"error": f"{type(ex).__name__}: {ex}"[:300], "what": desc}
-        rec["ratios"] = _ratios(rec["impls"])
-        results.append(rec)
+    results: list = [None] * len(cases)
+
+    def finished(n: int, out) -> None:
+        case = cases[n]
+        rec = out if isinstance(out, dict) and "case" in out else _faulted_record(case, out or {})
+        results[n] = rec
         if partial is not None:
             with open(partial, "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, default=float) + "\n")
         p = rec["impls"].get("provider", {})
         tq = rec["impls"].get("torch", {})
         ver = p.get("verified", {}).get("ok")
+        if rec.get("error") and not rec["impls"]:
+            _log(f"[{n + 1}/{len(cases)}] {case.id}: {rec['error']}", quiet)
+            return
         _log(f"[{n + 1}/{len(cases)}] {case.id}: "
              + (f"{p['bandwidth_Bps'] / 1e9:8.1f} GB/s {p.get('pct_roofline', 0):5.1f}% {p['time_s'] * 1e6:9.2f} us"
                 if p.get("bandwidth_Bps") else f"{p.get('error', 'no figure')}")
              + (f"  +{p['excess_over_floor_s'] * 1e6:.2f} us over the floor" if "excess_over_floor_s" in p else "")
              + (f"  torch {tq['bandwidth_Bps'] / 1e9:7.1f} GB/s" if tq.get("bandwidth_Bps") else "")
              + f"  verified={ver}", quiet)
-        del pr
-        gc.collect()
-        torch.cuda.empty_cache()
+
+    isolated_map(_device_case, cases, setup=_device_setup,
+                 setup_args=(provider_path, reference_path, repeats, roof, peers, verify, floor_s),
+                 on_result=finished)
+    results = [r if r is not None else _faulted_record(c, {}) for r, c in zip(results, cases)]
     roof_end = device_copy_roofline()
     _log(f"roofline (end): {roof_end['bandwidth_Bps'] / 1e9:.0f} GB/s; run {time.monotonic() - t0:.0f} s", quiet)
     floor = None
     if floor_start:
-        floor_end = timer.floor(replay)
+        floor_end = floor_timer.floor(replay)
         _log(f"floor (end): {floor_end['median_s'] * 1e6:.3f} us per launch", quiet)
         floor = {"time_s": floor_s, "method": floor_start["what"], "calls_per_graph": replay,
                  "start": floor_start, "end": floor_end,
@@ -261,7 +310,9 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
             "timing": {"device": "CUDA events over back-to-back calls (eager), CUDA graph replay (device time), "
                                  "host perf_counter per call", "repeats": repeats,
                        "headline": "graph replay median when capture worked, else events median; decode "
-                                   "preset: warm graph replay median (graph_warm), and its excess over the floor"}}
+                                   "preset: warm graph replay median (graph_warm), and its excess over the floor",
+                       "isolation": "cases run in a child process; a case that leaves a device fault or crashes "
+                                    "is recorded (device_fault / crash) and a fresh process runs the rest"}}
 
 
 def _ratios(impls: dict) -> dict:

@@ -153,6 +153,8 @@ def view_model(results: dict) -> dict:
         "crashes": crashes,
         "flaky": flaky,
         "reruns": reruns,
+        "late_writes": results.get("late_writes") or [],
+        "device_faults": [t for t in crashes if (t.get("crash") or {}).get("kind") == "device-fault"],
         "waivers": results.get("waivers") or [],
         "warnings": results.get("warnings") or [],
         "profiles": profiles,
