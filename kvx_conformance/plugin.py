@@ -69,6 +69,7 @@ pytest_plugins = ["kvx_conformance.scale_plugin"]
 #: (kind device-fault or late-write) or at start (kind worker: its pid)
 _RECORD_MARK = "== kvx-record "
 CL_LIFETIME = "spec 7.2 (implementations MUST NOT retain pointers after return); R-LIFETIME"
+CL_OUT_OF_BOUNDS = "spec 4.1, 6.2 (a call touches only the buffers its descriptors give it); R-WRITE, R-DATA"
 
 
 def entry_function(name: str) -> str:
@@ -947,6 +948,11 @@ class _Controller:
             seen = f.get("seen_in") or ""
             row = {"test": owner_id, "nodeid": owner, "what": f.get("what", ""), "where": f.get("where", ""),
                    "seen_in": (self._meta(seen) or {}).get("id", seen), "worker": wid, "worker_replaced": replaced}
+            stray = f.get("where") == "during-call"
+            if stray:  # a write outside the call's own buffers while it ran: the calling test's fault
+                if owner:
+                    self._amend_late(owner, row)
+                continue
             if self.writer is not None:
                 self.writer.late_writes.append(row)
             self.tainted.setdefault(wid, owner_id)
@@ -968,10 +974,16 @@ class _Controller:
         self.counts[rec.outcome] -= 1
         self.counts[Outcome.FAIL.value] += 1
         rec.outcome = Outcome.FAIL.value
-        rec.message = (f"the provider wrote into this test's buffers after its call returned: {row['what']} "
-                       f"(seen after the test, before {row['seen_in'] or 'the end of the worker'})")
-        rec.failure = {"what": "the provider wrote after returning", "expected": "no write after return",
-                       "got": row["what"], "clause": CL_LIFETIME, "case": ""}
+        if row.get("where") == "during-call":
+            rec.message = f"a call of this test wrote outside the buffers it was given: {row['what']}"
+            rec.failure = {"what": "the provider wrote outside the call's buffers",
+                           "expected": "writes only inside the cache / output buffers of the call",
+                           "got": row["what"], "clause": CL_OUT_OF_BOUNDS, "case": ""}
+        else:
+            rec.message = (f"the provider wrote into this test's buffers after its call returned: {row['what']} "
+                           f"(seen after the test, before {row['seen_in'] or 'the end of the worker'})")
+            rec.failure = {"what": "the provider wrote after returning", "expected": "no write after return",
+                           "got": row["what"], "clause": CL_LIFETIME, "case": ""}
         rec.repro = repro_command(self.config, self._meta(nodeid) or {"id": rec.id, "nodeid": nodeid}, rec.seed)
         if self.writer is not None:
             self.writer.amend(rec)
