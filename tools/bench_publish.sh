@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench_publish.sh -- the published bandwidth report (docs/benchmarks.md, issue 5), on a GPU machine.
+# bench_publish.sh -- the published bandwidth report (docs/benchmarks.md), on a GPU machine.
 # From the repository root:  OUT=/tmp/pub bash tools/bench_publish.sh
 # Builds the package (CUDA backend included), runs the bench preset (default standard) twice on
 # device memory with the bundled reference, renders run 1's report with the run-to-run agreement
