@@ -23,6 +23,8 @@ buffers import it, the plugin installs the handler.
 without a GPU: ``ENTRY:GLOB`` faults the first call of entry point ``ENTRY``
 (``kvx_write_kv``, ``*`` for any) made while a test whose nodeid matches ``GLOB`` runs,
 and keeps reporting it for every later call in that process, as a real sticky error does.
+(In the child processes of ``accuracy`` and ``model-eval`` the "test" is the unit's name,
+``accuracy/METHOD/DISTRIBUTION`` or ``model-eval/FORMAT``; see docs/device-faults.md.)
 """
 from __future__ import annotations
 

@@ -9,6 +9,10 @@ CUDA context, goes on with the next case.
 
 ``fn(state, item)`` and ``setup(*setup_args)`` must be importable module-level
 functions (the child is spawned, not forked: a CUDA context does not survive a fork).
+
+:func:`wanted` says when a command isolates (device or unified memory, or the fake
+checker of the tests); :func:`failure` turns a case's ``device_fault`` / ``crash`` /
+``error`` result into the fields a row records.
 """
 from __future__ import annotations
 
@@ -18,6 +22,34 @@ import signal
 from typing import Any, Callable
 
 from . import health
+
+
+def wanted(on_device: bool) -> bool:
+    """Whether a command runs its provider calls through :func:`isolated_map`: on device or
+    unified memory, and on host memory when the fake checker is set (tests of the harness,
+    ``KVX_CONFORM_FAKE_DEVICE_FAULT``, :mod:`~kvx_conformance.health`)."""
+    return bool(on_device) or bool(os.environ.get(health.FAKE_ENV))
+
+
+def failure(out) -> dict | None:
+    """The fields of a row whose case did not return: ``device_fault`` (error, error_string,
+    entry, case) or ``crash`` (how the process ended), and ``error``, one line
+    ("device fault: cudaErrorIllegalAddress in kvx_write_kv"). None for a case that returned
+    (a result that is not a dict, or one without those keys)."""
+    if not isinstance(out, dict):
+        return None
+    if "device_fault" in out:
+        f = out["device_fault"]
+        where = f" in {f.get('entry')}" if f.get("entry") else ""
+        return {"device_fault": {k: f.get(k) for k in ("error", "error_string", "entry", "case")},
+                "error": f"device fault: {f.get('error')}{where}"}
+    if "crash" in out:
+        c = out["crash"]
+        how = c.get("signal") if c.get("kind") == "signal" else f"exit status {c.get('exit_status')}"
+        return {"crash": c, "error": f"crash: the process died ({how})"}
+    if set(out) == {"error"}:
+        return {"error": str(out["error"])}
+    return None
 
 
 def _child(conn, fn, setup, setup_args, items, start, per_call) -> None:

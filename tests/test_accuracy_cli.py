@@ -87,3 +87,51 @@ def test_missing_provider_exit_code(capsys, tmp_path):
 
     assert cli.main(["accuracy", str(tmp_path / "nope.so"), "--json"]) == EXIT_NOT_FOUND
     assert "not found" in capsys.readouterr().err
+
+
+def test_device_fault_in_one_round_trip_is_recorded_and_the_rest_measured(capsys, monkeypatch, tmp_path):
+    """A provider call that leaves a device fault (simulated on host memory by the fake
+    checker, which also makes the command isolate its round trips) costs its row only."""
+    from kvx_conformance import health
+
+    monkeypatch.setenv(health.FAKE_ENV, "kvx_write_kv:accuracy/nvfp4/k_outliers")
+    html = tmp_path / "acc.html"
+    assert cli.main(["accuracy", str(native.reference_provider()), "--quick", "--json", "--html", str(html)]) == 1
+    out, err = capsys.readouterr()
+    rows = json.loads(out)
+    assert len(rows) == len(quant.METHODS) * len(runner.DISTRIBUTIONS)
+    bad = [r for r in rows if r.get("error")]
+    assert [(r["method"], r["distribution"]) for r in bad] == [("nvfp4", "k_outliers")], bad
+    f = bad[0]
+    assert f["device_fault"]["entry"] == "kvx_write_kv" and f["device_fault"]["error"] == "cudaErrorIllegalAddress"
+    assert f["error"] == "device fault: cudaErrorIllegalAddress in kvx_write_kv"
+    assert all(f[k] is None for k in runner.MEASURED) and f["path"] == "provider"
+    assert "nvfp4 on k_outliers: device fault: cudaErrorIllegalAddress in kvx_write_kv" in err
+    # every other row is measured, FP4 through the provider, and equals the oracle's (the reference's codec)
+    monkeypatch.delenv(health.FAKE_ENV)
+    orc = {(r["method"], r["distribution"]): r for r in _json(capsys, ["accuracy", "--quick", "--json"])}
+    for r in rows:
+        if r is f:
+            continue
+        assert r["path"] == ("provider" if r["method"] in FP4 else "oracle"), r
+        assert r["rel_rmse"] == orc[(r["method"], r["distribution"])]["rel_rmse"], r
+    assert "device fault: cudaErrorIllegalAddress in kvx_write_kv" in html.read_text()
+    text = runner.format_table(rows)
+    assert "device fault: cudaErrorIllegalAddress in kvx_write_kv" in text and "1 row(s) without figures" in text
+
+
+def test_a_crashed_round_trip_is_marked_with_how_it_died():
+    from kvx_conformance.isolation import failure
+
+    crash = failure({"crash": {"kind": "signal", "signal": "SIGSEGV"}})
+    assert crash == {"crash": {"kind": "signal", "signal": "SIGSEGV"}, "error": "crash: the process died (SIGSEGV)"}
+    assert failure({"crash": {"kind": "exit", "exit_status": 3}})["error"] == "crash: the process died (exit status 3)"
+    assert failure({"k": 0, "v": 0}) is None and failure({"unavailable": "no FP4"}) is None
+    m = quant.METHODS[0]
+    row = {**runner._row(TINY, m, "gaussian", "provider"), **crash}
+    ok = runner._rows_for(TINY, "gaussian", "oracle", lambda m: m.roundtrip)
+    text = runner.format_table([row] + ok[1:])
+    assert "crash: the process died (SIGSEGV)" in text and "1 row(s) without figures" in text
+    from kvx_conformance.accuracy.report import standalone_html
+
+    assert "crash: the process died (SIGSEGV)" in standalone_html([row] + ok[1:])

@@ -113,3 +113,31 @@ def test_real_model_table(capsys):
     assert lines[0].split()[:5] == ["cache", "path", "ppl", "delta", "top1"]
     assert lines[2].startswith("BF16") and lines[3].startswith("MXFP4") and "oracle-fp4" in lines[3]
     assert "pydoc_data.topics" in out and "SmolLM2-135M" in out
+
+
+@pytest.mark.parametrize("faulting", ["FP8-E4M3", "BF16"])
+def test_device_fault_in_one_format_is_recorded_and_the_others_run(capsys, monkeypatch, tmp_path, faulting):
+    """A format whose provider call leaves a device fault (simulated on host memory by the
+    fake checker, which also makes the command run each format in its own process) gets a
+    row without figures; the other formats are computed; the exit status is 1. When the
+    faulting format is the BF16 baseline, nothing is compared with it."""
+    from kvx_conformance import health
+
+    monkeypatch.setenv(health.FAKE_ENV, f"kvx_gather_kv:model-eval/{faulting}")
+    code, out, err = _run(capsys, "--synthetic", "--tokens", "8", "--json", "--formats", "BF16,FP8-E4M3,MXFP4",
+                          "--output-dir", str(tmp_path))
+    assert code == 1, f"expected exit 1, got {code}\n{err}\n{REPRO.format('device_fault')}"
+    rows = json.loads(out)
+    assert [r["cache"] for r in rows] == ["BF16", "FP8-E4M3", "MXFP4"]
+    by = {r["cache"]: r for r in rows}
+    bad = by[faulting]
+    assert bad["device_fault"]["entry"] == "kvx_gather_kv" and bad["device_fault"]["error"] == "cudaErrorIllegalAddress"
+    assert bad["error"] == "device fault: cudaErrorIllegalAddress in kvx_gather_kv", bad
+    assert bad["perplexity"] is None and bad["top1_agreement"] is None, bad
+    assert f"{faulting} cache: device fault: cudaErrorIllegalAddress in kvx_gather_kv" in err
+    for r in rows:
+        if r is not bad:
+            assert "error" not in r and r["perplexity"] > 0 and r["path"] in ("provider", "provider-fp4"), r
+            assert (r["delta"] is None) == (faulting == "BF16"), r
+    page = (tmp_path / "model-eval.html").read_text()
+    assert "device fault: cudaErrorIllegalAddress in kvx_gather_kv" in page

@@ -3,7 +3,13 @@
 Without PROVIDER every method is measured through the numpy oracle. With one, the FP4
 methods it stores (KVX 1.2 FP4 extension: NVFP4, MXFP4-16, OCP MXFP4-32) are measured
 through it (write quantizes, gather dequantizes) and every other method through the
-oracle; the ``path`` column says which.
+oracle; the ``path`` column says which. On device or unified memory each provider round
+trip runs in its own process: one whose call leaves a device fault (or crashes) is
+recorded in its row, without figures, and the others are measured (docs/device-faults.md).
+
+Exit status: 0 every row was measured; 1 the provider failed an FP4 round trip (an
+error status), or a row has no figures because its provider call left a device fault
+or crashed; 9 the --add-to file cannot be read; 10 the memory type cannot be used here.
 """
 from __future__ import annotations
 
@@ -17,6 +23,10 @@ examples:
   kvx-conform accuracy ./libacme_kvx.so --json      FP4 through the provider, one JSON row per (method, distribution)
   kvx-conform accuracy --quick --html acc.html      a small run as an HTML page (tables and plots)
   kvx-conform accuracy --add-to kvx-report/results.json   add the section to a run's report
+
+exit status: 0 every row measured; 1 a provider round trip failed, faulted the device or crashed
+(that row is recorded without figures, the rest are measured); 9 --add-to file unreadable; 10 memory
+type unavailable.
 """
 
 
@@ -87,4 +97,10 @@ def main(args: argparse.Namespace) -> int:
         results["accuracy"] = rows
         path.write_text(json.dumps(results, indent=1), encoding="utf-8")
         write_report(results, path.with_name("report.html"))
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        print(f"kvx-conform: {len(failed)} accuracy row(s) without figures: "
+              + "; ".join(f"{r['method']} on {r['distribution']}: {r['error']}" for r in failed[:3])
+              + ("; ..." if len(failed) > 3 else ""), file=sys.stderr)
+        return 1
     return 0

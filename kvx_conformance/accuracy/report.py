@@ -30,6 +30,8 @@ _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#
 
 
 def _cell(v, fmt: str) -> str:
+    if v is None:  # a row whose provider call faulted or crashed
+        return ""
     if fmt == "":
         return str(v)
     if isinstance(v, float) and math.isinf(v):
@@ -37,10 +39,16 @@ def _cell(v, fmt: str) -> str:
     return format(v, fmt)
 
 
+def _measured(rows: list[dict]) -> list[dict]:
+    """The rows with figures (not those whose provider call faulted or crashed)."""
+    return [r for r in rows if r.get("snr_db") is not None]
+
+
 def snr_plot(rows: list[dict], width: int = 640, bar_h: int = 12) -> str:
     """Grouped horizontal bars: SNR (dB) of every method, one group per distribution."""
     dists = list(dict.fromkeys(r["distribution"] for r in rows))
     methods = list(dict.fromkeys(r["label"] for r in rows))
+    rows = _measured(rows)
     finite = [r["snr_db"] for r in rows if math.isfinite(r["snr_db"])]
     vmax = max(finite + [1.0])
     left, right, gap = 150, 60, 10
@@ -78,7 +86,7 @@ def snr_plot(rows: list[dict], width: int = 640, bar_h: int = 12) -> str:
 
 def size_vs_error_plot(rows: list[dict], distribution: str, width: int = 420, height: int = 260) -> str:
     """Scatter: bits per value against relative RMSE (log) for one distribution."""
-    pts = [r for r in rows if r["distribution"] == distribution and r["rel_rmse"] > 0]
+    pts = [r for r in _measured(rows) if r["distribution"] == distribution and r["rel_rmse"] > 0]
     if not pts:
         return ""
     left, bottom, top, right = 50, 36, 12, 16
@@ -121,7 +129,8 @@ def section_view(rows: list[dict] | None) -> dict | None:
     tables = []
     for d in dists:
         body = [[_cell(r[k], f) for _, k, f in COLUMNS] for r in rows if r["distribution"] == d]
-        tables.append({"distribution": d, "rows": body})
+        errors = [r.get("error") or "" for r in rows if r["distribution"] == d]
+        tables.append({"distribution": d, "rows": body, "errors": errors})
     first = rows[0]
     paths = sorted({r["path"] for r in rows})
     return {
@@ -134,6 +143,7 @@ def section_view(rows: list[dict] | None) -> dict | None:
                     f"{first['q_heads']} query heads, seed {first['seed']}",
         "paths": paths,
         "through_provider": sorted({r["label"] for r in rows if r["path"] == "provider"}),
+        "failed": [f"{r['label']} on {r['distribution']}: {r['error']}" for r in rows if r.get("error")],
     }
 
 

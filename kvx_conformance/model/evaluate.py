@@ -70,6 +70,54 @@ def score_format(provider, fmt, ids: np.ndarray, chunk: int = CHUNK, seed: int =
     return logits, store
 
 
+def _score_entry(provider, weights, ids: np.ndarray, name: str, chunk: int, memory: str, fp4_path: str,
+                 check: bool) -> dict:
+    """One cache format: its next-token logits (float32), path, time, and with ``check`` the
+    comparison with a contiguous cache."""
+    t0 = time.perf_counter()
+    logits, store = score_format(provider, FORMATS[name], ids, chunk, weights=weights, memory=memory,
+                                 fp4_path=fp4_path)
+    entry = {"logits": logits[:-1], "path": store.path, "seconds": time.perf_counter() - t0,
+             "fp4_refusal": store.fp4_refusal}
+    if check:
+        plain = _run(ContiguousKVStore(weights.config.n_layers, FORMATS[name]), weights, ids, chunk)
+        entry["paged_equals_contiguous"] = bool(np.array_equal(logits.view(np.uint32), plain.view(np.uint32)))
+        entry["max_abs_logit_diff"] = float(np.max(np.abs(logits - plain)))
+    return entry
+
+
+def _isolated_setup(provider_path: str, synthetic: bool, ids: np.ndarray, chunk: int, memory: str, fp4_path: str,
+                    check: bool) -> dict:
+    """The state of one format process (isolation.isolated_map): provider, weights, tokens."""
+    from ..loader import load_provider
+
+    if synthetic:
+        from .weights import synthetic_weights
+
+        weights = synthetic_weights()
+    else:
+        from .weights import load_weights
+
+        weights = load_weights()
+    return {"provider": load_provider(provider_path), "weights": weights, "ids": ids, "chunk": chunk,
+            "memory": memory, "fp4_path": fp4_path, "check": check}
+
+
+def _isolated_format(state: dict, name: str) -> dict:
+    """One cache format in the format process; a refused or failed provider call comes back as
+    ``{"provider_call_error"}`` (the command then fails as in one process)."""
+    from .. import health
+    from .paged_kv import ProviderCallError
+
+    health.set_test(f"model-eval/{name}")  # what the fake checker's pattern matches
+    health.set_case(f"model-eval {name} cache, {len(state['ids'])} tokens, {state['memory']} memory")
+    try:
+        return _score_entry(state["provider"], state["weights"], state["ids"], name, state["chunk"], state["memory"],
+                            state["fp4_path"], state["check"])
+    except ProviderCallError as e:
+        return {"provider_call_error": str(e)}
+
+
 def run_model_eval(
     provider_path: str | Path | None = None,
     quick: bool = True,
@@ -88,7 +136,15 @@ def run_model_eval(
     weights with the model's shapes and random tokens (no model package needed; the
     perplexities then say nothing). Raises
     :class:`~kvx_conformance.model.weights.ModelUnavailable` without the model packages.
+
+    On device memory each format runs in its own process
+    (:func:`~kvx_conformance.isolation.isolated_map`): a format whose provider call leaves
+    a device fault (or crashes) gets a row with ``device_fault`` (or ``crash``) and
+    ``error`` and no figures (None), and the other formats run; when that format is the
+    BF16 baseline, the comparisons with it (``delta``, ``top1_agreement``, ``kl_vs_bf16``)
+    are None in every row.
     """
+    from ..isolation import failure, wanted
     from ..loader import load_provider
     from ..native import reference_provider
 
@@ -101,7 +157,9 @@ def run_model_eval(
         raise ValueError("at least 2 tokens are needed to score a next token")
     path = Path(provider_path) if provider_path is not None else reference_provider()
     provider = load_provider(path)
+    isolate = wanted(str(memory).lower() != "host")
     t0 = time.perf_counter()
+    weights = None
     if synthetic:
         from .weights import synthetic_weights
 
@@ -112,56 +170,85 @@ def run_model_eval(
         from .text import TOPICS, eval_text, text_id
         from .weights import load_weights, package_versions
 
-        weights = load_weights()
+        if not isolate:  # the format processes load their own
+            weights = load_weights()
         ids = eval_tokens(n)
         model_label = f"SmolLM2-135M-Instruct Q4_1 GGUF ({_versions_label(package_versions())})"
         text_label = f"pydoc_data.topics {'+'.join(TOPICS)} sha256:{text_id(eval_text())}"
-    say(f"model-eval: model loaded in {time.perf_counter() - t0:.1f} s ({model_label}); {n} tokens, chunks of {chunk}")
+    say(f"model-eval: model loaded in {time.perf_counter() - t0:.1f} s ({model_label}); {n} tokens, chunks of {chunk}"
+        + ("; each format in its own process" if isolate else ""))
     targets = ids[1:]
     names = list(dict.fromkeys([BASELINE, *formats]))
     scored: dict[str, dict] = {}
-    for i, name in enumerate(names, 1):
-        t0 = time.perf_counter()
-        logits, store = score_format(provider, FORMATS[name], ids, chunk, weights=weights, memory=memory,
-                                     fp4_path=fp4_path)
-        entry = {"lp": log_softmax(logits[:-1]), "path": store.path, "seconds": time.perf_counter() - t0,
-                 "fp4_refusal": store.fp4_refusal}
-        if check:
-            plain = _run(ContiguousKVStore(weights.config.n_layers, FORMATS[name]), weights, ids, chunk)
-            entry["paged_equals_contiguous"] = bool(np.array_equal(logits.view(np.uint32), plain.view(np.uint32)))
-            entry["max_abs_logit_diff"] = float(np.max(np.abs(logits - plain)))
+
+    def done(i: int, entry) -> None:
+        name = names[i]
+        bad = failure(entry)
+        if bad is not None:
+            scored[name] = bad
+            say(f"model-eval: [{i + 1}/{len(names)}] {name} cache: {bad['error']}")
+            return
+        if "provider_call_error" in entry:
+            scored[name] = entry
+            return
         scored[name] = entry
         extra = f", paged == contiguous: {entry['paged_equals_contiguous']}" if check else ""
-        say(f"model-eval: [{i}/{len(names)}] {name} cache ({store.path}, {memory} memory) {entry['seconds']:.1f} s{extra}")
-    base_lp = scored[BASELINE]["lp"]
-    base_top1 = base_lp.argmax(axis=-1)
-    base_ppl = float(np.exp(-base_lp[np.arange(len(targets)), targets].mean()))
-    base_p = np.exp(base_lp)
+        say(f"model-eval: [{i + 1}/{len(names)}] {name} cache ({entry['path']}, {memory} memory) "
+            f"{entry['seconds']:.1f} s{extra}")
+
+    if isolate:
+        from ..isolation import isolated_map
+        from .paged_kv import ProviderCallError
+
+        outs = isolated_map(_isolated_format, names, setup=_isolated_setup,
+                            setup_args=(str(path), synthetic, ids, chunk, memory, fp4_path, check), per_call=True,
+                            on_result=done)
+        for i, out in enumerate(outs):  # a format the processes never reached (their setup failed)
+            if names[i] not in scored:
+                done(i, out if isinstance(out, dict) else {"error": "no result"})
+        for name in names:
+            if "provider_call_error" in scored.get(name, {}):
+                raise ProviderCallError(scored[name]["provider_call_error"])
+    else:
+        for i, name in enumerate(names):
+            done(i, _score_entry(provider, weights, ids, name, chunk, memory, fp4_path, check))
+    base = scored.get(BASELINE, {})
+    base_lp = log_softmax(base["logits"]) if "logits" in base else None
+    if base_lp is not None:
+        base_top1 = base_lp.argmax(axis=-1)
+        base_ppl = float(np.exp(-base_lp[np.arange(len(targets)), targets].mean()))
+        base_p = np.exp(base_lp)
     rows = []
     for name in formats:
         e = scored[name]
-        lp = e["lp"]
-        nll = -lp[np.arange(len(targets)), targets]
-        ppl = float(np.exp(nll.mean()))
-        top1 = lp.argmax(axis=-1)
         row = {
             "cache": name,
-            "perplexity": ppl,
-            "delta": ppl - base_ppl,
-            "top1_agreement": float(np.mean(top1 == base_top1)),
-            "kl_vs_bf16": float(np.mean(np.sum(base_p * (base_lp - lp), axis=-1))),
-            "top1_accuracy": float(np.mean(top1 == targets)),
-            "path": e["path"],
+            "perplexity": None, "delta": None, "top1_agreement": None, "kl_vs_bf16": None, "top1_accuracy": None,
+            "path": e.get("path"),
             "tokens": int(len(ids)),
             "scored": int(len(targets)),
             "chunk": chunk,
             "block_size": BLOCK_SIZE,
             "memory": str(memory).lower(),
-            "seconds": round(e["seconds"], 2),
+            "seconds": round(e["seconds"], 2) if "seconds" in e else None,
             "provider": path.name,
             "model": model_label,
             "text": text_label,
         }
+        if "logits" not in e:  # the format's provider call faulted or crashed: recorded, no figures
+            row.update({k: e[k] for k in ("device_fault", "crash", "error") if k in e})
+            rows.append(row)
+            continue
+        lp = log_softmax(e["logits"])
+        nll = -lp[np.arange(len(targets)), targets]
+        ppl = float(np.exp(nll.mean()))
+        top1 = lp.argmax(axis=-1)
+        row["perplexity"] = ppl
+        row["top1_accuracy"] = float(np.mean(top1 == targets))
+        if base_lp is not None:
+            row["delta"] = ppl - base_ppl
+            row["top1_agreement"] = float(np.mean(top1 == base_top1))
+            row["kl_vs_bf16"] = float(np.mean(np.sum(base_p * (base_lp - lp), axis=-1)))
         if e["fp4_refusal"]:
             row["fp4_provider_refusal"] = e["fp4_refusal"]
         if check:
@@ -175,6 +262,11 @@ def _versions_label(versions: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in versions.items())
 
 
+def _num(v, spec: str) -> str:
+    """A 9-wide figure, or "-" where there is none (no BF16 baseline to compare with)."""
+    return format(v, spec) if v is not None else f"{'-':>9}"
+
+
 def format_table(rows: list[dict]) -> str:
     """A plain-text table of :func:`run_model_eval` rows (one line per cache format)."""
     check = any("paged_equals_contiguous" in r for r in rows)
@@ -182,8 +274,12 @@ def format_table(rows: list[dict]) -> str:
             f"{'tokens':>7}" + ("  paged==contig" if check else ""))
     lines = [head, "-" * len(head)]
     for r in rows:
-        line = (f"{r['cache']:<10} {r['path']:<12} {r['perplexity']:>9.4f} {r['delta']:>+9.4f} "
-                f"{r['top1_agreement']:>9.2%} {r['kl_vs_bf16']:>9.2e} {r['top1_accuracy']:>9.2%} {r['tokens']:>7}")
+        if r.get("error"):  # the format's provider call faulted or crashed: no figures
+            lines.append(f"{r['cache']:<10} {r['path'] or '-':<12} {r['error']}")
+            continue
+        line = (f"{r['cache']:<10} {r['path']:<12} {r['perplexity']:>9.4f} {_num(r['delta'], '>+9.4f')} "
+                f"{_num(r['top1_agreement'], '>9.2%')} {_num(r['kl_vs_bf16'], '>9.2e')} {r['top1_accuracy']:>9.2%} "
+                f"{r['tokens']:>7}")
         if check:
             line += f"  {'yes' if r.get('paged_equals_contiguous') else 'NO'}"
         lines.append(line)
@@ -193,4 +289,9 @@ def format_table(rows: list[dict]) -> str:
         for r in rows:
             if r.get("fp4_provider_refusal"):
                 lines.append(f"{r['cache']}: oracle codec used because {r['fp4_provider_refusal']}")
+        if any(r.get("error") for r in rows):
+            lines.append("a format without figures: its provider call did not return (each format ran in its own "
+                         "process; the others were measured)"
+                         + ("; no BF16 baseline, so no delta, agreement or KL" if any(
+                             r["delta"] is None and not r.get("error") for r in rows) else ""))
     return "\n".join(lines)
