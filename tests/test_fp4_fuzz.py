@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from test_fp4_provider import MEMORIES, nasty_rows
 
-from kvx_conformance import fp4exec as fx
-from kvx_conformance import native
-from kvx_conformance.abi import DType, Fp4Format, Layout, Status
-from kvx_conformance.loader import load_provider
+from kvx_conformance.abi import native
+from kvx_conformance.abi.header import DType, Fp4Format, Layout, Status
+from kvx_conformance.abi.loader import load_provider
+from kvx_conformance.cases import fp4 as fx
 
 CLAUSE = "FP4 extension (docs/spec-readings.md; docs/fp4.md 'NVFP4', 'MXFP4')"
 PER_CHUNK = 15
