@@ -1,6 +1,6 @@
 """The reference provider's FP4 write and gather on random geometries, against the oracle, bit for bit.
 
-Aimed at the CUDA backend's fast kernels (csrc/reference/cuda/move_fp4.cu): random head
+Aimed at the CUDA backend's fast kernels (csrc/reference/cuda/move_fp4_*.cu): random head
 count, head_dim, block size, layout (NHD / HND: the packed and the strided paths), IO dtype
 (F32 / F16 / BF16), global scales (absent, per tensor, per head, and values that force the
 exact fallbacks), 1-199 tokens (several warps of 32 rows), rows full of edge values

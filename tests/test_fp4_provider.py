@@ -33,7 +33,7 @@ def _memory_param(m: Memory):
     return pytest.param(m, id=m.name.lower(), marks=pytest.mark.skipif(reason is not None, reason=str(reason)))
 
 
-#: Host always; DEVICE (the CUDA backend, cuda/move_fp4.cu) where torch sees a GPU.
+#: Host always; DEVICE (the CUDA backend, cuda/move_fp4_*.cu) where torch sees a GPU.
 MEMORIES = [_memory_param(Memory.HOST), _memory_param(Memory.DEVICE)]
 
 
