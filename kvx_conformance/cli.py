@@ -15,16 +15,16 @@ import sys
 from . import __version__
 
 COMMANDS: dict[str, str] = {
-    "run": "kvx_conformance.runner:RunCommand",
-    "list": "kvx_conformance.runner:ListCommand",
+    "run": "kvx_conformance.harness.runner:RunCommand",
+    "list": "kvx_conformance.harness.listing:ListCommand",
     "info": "kvx_conformance.cli:InfoCommand",
     "report": "kvx_conformance.report:ReportCommand",
     "bench": "kvx_conformance.bench.cli:BenchCommand",
     "accuracy": "kvx_conformance.accuracy.cli",
     "model-eval": "kvx_conformance.model.cli:ModelEvalCommand",
     "compare": "kvx_conformance.bench.compare:CompareCommand",
-    "verify": "kvx_conformance.verify:VerifyCommand",
-    "merge": "kvx_conformance.merge:MergeCommand",
+    "verify": "kvx_conformance.harness.verify:VerifyCommand",
+    "merge": "kvx_conformance.harness.merge:MergeCommand",
 }
 
 EPILOG = """\
@@ -74,9 +74,9 @@ class InfoCommand:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        from .loader import EXIT_NOT_FOUND, ProviderLoadError
-        from .preflight import format_info, run_preflight
-        from .runner import default_provider
+        from .abi.loader import EXIT_NOT_FOUND, ProviderLoadError
+        from .harness.preflight import format_info, run_preflight
+        from .abi.native import default_provider
 
         provider = args.provider or default_provider()
         if provider is None:

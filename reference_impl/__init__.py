@@ -1,6 +1,6 @@
 """The numpy oracle: the executable reading of the KVX v1 spec (docs/spec-readings.md).
 
-Pure functions of a case (``kvx_conformance.cases``), mirroring what the executor
+Pure functions of a case (``kvx_conformance.cases.case``), mirroring what the executor
 returns for the same case:
 
 - ``expected_validate(case) -> Result``: status of ``kvx_validate_cache_desc``;
@@ -16,8 +16,8 @@ breaks, for single-rule negative tests.
 """
 from __future__ import annotations
 
-from kvx_conformance.abi import Memory, Status
-from kvx_conformance.cases import CacheCase, GatherCase, Result, ValidateCase, WriteCase
+from kvx_conformance.abi.header import Memory, Status
+from kvx_conformance.cases.case import CacheCase, GatherCase, Result, ValidateCase, WriteCase
 
 from .cview import CaseError, gather_view, validate_view, write_view
 from .gather import expected_gather

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvx_conformance.abi import Layout
+from kvx_conformance.abi.header import Layout
 
 
 def cache_offsets(layout: Layout, stride: tuple[int, ...], pack: int, b, t, h, d) -> np.ndarray:

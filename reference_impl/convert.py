@@ -13,8 +13,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from kvx_conformance.abi import FP8_DTYPES, DType
-from kvx_conformance.dtypes import np_dtype
+from kvx_conformance.abi.dtypes import np_dtype
+from kvx_conformance.abi.header import FP8_DTYPES, DType
 
 FP8_MAX = {
     DType.F8_E4M3: np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max),  # 448

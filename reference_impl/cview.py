@@ -12,11 +12,11 @@ import ctypes
 import itertools
 from dataclasses import dataclass
 
-from kvx_conformance import abi
-from kvx_conformance import descriptors as d
-from kvx_conformance.abi import Memory
-from kvx_conformance.cases import CacheCase, GatherCase, ValidateCase, WriteCase
-from kvx_conformance.execute import apply_overrides
+from kvx_conformance.abi import descriptors as d
+from kvx_conformance.abi import header as abi
+from kvx_conformance.abi.header import Memory
+from kvx_conformance.cases.case import CacheCase, GatherCase, ValidateCase, WriteCase
+from kvx_conformance.cases.execute import apply_overrides
 
 _addresses = itertools.count(0x10000, 0x1000)
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvx_conformance import abi
-from kvx_conformance.abi import DType, Layout, Memory, Status, TableFormat
-from kvx_conformance.cases import GatherCase, Result
+from kvx_conformance.abi import header as abi
+from kvx_conformance.abi.header import DType, Layout, Memory, Status, TableFormat
+from kvx_conformance.cases.case import GatherCase, Result
 
 from . import convert, metadata
 from .addressing import cache_offsets, io_offsets, pool_offsets

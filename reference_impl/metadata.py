@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvx_conformance.abi import DType
-from kvx_conformance.cases import GatherCase, WriteCase
-from kvx_conformance.dtypes import np_dtype
+from kvx_conformance.abi.dtypes import np_dtype
+from kvx_conformance.abi.header import DType
+from kvx_conformance.cases.case import GatherCase, WriteCase
 
 from .cview import CaseError
 

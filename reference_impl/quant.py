@@ -28,7 +28,7 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from ..abi import DType
+from ..abi.header import DType
 from . import fp4
 from .convert import quantize as _fp8_quantize
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvx_conformance.abi import Status
+from kvx_conformance.abi.header import Status
 
 INVALID = Status.INVALID_ARGUMENT
 UNSUPPORTED = Status.UNSUPPORTED

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvx_conformance.abi import DType
-from kvx_conformance.dtypes import np_dtype
+from kvx_conformance.abi.dtypes import np_dtype
+from kvx_conformance.abi.header import DType
 
 from .cview import CaseError
 

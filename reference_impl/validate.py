@@ -10,8 +10,17 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from kvx_conformance import abi
-from kvx_conformance.abi import CACHE_DTYPES, INDEX_DTYPES, DType, Layout, Memory, ScaleGranularity, TableFlags, TableFormat
+from kvx_conformance.abi import header as abi
+from kvx_conformance.abi.header import (
+    CACHE_DTYPES,
+    INDEX_DTYPES,
+    DType,
+    Layout,
+    Memory,
+    ScaleGranularity,
+    TableFlags,
+    TableFormat,
+)
 
 from . import convert
 from .addressing import farthest_offset

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvx_conformance import abi
-from kvx_conformance.abi import DType, Layout, Memory, ScaleGranularity, Status
-from kvx_conformance.cases import Result, WriteCase
+from kvx_conformance.abi import header as abi
+from kvx_conformance.abi.header import DType, Layout, Memory, ScaleGranularity, Status
+from kvx_conformance.cases.case import Result, WriteCase
 
 from . import convert, metadata
 from .addressing import cache_offsets, io_offsets

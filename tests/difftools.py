@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvx_conformance.cases import Result
-from kvx_conformance.dtypes import bits_view
-from kvx_conformance.loader import status_name
+from kvx_conformance.abi.dtypes import bits_view
+from kvx_conformance.abi.loader import status_name
+from kvx_conformance.cases.case import Result
 
 
 def compare(exp: Result, got: Result) -> str:

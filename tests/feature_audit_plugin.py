@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from kvx_conformance import checks
-from kvx_conformance.abi import Status
-from kvx_conformance.plugin import item_meta
+from kvx_conformance.abi.header import Status
+from kvx_conformance.cases import checks
+from kvx_conformance.harness.plugin import item_meta
 
 _CURRENT: dict = {}
 _OUT = os.environ.get("KVX_FEATURE_AUDIT")

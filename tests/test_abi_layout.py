@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from kvx_conformance import abi, native
+from kvx_conformance.abi import header as abi, native
 
 # Published v1.1 layout: (field, C type) in declaration order. "E" is a C enum (int).
 U32, I64, PTR, E = ("u32", 4, 4), ("i64", 8, 8), ("ptr", 8, 8), ("enum", 4, 4)

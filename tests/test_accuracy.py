@@ -244,9 +244,9 @@ def test_provider_roundtrip_refuses_what_a_provider_cannot_store():
 def test_provider_rows_match_the_oracle_for_the_reference():
     """Through the reference provider the FP4 rows are the oracle's figures (bit-exact codec);
     every other method is measured by the oracle, one row per (method, distribution)."""
-    from kvx_conformance import native
+    from kvx_conformance.abi import native
     from kvx_conformance.accuracy import BenchConfig
-    from kvx_conformance.loader import load_provider
+    from kvx_conformance.abi.loader import load_provider
 
     cfg = BenchConfig(tokens=256, kv_heads=2, q_heads=4, head_dim=64, block_size=16, num_seqs=2, decode_steps=1,
                       logit_queries=4)

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from kvx_conformance import cli, native
+from kvx_conformance import cli
+from kvx_conformance.abi import native
 from kvx_conformance.accuracy import BenchConfig, runner
 from kvx_conformance.reference_impl import quant
 
@@ -60,7 +61,7 @@ def test_v11_provider_falls_back_to_oracle(capsys):
 def test_text_html_and_add_to(tmp_path, capsys):
     html = tmp_path / "acc.html"
     results = tmp_path / "results.json"
-    from kvx_conformance.results import ResultsWriter
+    from kvx_conformance.results.record import ResultsWriter
 
     header = {"harness": {"name": "kvx-conform", "version": "0"},
               "provider": {"path": "/x/libp.so", "sha256": "0" * 64, "abi_version": "1.2.0"},
@@ -83,7 +84,7 @@ def test_text_html_and_add_to(tmp_path, capsys):
 
 
 def test_missing_provider_exit_code(capsys, tmp_path):
-    from kvx_conformance.loader import EXIT_NOT_FOUND
+    from kvx_conformance.abi.loader import EXIT_NOT_FOUND
 
     assert cli.main(["accuracy", str(tmp_path / "nope.so"), "--json"]) == EXIT_NOT_FOUND
     assert "not found" in capsys.readouterr().err
@@ -92,7 +93,7 @@ def test_missing_provider_exit_code(capsys, tmp_path):
 def test_device_fault_in_one_round_trip_is_recorded_and_the_rest_measured(capsys, monkeypatch, tmp_path):
     """A provider call that leaves a device fault (simulated on host memory by the fake
     checker, which also makes the command isolate its round trips) costs its row only."""
-    from kvx_conformance import health
+    from kvx_conformance.abi import health
 
     monkeypatch.setenv(health.FAKE_ENV, "kvx_write_kv:accuracy/nvfp4/k_outliers")
     html = tmp_path / "acc.html"
@@ -121,7 +122,7 @@ def test_device_fault_in_one_round_trip_is_recorded_and_the_rest_measured(capsys
 
 
 def test_a_crashed_round_trip_is_marked_with_how_it_died():
-    from kvx_conformance.isolation import failure
+    from kvx_conformance.cases.isolation import failure
 
     crash = failure({"crash": {"kind": "signal", "signal": "SIGSEGV"}})
     assert crash == {"crash": {"kind": "signal", "signal": "SIGSEGV"}, "error": "crash: the process died (SIGSEGV)"}

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType, Layout, TableFormat
+from kvx_conformance.abi.header import DType, Layout, TableFormat
 from kvx_conformance.adapters import AdapterError, vllm
 from kvx_conformance.adapters.common import array_info, cache_dtype, flat_alias, ragged_table
 
@@ -163,7 +163,7 @@ def test_real_torch_fp8_cache_dtype():
 def test_real_torch_write_through_the_oracle_equals_tgi_store():
     torch = pytest.importorskip("torch")
     ref = pytest.importorskip("kvx_conformance.reference_impl", reason="the numpy oracle is not installed")
-    from kvx_conformance.abi import Status
+    from kvx_conformance.abi.header import Status
     from kvx_conformance.adapters import tgi
 
     nb, bs, h, d = 4, 4, 2, 8

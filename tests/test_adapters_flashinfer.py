@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvx_conformance.abi import DType, Layout, Status, TableFormat
+from kvx_conformance.abi.descriptors import BlockTable, SeqLens
+from kvx_conformance.abi.header import DType, Layout, Status, TableFormat
 from kvx_conformance.adapters import AdapterError, flashinfer
-from kvx_conformance.descriptors import BlockTable, SeqLens
 
 PS = 4
 

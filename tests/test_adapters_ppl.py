@@ -15,7 +15,7 @@ import itertools
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType, Layout, Status, TableFormat
+from kvx_conformance.abi.header import DType, Layout, Status, TableFormat
 from kvx_conformance.adapters import AdapterError, ppl
 
 MAXT, NL, H, DH = 16, 3, 2, 4
@@ -91,7 +91,7 @@ def test_write_slots_in_both_modes_by_hand():
     s1 = ppl.write_slots(cs, seqstarts, start_pos, cache_mode=1, page_size=4)
     assert s1.slots.tolist() == [10, 11, 0, 22, 23]
     assert s1.dtype == DType.S64
-    from kvx_conformance.descriptors import Geometry
+    from kvx_conformance.abi.descriptors import Geometry
 
     with pytest.raises(AdapterError, match="past the 20 rows"):
         ppl.write_slots(cs, seqstarts, start_pos, cache_mode=1, page_size=4, geometry=Geometry(5, 4, H, DH))

@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType, Layout, Status, TableFormat
+from kvx_conformance.abi.header import DType, Layout, Status, TableFormat
 from kvx_conformance.adapters import AdapterError, tgi
 
 SEED = 7301

@@ -15,10 +15,10 @@ import itertools
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType, Layout, Status, TableFormat, TableFlags
+from kvx_conformance.abi.descriptors import BlockTable, SeqLens
+from kvx_conformance.abi.header import DType, Layout, Status, TableFormat, TableFlags
 from kvx_conformance.adapters import AdapterError, trtllm
 from kvx_conformance.adapters.trtllm import PoolBlock
-from kvx_conformance.descriptors import BlockTable, SeqLens
 
 NB, L, H, T, D = 5, 3, 2, 4, 8
 HTD = H * T * D

@@ -13,10 +13,10 @@ import itertools
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType, Layout, Status, TableFormat
+from kvx_conformance.abi.descriptors import SeqLens
+from kvx_conformance.abi.header import DType, Layout, Status, TableFormat
 from kvx_conformance.adapters import AdapterError, vllm
 from kvx_conformance.adapters.common import flat_alias
-from kvx_conformance.descriptors import SeqLens
 
 SEED = 20240611
 NB, BS, H, D, X = 6, 4, 2, 8, 4

@@ -30,7 +30,7 @@ REPRO = "KVX_CONFORM_NATIVE_DIR=... .venv/bin/python -m pytest tests/test_bench.
 
 def _native_ok() -> bool:
     try:
-        from kvx_conformance.native import reference_provider
+        from kvx_conformance.abi.native import reference_provider
 
         return reference_provider().exists()
     except Exception:
@@ -194,8 +194,8 @@ def test_decode_fields_documented():
     ("block_offset_off_by_one", BenchCase("gather", "nhd", "f16", tokens=64, table="packed", memory="host")),
 ])
 def test_verification_catches_a_wrong_provider(mutant, case):
-    from kvx_conformance.loader import load_provider
-    from kvx_conformance.native import mutant_provider, reference_provider
+    from kvx_conformance.abi.loader import load_provider
+    from kvx_conformance.abi.native import mutant_provider, reference_provider
 
     seed = case_seed(case)
     pr = prepare(case, seed=seed, nsets=2)
@@ -290,7 +290,7 @@ def test_run_accepts_bench_option():
 
 
 def _hwconv_host() -> str:
-    from kvx_conformance.native import testing_provider
+    from kvx_conformance.abi.native import testing_provider
 
     path = testing_provider("hwconv_host")
     if not path.exists():

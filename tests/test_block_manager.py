@@ -12,9 +12,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvx_conformance.abi import DType, Status, TableFormat, TableFlags
+from kvx_conformance.abi.header import DType, Status, TableFormat, TableFlags
 from kvx_conformance.adapters import trtllm
-from kvx_conformance.block_manager import BlockManager, OutOfBlocks
+from kvx_conformance.adapters.block_manager import BlockManager, OutOfBlocks
 
 BS = 4
 

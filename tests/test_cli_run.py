@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from kvx_conformance import loader, native
-from kvx_conformance.certificate import suite_root
+from kvx_conformance.abi import loader, native
+from kvx_conformance.results.certificate import suite_root
 
 sys.path.insert(0, str(Path(__file__).parent))
 from schema_doc import undocumented  # noqa: E402

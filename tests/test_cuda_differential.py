@@ -20,12 +20,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import buffers, checks, generators
-from kvx_conformance.abi import DType, Memory, Status
-from kvx_conformance.cases import GatherCase, Result, WriteCase
-from kvx_conformance.dtypes import bits_view
-from kvx_conformance.execute import CallOptions, run_gather, run_write
-from kvx_conformance.loader import status_name
+from kvx_conformance.abi import buffers
+from kvx_conformance.abi.dtypes import bits_view
+from kvx_conformance.abi.header import DType, Memory, Status
+from kvx_conformance.abi.loader import status_name
+from kvx_conformance.cases import checks, generators
+from kvx_conformance.cases.case import GatherCase, Result, WriteCase
+from kvx_conformance.cases.execute import CallOptions, run_gather, run_write
 from kvx_conformance.reference_impl import RULES, expected
 
 from difftools import compare  # tests/difftools.py
@@ -41,8 +42,8 @@ MEMORIES = {"device": Memory.DEVICE, "unified": Memory.UNIFIED}
 
 @pytest.fixture(scope="module")
 def provider():
-    from kvx_conformance.loader import load_provider
-    from kvx_conformance.native import NativeBuildMissing, have_cuda, reference_provider
+    from kvx_conformance.abi.loader import load_provider
+    from kvx_conformance.abi.native import NativeBuildMissing, have_cuda, reference_provider
 
     try:
         path = reference_provider()
@@ -206,8 +207,8 @@ LARGE = {
 @pytest.mark.parametrize("name", sorted(LARGE))
 def test_large_call_planner_paths(provider, name):
     """Large DEVICE calls through the multi-row tasks and the tasks-per-warp choice == the oracle (R-WRITE, R-GATHER)."""
-    from kvx_conformance import casebuild as cb
-    from kvx_conformance.descriptors import Geometry
+    from kvx_conformance.cases import build as cb
+    from kvx_conformance.abi.descriptors import Geometry
 
     op, heads, dim, n, mixed = LARGE[name]
     geom = Geometry(num_blocks=8192, block_size=16, num_kv_heads=heads, head_dim=dim)
@@ -244,8 +245,8 @@ SMALL_SPLIT = {
 @pytest.mark.parametrize("name", sorted(SMALL_SPLIT))
 def test_small_call_split_rows(provider, name):
     """Decode-sized DEVICE calls whose rows are split over several warps == the oracle (R-WRITE, R-GATHER)."""
-    from kvx_conformance import casebuild as cb
-    from kvx_conformance.descriptors import Geometry
+    from kvx_conformance.cases import build as cb
+    from kvx_conformance.abi.descriptors import Geometry
 
     op, cdt, iodt, kind, heads, dim, n = SMALL_SPLIT[name]
     geom = Geometry(num_blocks=64, block_size=16, num_kv_heads=heads, head_dim=dim)
@@ -277,8 +278,8 @@ PADDED_FP8_TILE = {
 @pytest.mark.parametrize("name", sorted(PADDED_FP8_TILE))
 def test_fp8_packed_write_padded_strides(provider, name):
     """FP8 HND_PACKED writes with padded, not 16-byte aligned strides == the oracle, no fault (R-WRITE, R-FP8)."""
-    from kvx_conformance import casebuild as cb
-    from kvx_conformance.descriptors import Geometry
+    from kvx_conformance.cases import build as cb
+    from kvx_conformance.abi.descriptors import Geometry
 
     io, cdt, nb, bs, heads, stride = PADDED_FP8_TILE[name]
     geom = Geometry(num_blocks=nb, block_size=bs, num_kv_heads=heads, head_dim=128)

@@ -2,7 +2,7 @@
 nothing later inherits them (docs/device-faults.md).
 
 CI (no GPU) covers the plumbing with the fake checker (``KVX_CONFORM_FAKE_DEVICE_FAULT``,
-kvx_conformance/health.py): a fault reported right after one provider call must end that
+kvx_conformance/abi/health.py): a fault reported right after one provider call must end that
 test as ``crash`` (kind device-fault, entry point, case), a fresh worker must run the
 rest, the circuit breaker must count it; a single process marks it and skips the rest.
 The late-write mutants must be caught by the default command without a crash charged
@@ -22,9 +22,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvx_conformance import health, native
-from kvx_conformance.isolation import isolated_map
-from kvx_conformance.plugin import _RECORD_MARK, _START_MARK, _Controller, _read_crash_detail
+from kvx_conformance.abi import health, native
+from kvx_conformance.cases.isolation import isolated_map
+from kvx_conformance.harness.plugin.config import _RECORD_MARK, _START_MARK
+from kvx_conformance.harness.plugin.controller import _Controller, _read_crash_detail
 
 from test_cli_run import explain, kvx, lib, results  # tests/test_cli_run.py
 
@@ -71,7 +72,7 @@ def test_fake_device_faults_trip_the_breaker_of_their_entry_point(tmp_path):
 
 def test_single_process_marks_the_fault_and_skips_the_rest(tmp_path):
     env = dict(os.environ, **{health.FAKE_ENV: FAKE_ONE})
-    from kvx_conformance.certificate import suite_root
+    from kvx_conformance.results.certificate import suite_root
 
     root = suite_root("kvx_conformance.suites")
     out = tmp_path / "out"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from kvx_conformance.engines import NOT_EXPRESSIBLE, engine_of, family_of, summarize_engines
-from kvx_conformance.results import TestRecord as Record
+from kvx_conformance.results.engines import NOT_EXPRESSIBLE, engine_of, family_of, summarize_engines
+from kvx_conformance.results.record import TestRecord as Record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def test_summary_verdicts():
 
 def test_report_engines_section(tmp_path):
     from kvx_conformance.report import render_report
-    from kvx_conformance.results import ResultsWriter
+    from kvx_conformance.results.record import ResultsWriter
 
     header = {"harness": {"name": "kvx-conform", "version": "0"},
               "provider": {"path": "/x/libp.so", "sha256": "0" * 64, "abi_version": "1.1.0"},
@@ -92,7 +92,7 @@ def test_report_engines_section(tmp_path):
         w.add(t)
     doc = w.close()
     assert doc["engines"]["vllm"]["works"] == "no" and doc["engines"]["tgi"]["works"] == "yes", doc["engines"]
-    from kvx_conformance.runner import summary_lines
+    from kvx_conformance.harness.runner import summary_lines
 
     console = summary_lines(doc)
     assert "  vLLM         no      0/1 scenarios passed; not in: paged" in console, console
@@ -114,7 +114,7 @@ def test_report_engines_section(tmp_path):
 
 
 def _provider(name: str | None) -> Path:
-    from kvx_conformance import native
+    from kvx_conformance.abi import native
 
     try:
         p = native.reference_provider() if name is None else native.mutant_provider(name)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvx_conformance.certificate import suite_root
-from kvx_conformance.loader import sha256_of
+from kvx_conformance.abi.loader import sha256_of
+from kvx_conformance.results.certificate import suite_root
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "minimal_provider"

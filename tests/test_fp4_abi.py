@@ -12,9 +12,10 @@ import ctypes
 import numpy as np
 import pytest
 
-from kvx_conformance import abi, fp4exec as fx, native
-from kvx_conformance.abi import DType, Fp4Format, Layout, Memory, Status, TableFormat
-from kvx_conformance.loader import load_provider
+from kvx_conformance.abi import header as abi, native
+from kvx_conformance.abi.header import DType, Fp4Format, Layout, Memory, Status, TableFormat
+from kvx_conformance.abi.loader import load_provider
+from kvx_conformance.cases import fp4 as fx
 
 H, D, BS, NB = 2, 32, 4, 6
 

@@ -1,6 +1,6 @@
 """The reference provider's FP4 write and gather on random geometries, against the oracle, bit for bit.
 
-Aimed at the CUDA backend's fast kernels (csrc/reference/cuda/move_fp4.cu): random head
+Aimed at the CUDA backend's fast kernels (csrc/reference/cuda/move_fp4_*.cu): random head
 count, head_dim, block size, layout (NHD / HND: the packed and the strided paths), IO dtype
 (F32 / F16 / BF16), global scales (absent, per tensor, per head, and values that force the
 exact fallbacks), 1-199 tokens (several warps of 32 rows), rows full of edge values
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from test_fp4_provider import MEMORIES, nasty_rows
 
-from kvx_conformance import fp4exec as fx
-from kvx_conformance import native
-from kvx_conformance.abi import DType, Fp4Format, Layout, Status
-from kvx_conformance.loader import load_provider
+from kvx_conformance.abi import native
+from kvx_conformance.abi.header import DType, Fp4Format, Layout, Status
+from kvx_conformance.abi.loader import load_provider
+from kvx_conformance.cases import fp4 as fx
 
 CLAUSE = "FP4 extension (docs/spec-readings.md; docs/fp4.md 'NVFP4', 'MXFP4')"
 PER_CHUNK = 15

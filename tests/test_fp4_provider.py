@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import fp4exec as fx
-from kvx_conformance import native
-from kvx_conformance.abi import DType, Fp4Format, Layout, Memory, Status
-from kvx_conformance.loader import load_provider
+from kvx_conformance.abi import native
+from kvx_conformance.abi.header import DType, Fp4Format, Layout, Memory, Status
+from kvx_conformance.abi.loader import load_provider
+from kvx_conformance.cases import fp4 as fx
 
 FMTS = [Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP]
 TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
@@ -27,13 +27,13 @@ def provider():
 
 
 def _memory_param(m: Memory):
-    from kvx_conformance.buffers import memory_available
+    from kvx_conformance.abi.buffers import memory_available
 
     reason = None if m == Memory.HOST else memory_available(m)
     return pytest.param(m, id=m.name.lower(), marks=pytest.mark.skipif(reason is not None, reason=str(reason)))
 
 
-#: Host always; DEVICE (the CUDA backend, cuda/move_fp4.cu) where torch sees a GPU.
+#: Host always; DEVICE (the CUDA backend, cuda/move_fp4_*.cu) where torch sees a GPU.
 MEMORIES = [_memory_param(Memory.HOST), _memory_param(Memory.DEVICE)]
 
 

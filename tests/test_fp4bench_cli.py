@@ -1,10 +1,10 @@
-"""The FP4 bandwidth bench's command line (kvx_conformance/fp4bench.py): its selection
+"""The FP4 bandwidth bench's command line (kvx_conformance/bench/fp4bench.py): its selection
 options are checked before any GPU work, so a bad name fails in one line on any machine."""
 from __future__ import annotations
 
 import pytest
 
-from kvx_conformance import fp4bench
+from kvx_conformance.bench import fp4bench
 
 
 def test_unknown_format_is_a_one_line_usage_error(capsys):

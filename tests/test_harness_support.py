@@ -152,9 +152,9 @@ def write_suite(root: Path, files: dict[str, str]) -> Path:
 
 # ----------------------------------------------------------------------------- unit tests of the pure parts
 
-from kvx_conformance.claims import Claims, InputFileError, Waiver, load_claims, load_expectations  # noqa: E402
-from kvx_conformance.results import ResultsWriter, TestRecord, load_results, summarize  # noqa: E402
-from kvx_conformance.outcomes import PROFILES  # noqa: E402
+from kvx_conformance.results.claims import Claims, InputFileError, Waiver, load_claims, load_expectations  # noqa: E402
+from kvx_conformance.results.outcomes import PROFILES  # noqa: E402
+from kvx_conformance.results.record import ResultsWriter, TestRecord, load_results, summarize  # noqa: E402
 
 
 def _rec(id, outcome, level="required", profile="core", message=""):

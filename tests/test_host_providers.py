@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvx_conformance import native
+from kvx_conformance.abi import native
 
 FULL_RUN_BUDGET_S = 240  # a full default run of host_ok takes about 20 s on 2 loaded cores
 
@@ -129,9 +129,9 @@ def test_explicit_narrow_claim_names_the_profiles_not_claimed(tmp_path):
 def test_invalid_argument_refusal_of_strides_is_a_recommended_warning():
     """Spec 4.2 / 4.4 say the refusal SHOULD be UNSUPPORTED: refused with INVALID_ARGUMENT the
     test is still ``unsupported`` (accepted) but the warning shows in the profile and the run."""
-    from kvx_conformance.claims import Claims
-    from kvx_conformance.plugin import refusal_warning
-    from kvx_conformance.results import TestRecord, summarize
+    from kvx_conformance.results.claims import Claims
+    from kvx_conformance.harness.plugin import refusal_warning
+    from kvx_conformance.results.record import TestRecord, summarize
 
     w = refusal_warning("INVALID_ARGUMENT", ["noncanonical_strides"])
     assert w and "spec 4.2" in w and "SHOULD" in w
@@ -150,8 +150,8 @@ def test_invalid_argument_refusal_of_strides_is_a_recommended_warning():
 
 def test_served_needs_a_valid_call_served():
     """A profile whose only passing required tests check rejections is not served."""
-    from kvx_conformance.claims import Claims
-    from kvx_conformance.results import TestRecord, summarize
+    from kvx_conformance.results.claims import Claims
+    from kvx_conformance.results.record import TestRecord, summarize
 
     recs = [TestRecord("fp4.validate.f4_without_extension", "n1", "x", "required", "fp4", [], "fp4", "pass",
                        served_calls=0),

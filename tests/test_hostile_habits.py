@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvx_conformance import native
-from kvx_conformance.buffers import input_change
-from kvx_conformance.claims import Claims
-from kvx_conformance.preflight import run_preflight
-from kvx_conformance.results import TestRecord, merge_attempts, summarize
+from kvx_conformance.abi import native
+from kvx_conformance.abi.buffers import input_change
+from kvx_conformance.harness.preflight import run_preflight
+from kvx_conformance.results.claims import Claims
+from kvx_conformance.results.record import TestRecord, merge_attempts, summarize
 
 sys.path.insert(0, str(Path(__file__).parent))
 from schema_doc import undocumented  # noqa: E402
@@ -70,11 +70,11 @@ def test_input_change_names_first_element():
     ("modifies_slots", "write", "slots"),
 ])
 def test_executor_reports_changed_inputs(mutant, test, buffer):
-    from kvx_conformance import casebuild as cb
-    from kvx_conformance.checks import check_inputs
-    from kvx_conformance.execute import run_write
-    from kvx_conformance.loader import load_provider
-    from kvx_conformance.outcomes import ConformanceFailure
+    from kvx_conformance.cases import build as cb
+    from kvx_conformance.cases.checks import check_inputs
+    from kvx_conformance.cases.execute import run_write
+    from kvx_conformance.abi.loader import load_provider
+    from kvx_conformance.results.outcomes import ConformanceFailure
 
     prov = load_provider(_lib("mutant", mutant))
     case = cb.write_case(cb.simple_cache(cb.GEOM, "nhd", cb.DType.F16, seed=1), [3, 5, 9], seed=2)

@@ -23,13 +23,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvx_conformance import buffers, casebuild as cb, execute, native, reference_impl
-from kvx_conformance.abi import DType, Memory
-from kvx_conformance.cases import Result
-from kvx_conformance.checks import check_arrays, verify_write
-from kvx_conformance.dtypes import bits_view
-from kvx_conformance.loader import load_provider
-from kvx_conformance.outcomes import ConformanceFailure
+from kvx_conformance import reference_impl
+from kvx_conformance.abi import buffers, native
+from kvx_conformance.abi.dtypes import bits_view
+from kvx_conformance.abi.header import DType, Memory
+from kvx_conformance.abi.loader import load_provider
+from kvx_conformance.cases import build as cb, execute
+from kvx_conformance.cases.case import Result
+from kvx_conformance.cases.checks import check_arrays, verify_write
+from kvx_conformance.results.outcomes import ConformanceFailure
 
 SEED = 2601
 G = cb.GEOM

@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from kvx_conformance import buffers, cli, native
-from kvx_conformance.abi import Memory
+from kvx_conformance import cli
+from kvx_conformance.abi import buffers, native
+from kvx_conformance.abi.header import Memory
 from kvx_conformance.model import INSTALL_HINT, model_unavailable
 from kvx_conformance.model.cli import EXIT_MEMORY_UNAVAILABLE, EXIT_MODEL_UNAVAILABLE
 from kvx_conformance.model.threads import blas_threads
@@ -60,7 +61,7 @@ def test_output_dir_writes_json_and_html(capsys, tmp_path):
 
 
 def test_add_to_puts_the_section_in_the_report(capsys, tmp_path):
-    from kvx_conformance.results import ResultsWriter
+    from kvx_conformance.results.record import ResultsWriter
 
     header = {"harness": {"name": "kvx-conform", "version": "0"},
               "provider": {"path": "/x/libp.so", "sha256": "0" * 64, "abi_version": "1.2.0"},
@@ -121,7 +122,7 @@ def test_device_fault_in_one_format_is_recorded_and_the_others_run(capsys, monke
     fake checker, which also makes the command run each format in its own process) gets a
     row without figures; the other formats are computed; the exit status is 1. When the
     faulting format is the BF16 baseline, nothing is compared with it."""
-    from kvx_conformance import health
+    from kvx_conformance.abi import health
 
     monkeypatch.setenv(health.FAKE_ENV, f"kvx_gather_kv:model-eval/{faulting}")
     code, out, err = _run(capsys, "--synthetic", "--tokens", "8", "--json", "--formats", "BF16,FP8-E4M3,MXFP4",

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from kvx_conformance import native
+from kvx_conformance.abi import native
 from kvx_conformance.model import format_table, model_unavailable, run_model_eval
 from kvx_conformance.model.threads import blas_threads
 
@@ -29,7 +29,7 @@ def _one_blas_thread():
 
 
 def _minor() -> int:
-    from kvx_conformance.loader import load_provider
+    from kvx_conformance.abi.loader import load_provider
     from kvx_conformance.model.paged_kv import provider_minor
 
     return provider_minor(load_provider(native.reference_provider()))

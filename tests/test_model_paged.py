@@ -18,13 +18,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import buffers, native
-from kvx_conformance.abi import Memory
-from kvx_conformance.loader import load_provider
+from kvx_conformance.abi import buffers, native
+from kvx_conformance.abi.header import Memory
+from kvx_conformance.abi.loader import load_provider
+from kvx_conformance.adapters.block_manager import BlockManager
 from kvx_conformance.model import INSTALL_HINT, model_unavailable, tokenizer, weights
 from kvx_conformance.model.decoder import Decoder, log_softmax
 from kvx_conformance.model.kv_store import FORMATS, ContiguousKVStore
-from kvx_conformance.block_manager import BlockManager
 from kvx_conformance.model.paged_kv import PagedKVStore, blocks_needed, provider_minor
 from kvx_conformance.model.text import eval_text
 from kvx_conformance.model.threads import blas_threads

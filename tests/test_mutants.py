@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvx_conformance import native
-from kvx_conformance.mutants import read_mutants_txt, render_matrix
+from kvx_conformance.abi import native
+from kvx_conformance.harness.mutants import read_mutants_txt, render_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLERS = ROOT / "tests" / "data" / "killers.json"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType, Layout
-from kvx_conformance.descriptors import Geometry, cache_layout
+from kvx_conformance.abi.descriptors import Geometry, cache_layout
+from kvx_conformance.abi.header import DType, Layout
 from kvx_conformance.reference_impl.addressing import cache_offsets, farthest_offset, io_offsets, pool_offsets
 
 G = Geometry(num_blocks=3, block_size=4, num_kv_heads=2, head_dim=8)

@@ -5,8 +5,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType
-from kvx_conformance.dtypes import bits_view
+from kvx_conformance.abi.dtypes import bits_view
+from kvx_conformance.abi.header import DType
 from kvx_conformance.reference_impl import convert
 
 
@@ -43,7 +43,7 @@ def test_overflow_to_inf_for_f16_and_bf16():
 @pytest.mark.parametrize("dst", [DType.F16, DType.BF16, DType.F32])
 def test_baseline_pairs_go_through_fp32(src, dst):
     rng = np.random.default_rng(int(src) * 10 + int(dst))
-    from kvx_conformance.generators import random_finite
+    from kvx_conformance.cases.generators import random_finite
 
     x = random_finite(rng, src, 5000)
     got = convert.convert(x, src, dst)
@@ -110,7 +110,7 @@ def test_fp8_quantize_divides_not_multiplies_by_reciprocal():
 def test_fp8_from_f16_and_bf16_matches_ml_dtypes():
     rng = np.random.default_rng(3)
     for src in (DType.F16, DType.BF16):
-        from kvx_conformance.generators import random_finite
+        from kvx_conformance.cases.generators import random_finite
 
         x = random_finite(rng, src, 5000)
         for dst in (DType.F8_E4M3, DType.F8_E5M2):

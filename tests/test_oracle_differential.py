@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import generators
-from kvx_conformance.abi import Status
-from kvx_conformance.cases import GatherCase, Result, WriteCase
-from kvx_conformance.dtypes import bits_view
-from kvx_conformance.execute import run_gather, run_validate, run_write
-from kvx_conformance.loader import status_name
+from kvx_conformance.abi.dtypes import bits_view
+from kvx_conformance.abi.header import Status
+from kvx_conformance.abi.loader import status_name
+from kvx_conformance.cases import generators
+from kvx_conformance.cases.case import GatherCase, Result, WriteCase
+from kvx_conformance.cases.execute import run_gather, run_validate, run_write
 from kvx_conformance.reference_impl import RULES, expected
 
 from difftools import compare  # tests/difftools.py
@@ -38,8 +38,8 @@ STREAM = {"write": 101, "gather": 202, "validate": 303}
 
 @pytest.fixture(scope="module")
 def provider():
-    from kvx_conformance.loader import load_provider
-    from kvx_conformance.native import NativeBuildMissing, reference_provider
+    from kvx_conformance.abi.loader import load_provider
+    from kvx_conformance.abi.native import NativeBuildMissing, reference_provider
 
     try:
         path = reference_provider()

@@ -15,9 +15,9 @@ import ctypes
 import numpy as np
 import pytest
 
-from kvx_conformance import execute, generators
-from kvx_conformance.abi import Status
-from kvx_conformance.cases import GatherCase, ValidateCase, WriteCase
+from kvx_conformance.abi.header import Status
+from kvx_conformance.cases import execute, generators
+from kvx_conformance.cases.case import GatherCase, ValidateCase, WriteCase
 from kvx_conformance.reference_impl import RULES, expected, violations
 from kvx_conformance.reference_impl.cview import gather_view, validate_view, write_view
 

@@ -8,10 +8,18 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from kvx_conformance.abi import DType, Layout, ScaleGranularity, Status
-from kvx_conformance.cases import CacheCase, GatherCase, PoolCase, WriteCase
-from kvx_conformance.descriptors import BlockTable, Geometry, IOLayout, ScaleSpec, SeqLens, SlotMapping, cache_layout
-from kvx_conformance.dtypes import bits_view
+from kvx_conformance.abi.descriptors import (
+    BlockTable,
+    Geometry,
+    IOLayout,
+    ScaleSpec,
+    SeqLens,
+    SlotMapping,
+    cache_layout,
+)
+from kvx_conformance.abi.dtypes import bits_view
+from kvx_conformance.abi.header import DType, Layout, ScaleGranularity, Status
+from kvx_conformance.cases.case import CacheCase, GatherCase, PoolCase, WriteCase
 from kvx_conformance.reference_impl import expected_gather, expected_write
 
 POISON = -7.0

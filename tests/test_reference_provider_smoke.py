@@ -15,13 +15,24 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kvx_conformance import abi, native
-from kvx_conformance.abi import DType, Layout, Memory, Status
-from kvx_conformance.descriptors import (
-    BlockTable, Geometry, IOLayout, SeqLens, SlotMapping, TensorLayout, cache_layout,
-    to_c_cache, to_c_io, to_c_scale, to_c_seq_lens, to_c_slots, to_c_table,
+from kvx_conformance.abi import header as abi, native
+from kvx_conformance.abi.descriptors import (
+    BlockTable,
+    Geometry,
+    IOLayout,
+    SeqLens,
+    SlotMapping,
+    TensorLayout,
+    cache_layout,
+    to_c_cache,
+    to_c_io,
+    to_c_scale,
+    to_c_seq_lens,
+    to_c_slots,
+    to_c_table,
 )
-from kvx_conformance.dtypes import bits_view, np_dtype
+from kvx_conformance.abi.dtypes import bits_view, np_dtype
+from kvx_conformance.abi.header import DType, Layout, Memory, Status
 
 GEOM = Geometry(num_blocks=3, block_size=4, num_kv_heads=2, head_dim=4)
 SEED = 20240611

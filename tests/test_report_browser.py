@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvx_conformance import native
-from kvx_conformance.certificate import suite_root
+from kvx_conformance.abi import native
+from kvx_conformance.results.certificate import suite_root
 
 sys.path.insert(0, str(Path(__file__).parent))
 from browser import chromium, open_headless  # noqa: E402

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kvx_conformance import casebuild as cb, generators as gen, strategies as strat
-from kvx_conformance.checks import refusable_features
-from kvx_conformance.served import PROBED
+from kvx_conformance.cases import build as cb, generators as gen, strategies as strat
+from kvx_conformance.cases.checks import refusable_features
+from kvx_conformance.cases.served import PROBED
 
 HERE = Path(__file__).parent
 #: a declared feature that needs another one

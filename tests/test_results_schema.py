@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvx_conformance.certificate import CERTIFICATE_SCHEMA, suite_root
-from kvx_conformance.results import SCHEMA_VERSION, TestRecord
+from kvx_conformance.results.certificate import CERTIFICATE_SCHEMA, suite_root
+from kvx_conformance.results.record import SCHEMA_VERSION, TestRecord
 
 sys.path.insert(0, str(Path(__file__).parent))
 from schema_doc import DOC, documented, undocumented  # noqa: E402
@@ -50,7 +50,7 @@ def test_real_run_keys_documented(tmp_path):
 
 
 def test_profiles_and_features_named_in_the_docs():
-    from kvx_conformance.outcomes import OPTIONAL_FEATURES, PROFILES
+    from kvx_conformance.results.outcomes import OPTIONAL_FEATURES, PROFILES
 
     schema = DOC.read_text(encoding="utf-8")
     claims = (DOC.parent / "claims-and-expectations.md").read_text(encoding="utf-8")

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from kvx_conformance import gpus, shards
-from kvx_conformance.compare_results import compare_results
-from kvx_conformance.loader import EXIT_MERGE_REFUSED
+from kvx_conformance.abi import gpus
+from kvx_conformance.abi.loader import EXIT_MERGE_REFUSED
+from kvx_conformance.results import shards
+from kvx_conformance.results.compare import compare_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +95,7 @@ def test_replaced_worker_takes_the_freed_gpu():
 
 
 def test_run_gpu_plan():
-    from kvx_conformance.scale import plan_gpus
+    from kvx_conformance.harness.scale import plan_gpus
 
     ns = lambda **kw: argparse.Namespace(**{"gpus": None, "workers": None, **kw})  # noqa: E731
     env8 = {"torch": {"gpu_count": 8}}
@@ -162,7 +163,7 @@ def test_bench_split_and_join():
 
 SUITE = '''
 import json, os, pytest
-from kvx_conformance.outcomes import conformance
+from kvx_conformance.results.outcomes import conformance
 
 @conformance("bind.probe", "spec 7", "required", "core")
 @pytest.mark.parametrize("i", range(6))
@@ -315,7 +316,7 @@ def _merge_refuses_overlap_and_other_settings(runs, tmp_path):
 
 
 def _merge_refuses_a_shard_of_another_provider(runs, tmp_path):
-    from kvx_conformance.native import mutant_provider
+    from kvx_conformance.abi.native import mutant_provider
 
     _, _, parts = runs
     other = tmp_path / "mutant-part2"

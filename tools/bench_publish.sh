@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,cl
 t0=$SECONDS
 CMAKE_BUILD_PARALLEL_LEVEL=16 $PY -m pip install -q --no-build-isolation --no-deps -e . -C build-dir=/tmp/kvx-bench-build \
   >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "build: $((SECONDS - t0)) s; CUDA: $($PY -c 'from kvx_conformance import native; print(native.have_cuda())')"
+echo "build: $((SECONDS - t0)) s; CUDA: $($PY -c 'from kvx_conformance.abi import native; print(native.have_cuda())')"
 rc=0
 for i in 1 2; do
   t1=$SECONDS

@@ -24,12 +24,12 @@ import numpy as np
 def main() -> int:
     import torch
 
-    from kvx_conformance import casebuild as cb
-    from kvx_conformance.abi import DType, Memory, Status
-    from kvx_conformance.descriptors import Geometry
-    from kvx_conformance.execute import CallOptions, run_gather, run_write
-    from kvx_conformance.loader import load_provider
-    from kvx_conformance.native import reference_provider
+    from kvx_conformance.cases import build as cb
+    from kvx_conformance.abi.header import DType, Memory, Status
+    from kvx_conformance.abi.descriptors import Geometry
+    from kvx_conformance.cases.execute import CallOptions, run_gather, run_write
+    from kvx_conformance.abi.loader import load_provider
+    from kvx_conformance.abi.native import reference_provider
     from kvx_conformance.reference_impl import expected
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -56,7 +56,7 @@ if [ -n "${E4M3CHECK:-}" ]; then
 fi
 for b in ${BUILDS:-fp4}; do
   echo "=== fp4bench build/$b $(date -u +%T)"
-  KVX_CONFORM_NATIVE_DIR=build/$b/native timeout 150 python3 -m kvx_conformance.fp4bench \
+  KVX_CONFORM_NATIVE_DIR=build/$b/native timeout 150 python3 -m kvx_conformance.bench.fp4bench \
     build/$b/native/libkvx_reference.so --json $OUT/fp4bench_$b.json > /tmp/bench_$b.log 2>&1
   echo "exit $?"; tail -10 /tmp/bench_$b.log
 done
@@ -85,9 +85,9 @@ KVX_CONFORM_NATIVE_DIR=build/$b/native timeout 200 python3 - <<'PY'
 import os, sys
 sys.path.insert(0, "tests")
 from test_fp4_fuzz import _case
-from kvx_conformance import native
-from kvx_conformance.abi import Memory
-from kvx_conformance.loader import load_provider
+from kvx_conformance.abi import native
+from kvx_conformance.abi.header import Memory
+from kvx_conformance.abi.loader import load_provider
 prov = load_provider(native.reference_provider())
 n = int(os.environ["EXTRA_FUZZ"]); bad = []
 for seed in range(60, 60 + n):

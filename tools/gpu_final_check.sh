@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 mkdir -p kvx_conformance/_native && echo "HAVE_CUDA = True" > kvx_conformance/_native/__init__.py
 ln -sfn ../reference_impl kvx_conformance/reference_impl; ln -sfn ../suites kvx_conformance/suites
 export PYTHONPATH=$PWD KVX_CONFORM_NATIVE_DIR=$N
-python3 -c "import kvx_conformance, torch; from kvx_conformance import native; print(kvx_conformance.__file__, torch.__version__, native.have_cuda())"
+python3 -c "import kvx_conformance, torch; from kvx_conformance.abi import native; print(kvx_conformance.__file__, torch.__version__, native.have_cuda())"
 summ() { python3 - "$1" <<'PY'
 import json, sys, collections
 r = json.load(open(sys.argv[1])); t = r["tests"]
@@ -54,6 +54,6 @@ echo "=== tools/cuda_perf.py (decode-sized calls through ctypes) $(date -u +%T)"
 timeout 120 python3 tools/cuda_perf.py --provider $N/libkvx_reference.so > $OUT/cuda_perf.txt 2>&1
 echo "exit $? after $((SECONDS-t0)) s"; tail -12 $OUT/cuda_perf.txt
 echo "=== fp4bench $(date -u +%T)"; t0=$SECONDS
-timeout 200 python3 -m kvx_conformance.fp4bench $N/libkvx_reference.so --json $OUT/fp4bench.json > /tmp/fp4bench.log 2>&1
+timeout 200 python3 -m kvx_conformance.bench.fp4bench $N/libkvx_reference.so --json $OUT/fp4bench.json > /tmp/fp4bench.log 2>&1
 echo "exit $? after $((SECONDS-t0)) s"; tail -12 /tmp/fp4bench.log
 echo "=== done $(date -u +%T)"

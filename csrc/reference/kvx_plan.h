@@ -53,7 +53,7 @@ struct ScalePlan {
   const float* ptr;
 };
 
-/* KVX 1.2 FP4 cache (fp4.h, host_fp4.cpp, cuda/move_fp4.cu). format 0: not
+/* KVX 1.2 FP4 cache (fp4.h, host_fp4.cpp, cuda/move_fp4_*.cu). format 0: not
  * an FP4 cache, everything else here unused. Data tensors (k_cache/v_cache of
  * the plan, dtype F4_E2M1) are addressed in nibbles: element offset o lives in
  * byte o / 2, low nibble when o is even (the front end guarantees s_dim_outer
@@ -124,7 +124,7 @@ kvx_status_t host_prescan_gather(const GatherPlan& plan);
 bool cuda_available();
 kvx_status_t cuda_write(const WritePlan& plan, void* stream);
 kvx_status_t cuda_gather(const GatherPlan& plan, void* stream);
-/* FP4 on CUDA (cuda/move_fp4.cu; UNSUPPORTED in cuda_stub.cpp). */
+/* FP4 on CUDA (cuda/move_fp4_*.cu; UNSUPPORTED in cuda_stub.cpp). */
 kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream);
 kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream);
 

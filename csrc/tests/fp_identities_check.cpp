@@ -5,10 +5,10 @@
  *   1. Markstein's division: q0 = RN(x r), q = RN(q0 + (x - q0 s) r) with
  *      r = RN(1/s) equals RN(x / s) (cuda/move.cuh exact_div_rcp, and for s > 0
  *      exact_div_rcp_pos, which forms the residual negated and needs no sign fix-up;
- *      move_fp4.cu encode_block); checked for every x significand in two binades (both signs)
+ *      move_fp4.cuh encode_block); checked for every x significand in two binades (both signs)
  *      against special and random divisor significands at two exponents;
  *      x = +-0 included (the kernel takes the sign of x r with copysignf);
- *   2. the integer E2M1 rounding of move_fp4.cu (e2m1_code) equals fp4.h's
+ *   2. the integer E2M1 rounding of move_fp4.cuh (e2m1_code) equals fp4.h's
  *      f32_to_e2m1 for every non-NaN FP32 input (all 2^32 patterns);
  *   3. the packed range tests of move_kernels.cuh (TF16 / TBF16 div_ok_words, with
  *      the 16x2 integer max / min) equal the per-element div_ok for every 16-bit

@@ -37,9 +37,9 @@ do_install() {
   echo "pip install -e . took $((SECONDS - t0)) s"
   cmake --build $B --target kvx_cuda_vs_host kvx_cuda_bench -j 16 >"$LOG/build_tests.log" 2>&1
   note $? "building the test drivers" || tail -30 "$LOG/build_tests.log"
-  $PY -c "from kvx_conformance import native; print('HAVE_CUDA', native.have_cuda(), native.reference_provider())"
+  $PY -c "from kvx_conformance.abi import native; print('HAVE_CUDA', native.have_cuda(), native.reference_provider())"
   local lib
-  lib=$($PY -c "from kvx_conformance import native; print(native.reference_provider())")
+  lib=$($PY -c "from kvx_conformance.abi import native; print(native.reference_provider())")
   cuobjdump --list-elf --list-ptx "$lib" | sed 's/.*\.\(sm_[0-9a-z]*\)\.\(cubin\|ptx\)/\1 \2/' | sort | uniq -c
 }
 

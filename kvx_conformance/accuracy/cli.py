@@ -47,8 +47,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..abi import Memory
-    from ..loader import ProviderLoadError, load_provider
+    from ..abi.header import Memory
+    from ..abi.loader import ProviderLoadError, load_provider
     from . import ProviderAccuracyError, format_table, run_accuracy
 
     provider = None
@@ -60,8 +60,8 @@ def main(args: argparse.Namespace) -> int:
             return e.exit_code
     memory = Memory[args.memory.upper()]
     if memory != Memory.HOST:
-        from ..buffers import memory_available
-        from ..loader import EXIT_MEMORY_UNAVAILABLE
+        from ..abi.buffers import memory_available
+        from ..abi.loader import EXIT_MEMORY_UNAVAILABLE
 
         reason = memory_available(memory)
         if reason:
@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             results = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            from ..loader import EXIT_BAD_INPUT_FILE
+            from ..abi.loader import EXIT_BAD_INPUT_FILE
 
             print(f"kvx-conform: cannot read {path}: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT_FILE

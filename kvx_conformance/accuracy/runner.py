@@ -83,8 +83,8 @@ def provider_roundtrip(provider: Any, method_name: str, x: np.ndarray, memory: A
     cache (the caller falls back to the oracle) and :class:`ProviderAccuracyError` for a
     provider that answers anything but OK or UNSUPPORTED.
     """
-    from .. import fp4exec as fx
-    from ..abi import DType, Memory, Status
+    from ..cases import fp4 as fx
+    from ..abi.header import DType, Memory, Status
     from ..reference_impl import fp4 as oracle_fp4
 
     fmt_name = PROVIDER_FORMATS.get(method_name)
@@ -222,7 +222,7 @@ def _rows_for(
 
 def _isolated_setup(provider_path: str) -> Any:
     """The state of one case process (isolation.isolated_map): the provider."""
-    from ..loader import load_provider
+    from ..abi.loader import load_provider
 
     return load_provider(provider_path)
 
@@ -230,7 +230,7 @@ def _isolated_setup(provider_path: str) -> Any:
 def _isolated_roundtrip(provider: Any, item: tuple) -> dict:
     """One FP4 method on one distribution through the provider, in the case process: K and V
     written and gathered back (``{"k", "v"}``), or why the provider does not store it."""
-    from .. import health
+    from ..abi import health
 
     method, dist, cfg, memory = item
     health.set_test(f"accuracy/{method}/{dist}")  # what the fake checker's pattern matches
@@ -247,10 +247,10 @@ def _isolated_roundtrip(provider: Any, item: tuple) -> dict:
 
 def _run_isolated(provider: Any, cfg: BenchConfig, memory: Any) -> list[dict]:
     """run_accuracy's provider rows with each (FP4 method, distribution) in a case process
-    (:func:`~kvx_conformance.isolation.isolated_map`): a round trip whose provider call
+    (:func:`~kvx_conformance.cases.isolation.isolated_map`): a round trip whose provider call
     leaves a device fault or crashes is recorded in its row (``device_fault`` / ``crash``,
     ``error``, no figures) and a fresh process runs the rest."""
-    from ..isolation import failure, isolated_map
+    from ..cases.isolation import failure, isolated_map
 
     items = [(name, dist, cfg, memory) for dist in DISTRIBUTIONS for name in PROVIDER_FORMATS]
     outs = isolated_map(_isolated_roundtrip, items, setup=_isolated_setup, setup_args=(str(provider.path),),
@@ -297,8 +297,8 @@ def run_accuracy(provider: Any = None, quick: bool = False, config: BenchConfig 
     keys are None), and the other rows are measured.
     """
     cfg = config or (QUICK if quick else FULL)
-    from ..abi import Memory
-    from ..isolation import wanted
+    from ..abi.header import Memory
+    from ..cases.isolation import wanted
 
     if provider is not None and wanted(memory is not None and Memory(memory) != Memory.HOST):
         return _run_isolated(provider, cfg, memory)

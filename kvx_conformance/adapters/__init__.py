@@ -2,7 +2,7 @@
 
 One module per engine (``vllm``, ``tgi``, ``trtllm``, ``flashinfer``, ``ppl``); each
 returns :class:`AdaptedCache` bundles and descriptor objects of
-:mod:`kvx_conformance.descriptors`, and raises :class:`AdapterError` for what KVX
+:mod:`kvx_conformance.abi.descriptors`, and raises :class:`AdapterError` for what KVX
 v1.1 cannot express. ``docs/adapters.md`` maps every engine concept.
 """
 from . import flashinfer, ppl, tgi, trtllm, vllm

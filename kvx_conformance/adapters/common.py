@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import abi
-from ..abi import DType, Memory
-from ..cases import CacheCase, GatherCase, PoolCase, WriteCase
-from ..descriptors import BlockTable, Geometry, IOLayout, SeqLens, SlotMapping, TensorLayout, to_c_cache
-from ..dtypes import np_dtype
+from ..abi import header as abi
+from ..abi.descriptors import BlockTable, Geometry, IOLayout, SeqLens, SlotMapping, TensorLayout, to_c_cache
+from ..abi.dtypes import np_dtype
+from ..abi.header import DType, Memory
+from ..cases.case import CacheCase, GatherCase, PoolCase, WriteCase
 
 
 class AdapterError(ValueError):

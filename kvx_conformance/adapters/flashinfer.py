@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import DType, Layout, TableFormat
-from ..descriptors import BlockTable, Geometry, SeqLens, TensorLayout
+from ..abi.descriptors import BlockTable, Geometry, SeqLens, TensorLayout
+from ..abi.header import DType, Layout, TableFormat
 from .common import AdaptedCache, AdapterError, array_info, cache_dtype, per_token_blocks, ragged_table, to_numpy
 
 

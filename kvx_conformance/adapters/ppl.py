@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import DType, Layout
-from ..descriptors import BlockTable, Geometry, IOLayout, SeqLens, SlotMapping, TensorLayout
+from ..abi.descriptors import BlockTable, Geometry, IOLayout, SeqLens, SlotMapping, TensorLayout
+from ..abi.header import DType, Layout
 from .common import AdaptedCache, AdapterError, array_info, cache_dtype, to_numpy
 
 #: cache_layout -> (axis order of the 5-D ``cache`` in names, as the seed lists it)

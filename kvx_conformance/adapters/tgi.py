@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import DType, Layout, TableFormat
-from ..descriptors import BlockTable, Geometry, SeqLens, SlotMapping, TensorLayout
+from ..abi.descriptors import BlockTable, Geometry, SeqLens, SlotMapping, TensorLayout
+from ..abi.header import DType, Layout, TableFormat
 from . import vllm as _vllm
 from .common import AdaptedCache, AdapterError, array_info, cache_dtype, index_dtype, ragged_table, to_numpy
 

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..abi import DType, Layout
-from ..descriptors import BlockTable, Geometry, TensorLayout, contiguous_strides
+from ..abi.descriptors import BlockTable, Geometry, TensorLayout, contiguous_strides
+from ..abi.header import DType, Layout
 from .common import AdaptedCache, AdapterError, PoolRef, array_info, cache_dtype, is_power_of_two, to_numpy
 
 SECONDARY_BIT = 0x80000000

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import DType, Layout
-from ..descriptors import BlockTable, Geometry, SeqLens, SlotMapping, TensorLayout
+from ..abi.descriptors import BlockTable, Geometry, SeqLens, SlotMapping, TensorLayout
+from ..abi.header import DType, Layout
 from .common import AdaptedCache, AdapterError, array_info, cache_dtype, index_dtype, to_numpy
 
 PAD_SLOT_ID = -1

@@ -72,8 +72,8 @@ def resolve_memory(requested: str) -> tuple[str | None, str | None]:
 
 
 def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, dict | None]:
-    from ..claims import InputFileError, load_claims
-    from ..loader import ProviderLoadError, load_provider
+    from ..results.claims import InputFileError, load_claims
+    from ..abi.loader import ProviderLoadError, load_provider
     from .report import write_report
     from .run import decode_table, results_document, run_device, run_host, write_json
 
@@ -168,7 +168,7 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
 
 def _gpu_split(args: argparse.Namespace, memory: str):
     """(gpus, visible names) for a split run, None to run here (one GPU: GPU 0), or an error line."""
-    from ..gpus import GpuSpecError, parse_gpus, visible_devices
+    from ..abi.gpus import GpuSpecError, parse_gpus, visible_devices
 
     import torch
 
@@ -184,7 +184,7 @@ def _gpu_split(args: argparse.Namespace, memory: str):
 
 
 def _bundled() -> str | None:
-    from ..runner import default_provider
+    from ..abi.native import default_provider
 
     return default_provider()
 

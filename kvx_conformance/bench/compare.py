@@ -3,7 +3,7 @@
 Given two conformance results.json files instead (kind kvx-conform-results), it lists the
 tests that changed by id (newly failing, newly passing, flaky, changed, added, removed) and
 exits 1 when a test that passed in BASE now fails, crashes, times out or errors, or a
-required test that passed does not pass any more (kvx_conformance/compare_results.py).
+required test that passed does not pass any more (kvx_conformance/results/compare.py).
 
 Cases are matched by id. ``--max-regression PCT`` fails (exit 1) when a case's
 bandwidth dropped by more than PCT percent; ``--fail-below PCT`` fails when a case of
@@ -121,7 +121,7 @@ class CompareCommand:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        from ..compare_results import is_conformance_results, main as compare_conformance
+        from ..results.compare import is_conformance_results, main as compare_conformance
 
         kinds = [is_conformance_results(p) for p in (args.base, args.new)]
         if all(kinds):

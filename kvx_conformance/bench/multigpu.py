@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import gpus as _gpus
-from ..shards import partition
+from ..abi import gpus as _gpus
+from ..results.shards import partition
 
 #: bytes-equivalent of the fixed cost of one case (setup, warm-up, oracle check)
 CASE_OVERHEAD_BYTES = 64e6

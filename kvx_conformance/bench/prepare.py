@@ -1,14 +1,14 @@
 """Place a benchmark case in memory: descriptors, buffers, rotated input sets, and checks.
 
 A :class:`Prepared` case holds the ctypes structs of the call (built with
-:mod:`kvx_conformance.descriptors`, the same layer the conformance suites use), the
+:mod:`kvx_conformance.abi.descriptors`, the same layer the conformance suites use), the
 buffers behind them, ``nsets`` input sets that the timing loops rotate through (so
 small calls do not time the cache of the previous call), and ``verify()``, which
 holds what the timed calls left in memory against the numpy oracle
-(:mod:`kvx_conformance.reference_impl`) through :mod:`kvx_conformance.cases`.
+(:mod:`kvx_conformance.reference_impl`) through :mod:`kvx_conformance.cases.case`.
 
 Memory backends: ``host`` (numpy), ``device`` (torch CUDA tensors), ``unified``
-(``cudaMallocManaged`` through :mod:`kvx_conformance.buffers`).
+(``cudaMallocManaged`` through :mod:`kvx_conformance.abi.buffers`).
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import abi
-from .. import descriptors as d
-from ..abi import DType, Memory, TableFormat
-from ..cases import CacheCase, GatherCase, PoolCase, WriteCase
-from ..dtypes import bits_view, np_dtype
+from ..abi import header as abi
+from ..abi import descriptors as d
+from ..abi.dtypes import bits_view, np_dtype
+from ..abi.header import DType, Memory, TableFormat
+from ..cases.case import CacheCase, GatherCase, PoolCase, WriteCase
 from .sweep import DTYPES, LAYOUTS, BenchCase
 
 #: NVFP4 writes: the per-tensor global scale of K and V (docs/fp4.md)
@@ -79,7 +79,7 @@ class UnifiedMem(HostMem):
         self.keep: list = []
 
     def _alloc(self, a: np.ndarray):
-        from ..buffers import UnifiedBuffer
+        from ..abi.buffers import UnifiedBuffer
 
         a = np.ascontiguousarray(a)
         buf = UnifiedBuffer(max(a.nbytes, 1), "bench")
@@ -106,7 +106,7 @@ class UnifiedMem(HostMem):
         return super().take(a, shape, ids, dtype)
 
     def sync(self):
-        from ..buffers import _Cudart
+        from ..abi.buffers import _Cudart
 
         _Cudart.lib().cudaDeviceSynchronize()
 
@@ -295,7 +295,7 @@ class Prepared:
 
     def _verify_fp4(self, picks) -> dict:
         """FP4 writes: the written rows' codes and block scales against the oracle's encoding of the IO rows."""
-        from .. import fp4exec as fx
+        from ..cases import fp4 as fx
 
         c = self.case
         fmt = FP4_FORMATS[c.dtype]
@@ -463,7 +463,7 @@ FP4_FORMATS = {"nvfp4": abi.Fp4Format.NVFP4, "mxfp4": abi.Fp4Format.MXFP4}
 def _prepare_fp4(c: BenchCase, mem, seed: int) -> Prepared:
     """A KVX 1.2 FP4 write (docs/fp4.md): code and block-scale pools of the case's layout (NHD or
     HND), IO rows of ``c.io``, random distinct slots; one input set (decode) or enough to rotate."""
-    from .. import fp4exec as fx
+    from ..cases import fp4 as fx
 
     if c.layout not in ("nhd", "hnd"):
         raise ValueError(f"FP4 caches are NHD or HND, not {c.layout}")

@@ -95,7 +95,7 @@ def environment(memory: str) -> dict:
 def provider_info(path: str | None) -> dict | None:
     if not path:
         return None
-    from ..loader import load_provider
+    from ..abi.loader import load_provider
 
     p = load_provider(path)
     return {"path": str(p.path), "name": p.path.name, "sha256": p.sha256, "abi_version": str(p.version())}
@@ -167,7 +167,7 @@ def _device_setup(provider_path: str, reference_path: str | None, repeats: int, 
     """The state of one case process (isolation.isolated_map): providers, timer, L2 size."""
     import torch
 
-    from ..loader import load_provider
+    from ..abi.loader import load_provider
     from .timing import DeviceTimer
 
     provider = load_provider(provider_path)
@@ -248,10 +248,10 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
     """Time every case on device/unified memory. ``partial``: a JSON-lines file that gets each
     case's record as it finishes (what is left if the run is cut short).
 
-    The cases run in a child process (:func:`~kvx_conformance.isolation.isolated_map`): a case
+    The cases run in a child process (:func:`~kvx_conformance.cases.isolation.isolated_map`): a case
     whose provider call leaves a device fault (or crashes) is recorded as such and a fresh
     process times the rest."""
-    from ..isolation import isolated_map
+    from ..cases.isolation import isolated_map
     from .timing import device_copy_roofline
 
     t0 = time.monotonic()

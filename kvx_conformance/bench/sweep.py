@@ -26,7 +26,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..abi import DTYPE_SIZE, DType, Layout
+from ..abi.header import DTYPE_SIZE, DType, Layout
 
 DTYPES: dict[str, DType] = {
     "f16": DType.F16, "bf16": DType.BF16, "f32": DType.F32,

@@ -103,9 +103,9 @@ class ModelEvalCommand:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        from ..abi import Memory
-        from ..buffers import memory_available
-        from ..loader import EXIT_NOT_FOUND, ProviderLoadError
+        from ..abi.header import Memory
+        from ..abi.buffers import memory_available
+        from ..abi.loader import EXIT_NOT_FOUND, ProviderLoadError
         from . import model_unavailable
         from .paged_kv import ProviderCallError
 
@@ -120,7 +120,7 @@ class ModelEvalCommand:
             return EXIT_MEMORY_UNAVAILABLE
         provider = args.provider
         if provider is None:
-            from ..native import NativeBuildMissing, reference_provider
+            from ..abi.native import NativeBuildMissing, reference_provider
 
             try:
                 provider = reference_provider()
@@ -158,7 +158,7 @@ class ModelEvalCommand:
             written = write_outputs(rows, Path(args.output_dir))
             print("model-eval: wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
         if args.add_to:
-            from ..loader import EXIT_BAD_INPUT_FILE
+            from ..abi.loader import EXIT_BAD_INPUT_FILE
             from .report import add_to_results
 
             try:

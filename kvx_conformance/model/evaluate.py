@@ -57,7 +57,7 @@ def _run(store, weights, ids: np.ndarray, chunk: int) -> np.ndarray:
 def score_format(provider, fmt, ids: np.ndarray, chunk: int = CHUNK, seed: int = 0, weights=None,
                  memory="host", fp4_path: str = "auto") -> tuple[np.ndarray, PagedKVStore]:
     """Logits ``[len(ids), vocab]`` with K/V through a paged cache, and the store used."""
-    from ..abi import Memory
+    from ..abi.header import Memory
 
     if weights is None:
         from .weights import load_weights
@@ -89,7 +89,7 @@ def _score_entry(provider, weights, ids: np.ndarray, name: str, chunk: int, memo
 def _isolated_setup(provider_path: str, synthetic: bool, ids: np.ndarray, chunk: int, memory: str, fp4_path: str,
                     check: bool) -> dict:
     """The state of one format process (isolation.isolated_map): provider, weights, tokens."""
-    from ..loader import load_provider
+    from ..abi.loader import load_provider
 
     if synthetic:
         from .weights import synthetic_weights
@@ -106,7 +106,7 @@ def _isolated_setup(provider_path: str, synthetic: bool, ids: np.ndarray, chunk:
 def _isolated_format(state: dict, name: str) -> dict:
     """One cache format in the format process; a refused or failed provider call comes back as
     ``{"provider_call_error"}`` (the command then fails as in one process)."""
-    from .. import health
+    from ..abi import health
     from .paged_kv import ProviderCallError
 
     health.set_test(f"model-eval/{name}")  # what the fake checker's pattern matches
@@ -138,15 +138,15 @@ def run_model_eval(
     :class:`~kvx_conformance.model.weights.ModelUnavailable` without the model packages.
 
     On device memory each format runs in its own process
-    (:func:`~kvx_conformance.isolation.isolated_map`): a format whose provider call leaves
+    (:func:`~kvx_conformance.cases.isolation.isolated_map`): a format whose provider call leaves
     a device fault (or crashes) gets a row with ``device_fault`` (or ``crash``) and
     ``error`` and no figures (None), and the other formats run; when that format is the
     BF16 baseline, the comparisons with it (``delta``, ``top1_agreement``, ``kl_vs_bf16``)
     are None in every row.
     """
-    from ..isolation import failure, wanted
-    from ..loader import load_provider
-    from ..native import reference_provider
+    from ..cases.isolation import failure, wanted
+    from ..abi.loader import load_provider
+    from ..abi.native import reference_provider
 
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
@@ -197,7 +197,7 @@ def run_model_eval(
             f"{entry['seconds']:.1f} s{extra}")
 
     if isolate:
-        from ..isolation import isolated_map
+        from ..cases.isolation import isolated_map
         from .paged_kv import ProviderCallError
 
         outs = isolated_map(_isolated_format, names, setup=_isolated_setup,

@@ -23,8 +23,8 @@ from typing import Protocol
 import ml_dtypes
 import numpy as np
 
-from ..abi import DType
-from ..dtypes import np_dtype
+from ..abi.dtypes import np_dtype
+from ..abi.header import DType
 
 FP8_E4M3_MAX = 448.0
 

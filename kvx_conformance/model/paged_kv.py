@@ -3,7 +3,7 @@
 One pool per K and per V for the whole model, ``[n_layers, num_blocks, block_size, H, D]``
 in the cache dtype: layer ``l`` is the NHD cache tensor at ``pool[l]`` (a layer stride),
 described by one ``kvx_cache_desc_t`` per layer. The project's
-:class:`~kvx_conformance.block_manager.BlockManager` hands out physical blocks (its
+:class:`~kvx_conformance.adapters.block_manager.BlockManager` hands out physical blocks (its
 free queue shuffled first by default, so sequences are scattered over the pool) and
 gives the slot mapping of each step's new tokens, the PACKED block table and the
 sequence lengths of the step's sequences. Per layer and step, the new K/V (F32 IO) are
@@ -11,7 +11,7 @@ written through the slot mapping, then the whole context of every sequence is ga
 in the padded form (row ``s * max_seq_len + t``) and handed to attention.
 
 Every buffer the provider sees (pools, IO, slots, table, lengths, scales) is a guarded
-buffer of :mod:`kvx_conformance.buffers` in one memory type: host (numpy) or device
+buffer of :mod:`kvx_conformance.abi.buffers` in one memory type: host (numpy) or device
 (torch CUDA tensors, readings R-META-MEMORY: metadata lives with the cache). Guard
 bytes of the per-step buffers are checked after every step, those of the pools by
 :meth:`PagedKVStore.check_guards`.
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import abi, buffers, descriptors as d
-from ..abi import DType, Layout, Memory, Status
-from ..block_manager import BlockManager
-from ..dtypes import np_dtype
+from ..abi import header as abi, buffers, descriptors as d
+from ..abi.dtypes import np_dtype
+from ..abi.header import DType, Layout, Memory, Status
+from ..adapters.block_manager import BlockManager
 from .kv_store import CacheFormat, LayerScales, dequantize_fp8, prepare_for_write
 from .weights import LlamaConfig
 

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..outcomes import PROFILES
+from ..results.outcomes import PROFILES
 
 TEMPLATES = Path(__file__).with_name("templates")
 OUTCOME_ORDER = ("pass", "fail", "unsupported", "skip", "crash", "timeout", "error", "flaky")
@@ -131,7 +131,7 @@ def view_model(results: dict) -> dict:
     banner = "ok" if verdict == "certified" else ("warn" if verdict.startswith("not certifying") else "bad")
     if not results.get("complete"):
         banner = "warn" if banner == "ok" else banner
-    from ..certificate import coverage
+    from ..results.certificate import coverage
 
     return {
         "r": results,
@@ -179,14 +179,14 @@ def view_model(results: dict) -> dict:
 
 def _accuracy(results: dict):
     """The accuracy section (``kvx-conform accuracy --add-to results.json``), or None."""
-    from ..accuracy.report import section_view
+    from .accuracy import section_view
 
     return section_view(results.get("accuracy"))
 
 
 def _model_eval(results: dict):
     """The model-evaluation section (``kvx-conform model-eval --add-to results.json``), or None."""
-    from ..model.report import section_view
+    from .model_eval import section_view
 
     return section_view(results.get("model_eval"))
 
@@ -200,7 +200,7 @@ def _markup(s: str):
 def _engines(results: dict, tests: list[dict]) -> list[dict]:
     """Rows of the "Engines" section: results.json's ``engines`` (recomputed from the
     tests for a results file written before the key existed)."""
-    from ..engines import summarize_engines
+    from ..results.engines import summarize_engines
 
     summary = results.get("engines")
     if summary is None:
@@ -252,8 +252,8 @@ class ReportCommand:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        from ..loader import EXIT_BAD_INPUT_FILE
-        from ..results import load_results
+        from ..abi.loader import EXIT_BAD_INPUT_FILE
+        from ..results.record import load_results
 
         try:
             doc = load_results(args.results)

@@ -36,7 +36,7 @@ _PROVIDERS: dict = {}
 
 
 def _provider(path: str):
-    from kvx_conformance.loader import load_provider
+    from kvx_conformance.abi.loader import load_provider
 
     if path not in _PROVIDERS:
         _PROVIDERS[path] = load_provider(path)

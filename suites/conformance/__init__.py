@@ -14,6 +14,6 @@
 | ``test_generated`` | all of the above, hypothesis-generated | generated |
 
 Every test carries ``@conformance(id, clause, level, profile, entry, feature)``
-(``kvx_conformance.outcomes``); every write and gather is compared bit-exactly
-with the numpy oracle and its guards are checked (``kvx_conformance.checks``).
+(``kvx_conformance.results.outcomes``); every write and gather is compared bit-exactly
+with the numpy oracle and its guards are checked (``kvx_conformance.cases.checks``).
 """

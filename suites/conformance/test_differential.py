@@ -7,10 +7,10 @@ ways: through the provider under test, through the bundled reference in the same
 worker and on the same memory type, and through the oracle. The reference must agree
 with the oracle (a harness fault otherwise, reported as an error, never blamed on the
 provider), and the provider must match both bit for bit, status included, without
-touching a guard byte. Cases come from ``kvx_conformance.generators`` with fixed seeds
+touching a guard byte. Cases come from ``kvx_conformance.cases.generators`` with fixed seeds
 (``SEEDS``), over the layouts, dtypes and table formats the provider may be asked for:
 required features, plus each optional feature the vendor claims or the provider served in
-its probe call (``kvx_conformance.served``, fixture ``kvx_generator_features``). A refusal
+its probe call (``kvx_conformance.cases.served``, fixture ``kvx_generator_features``). A refusal
 (UNSUPPORTED, or INVALID_ARGUMENT for these valid calls: spec 8) must write nothing and is
 excused when the case uses an optional feature the vendor does not claim
 (``checks.refusable_features``).
@@ -22,13 +22,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import casebuild as cb, generators
-from kvx_conformance.abi import Status
-from kvx_conformance.checks import array_mismatches, check_guards, refusable_features, untouched
-from kvx_conformance.execute import run_gather, run_write
-from kvx_conformance.loader import status_name
-from kvx_conformance.outcomes import REQUIRED, ConformanceFailure, Unsupported, conformance, note_served_call
+from kvx_conformance.abi.header import Status
+from kvx_conformance.abi.loader import status_name
+from kvx_conformance.cases import build as cb, generators
+from kvx_conformance.cases.checks import array_mismatches, check_guards, refusable_features, untouched
+from kvx_conformance.cases.execute import run_gather, run_write
 from kvx_conformance.reference_impl import expected
+from kvx_conformance.results.outcomes import REQUIRED, ConformanceFailure, Unsupported, conformance, note_served_call
 
 CL_DIFF = "spec 4-7 (valid calls); R-WRITE, R-GATHER, R-CONVERT, R-FP8, R-DATA"
 #: cases per operation; seeds are fixed so two runs draw the same cases
@@ -41,8 +41,8 @@ RUN = {"write": run_write, "gather": run_gather}
 def bundled_reference():
     """The bundled reference provider when it serves the run's memory type here, else None
     (the provider is then held against the oracle alone, as everywhere else)."""
-    from kvx_conformance.loader import load_provider
-    from kvx_conformance.native import NativeBuildMissing, reference_provider
+    from kvx_conformance.abi.loader import load_provider
+    from kvx_conformance.abi.native import NativeBuildMissing, reference_provider
 
     try:
         path = reference_provider()

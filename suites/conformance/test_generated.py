@@ -1,5 +1,5 @@
 """Generated cases (profile "generated"): hypothesis draws valid descriptor sets and
-single-rule violations (``kvx_conformance.strategies``), each checked against the oracle
+single-rule violations (``kvx_conformance.cases.strategies``), each checked against the oracle
 like the explicit tests (status, guards, bit-exact memory).
 
 Budget: ``max_examples`` per test is the run's ``kvx_run_config.hypothesis_max_examples``:
@@ -7,11 +7,11 @@ Budget: ``max_examples`` per test is the run's ``kvx_run_config.hypothesis_max_e
 ``--kvx-hypothesis-examples`` says. Examples are derandomized (fixed seed, no example
 database) unless the run was given ``--kvx-seed``, so two runs of one provider draw the
 same cases. A failure prints the falsifying example: the builder, its knobs and the
-seed that rebuild the case (``kvx_conformance.generators``).
+seed that rebuild the case (``kvx_conformance.cases.generators``).
 
 These are required tests, and a required test uses required features only: the valid
 cases draw an optional feature (``outcomes.OPTIONAL_FEATURES``) only where the vendor
-claims it or the provider served it in a probe call (``kvx_conformance.served``, fixture
+claims it or the provider served it in a probe call (``kvx_conformance.cases.served``, fixture
 ``kvx_generator_features``); ``generated.core.*`` draw required features alone. A refusal
 (UNSUPPORTED, or INVALID_ARGUMENT for a valid call: spec 8) of a case that uses an optional
 feature the vendor does not claim is never a failure (``checks.refusable_features``).
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, seed as hyp_seed, settings
 
-from kvx_conformance import casebuild as cb, generators as gen, served, strategies as strat
-from kvx_conformance.abi import Status
-from kvx_conformance.checks import (
+from kvx_conformance.abi.header import Status
+from kvx_conformance.cases import build as cb, generators as gen, served, strategies as strat
+from kvx_conformance.cases.checks import (
     partial_gather,
     partial_write,
     refusable_features,
@@ -32,7 +32,7 @@ from kvx_conformance.checks import (
     verify_validate,
     verify_write,
 )
-from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, ConformanceFailure, Unsupported, conformance
+from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, ConformanceFailure, Unsupported, conformance
 
 CL_VALID = "spec 4-7 (hypothesis-generated valid calls); R-CACHE, R-IO, R-WRITE, R-GATHER, R-CONVERT, R-FP8"
 CL_INVALID = "spec 6, 7.1 (hypothesis-generated single-rule violations)"

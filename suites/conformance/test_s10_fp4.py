@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import fp4exec as fx
-from kvx_conformance.abi import DType, Fp4Format, Layout, Status
-from kvx_conformance.loader import status_name
-from kvx_conformance.checks import CL_INPUTS
-from kvx_conformance.outcomes import (
+from kvx_conformance.abi.header import DType, Fp4Format, Layout, Status
+from kvx_conformance.abi.loader import status_name
+from kvx_conformance.cases import fp4 as fx
+from kvx_conformance.cases.checks import CL_INPUTS
+from kvx_conformance.results.outcomes import (
     INFORMATIONAL,
     REQUIRED,
     ConformanceFailure,
@@ -248,7 +248,7 @@ def test_invalid_descriptors(kvx_provider, kvx_call_options, name):
              "validate", feature="fp4")
 def test_f4_dtype_without_extension(kvx_provider, kvx_call_options):
     """F4_E2M1 in a v1.1-sized cache (no scale pool) is INVALID_ARGUMENT for every provider."""
-    from kvx_conformance import abi
+    from kvx_conformance.abi import header as abi
 
     cache = fx.new_cache(Fp4Format.MXFP4, NB, BS, H, D)
     key, value = _data(81, 2, 16, edges=False)

@@ -9,10 +9,10 @@ import ctypes
 
 import pytest
 
-from kvx_conformance import abi
-from kvx_conformance.abi import Status
-from kvx_conformance.checks import check_status
-from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, ConformanceFailure, conformance
+from kvx_conformance.abi import header as abi
+from kvx_conformance.abi.header import Status
+from kvx_conformance.cases.checks import check_status
+from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, ConformanceFailure, conformance
 
 VERSION_SIZE = ctypes.sizeof(abi.kvx_version_t)  # 16
 POISON = 0xA5

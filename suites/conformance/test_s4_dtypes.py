@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import casebuild as cb
-from kvx_conformance.abi import DType, ScaleGranularity, Status
-from kvx_conformance.checks import verify_gather, verify_write
-from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.abi.header import DType, ScaleGranularity, Status
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import verify_gather, verify_write
+from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, conformance
 
 G = cb.GEOM
 BASE = [DType.F16, DType.BF16, DType.F32]

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvx_conformance import casebuild as cb
-from kvx_conformance.abi import DType, Layout
-from kvx_conformance.checks import verify_gather, verify_write
-from kvx_conformance.descriptors import Geometry, TensorLayout
-from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.abi.descriptors import Geometry, TensorLayout
+from kvx_conformance.abi.header import DType, Layout
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import verify_gather, verify_write
+from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, conformance
 
 G = cb.GEOM
 OPS = pytest.mark.parametrize("op", ["write", "gather"])

@@ -24,11 +24,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import buffers, casebuild as cb
-from kvx_conformance.abi import DType, Memory, Status
-from kvx_conformance.checks import verify_gather, verify_write
-from kvx_conformance.execute import CallOptions
-from kvx_conformance.outcomes import RECOMMENDED, ConformanceFailure, Unsupported, conformance
+from kvx_conformance.abi import buffers
+from kvx_conformance.abi.header import DType, Memory, Status
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import verify_gather, verify_write
+from kvx_conformance.cases.execute import CallOptions
+from kvx_conformance.results.outcomes import RECOMMENDED, ConformanceFailure, Unsupported, conformance
 
 CL_PLACEMENT = "spec 4.3 (memory describes buffer location), 7 (NULL stream); R-PLACEMENT"
 HOME, AWAY = 0, 1

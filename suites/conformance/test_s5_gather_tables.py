@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import casebuild as cb
-from kvx_conformance.abi import DType, Status
-from kvx_conformance.checks import partial_gather, verify_gather
-from kvx_conformance.descriptors import BlockTable
-from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.abi.descriptors import BlockTable
+from kvx_conformance.abi.header import DType, Status
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import partial_gather, verify_gather
+from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, conformance
 
 G = cb.GEOM  # 6 blocks of 4 tokens, 2 heads, head_dim 8
 BS = G.block_size

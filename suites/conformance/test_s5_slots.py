@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import casebuild as cb
-from kvx_conformance.abi import DType, Status
-from kvx_conformance.checks import partial_write, verify_write
-from kvx_conformance.descriptors import Geometry
-from kvx_conformance.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.abi.descriptors import Geometry
+from kvx_conformance.abi.header import DType, Status
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import partial_write, verify_write
+from kvx_conformance.results.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
 
 G = cb.GEOM
 N = G.num_slots

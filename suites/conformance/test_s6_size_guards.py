@@ -15,10 +15,11 @@ import ctypes
 
 import pytest
 
-from kvx_conformance import abi, casebuild as cb
-from kvx_conformance.abi import DType
-from kvx_conformance.checks import verify_gather, verify_validate, verify_write
-from kvx_conformance.outcomes import RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.abi import header as abi
+from kvx_conformance.abi.header import DType
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import verify_gather, verify_validate, verify_write
+from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, conformance
 
 G = cb.GEOM
 CL_SMALL = "spec 3, 6 (all public structs are size-validated); R-SIZE, R-ORDER 1"

@@ -20,12 +20,13 @@ import time
 import numpy as np
 import pytest
 
-from kvx_conformance import buffers, casebuild as cb, descriptors as d, health
-from kvx_conformance.abi import DType, Memory, Status
-from kvx_conformance.cases import WriteCase
-from kvx_conformance.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
-from kvx_conformance.descriptors import Geometry, IOLayout, SlotMapping
-from kvx_conformance.outcomes import REQUIRED, ConformanceFailure, conformance
+from kvx_conformance.abi import buffers, descriptors as d, health
+from kvx_conformance.abi.descriptors import Geometry, IOLayout, SlotMapping
+from kvx_conformance.abi.header import DType, Memory, Status
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.case import WriteCase
+from kvx_conformance.cases.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
+from kvx_conformance.results.outcomes import REQUIRED, ConformanceFailure, conformance
 
 CL_THREADS = "spec 7.2 (thread-safe on disjoint cache regions); R-THREADS"
 CL_LIFETIME = "spec 7.2 (implementations MUST NOT retain pointers after return); R-LIFETIME"
@@ -117,7 +118,7 @@ def _split(case: WriteCase, parts: int) -> list[WriteCase]:
 @conformance("concurrency.threads.write_disjoint", CL_THREADS, REQUIRED, "concurrency", "write")
 def test_concurrent_writes(kvx_provider, kvx_call_options):
     from kvx_conformance import reference_impl
-    from kvx_conformance.execute import run_write
+    from kvx_conformance.cases.execute import run_write
 
     opts = kvx_call_options()
     kind = cb.core_layout(kvx_provider, opts.memory)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance import casebuild as cb
-from kvx_conformance.abi import DType, ScaleGranularity, Status
-from kvx_conformance.checks import (
+from kvx_conformance.abi.header import DType, ScaleGranularity, Status
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import (
     CL_INPUTS,
     partial_gather,
     partial_write,
@@ -24,7 +24,7 @@ from kvx_conformance.checks import (
     verify_validate,
     verify_write,
 )
-from kvx_conformance.outcomes import REQUIRED, conformance
+from kvx_conformance.results.outcomes import REQUIRED, conformance
 
 G = cb.GEOM
 N = G.num_slots

@@ -6,7 +6,7 @@ Two kinds of tests:
   shape/stride validation for NHD/HND/HND_PACKED" and "block table counts and indptr
   validation"), each a single-field violation of an otherwise valid call;
 - ``validation.rule[<rule id>]``: one single-violation case per rule of the oracle
-  engineer's catalog (``kvx_conformance.generators.RULES``), built by its generator
+  engineer's catalog (``kvx_conformance.cases.generators.RULES``), built by its generator
   from a fixed seed.
 
 Every test holds the provider's status to the oracle's, and (write, gather) checks that
@@ -18,11 +18,11 @@ import zlib
 
 import pytest
 
-from kvx_conformance import casebuild as cb
-from kvx_conformance.abi import DType, Layout, Memory, Status
-from kvx_conformance.checks import partial_gather, partial_write, verify_gather, verify_validate, verify_write
-from kvx_conformance.descriptors import Geometry
-from kvx_conformance.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.abi.descriptors import Geometry
+from kvx_conformance.abi.header import DType, Layout, Memory, Status
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import partial_gather, partial_write, verify_gather, verify_validate, verify_write
+from kvx_conformance.results.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
 
 G = cb.GEOM
 INVALID, UNSUPPORTED, OK = Status.INVALID_ARGUMENT, Status.UNSUPPORTED, Status.OK
@@ -379,7 +379,7 @@ def _rule_params():
     """One param per rule of the generators' catalog, with its own metadata marker."""
     import numpy as np
 
-    from kvx_conformance.generators import RULES, random_invalid_case
+    from kvx_conformance.cases.generators import RULES, random_invalid_case
 
     params = []
     for rule, rc in RULES.items():

@@ -2,7 +2,7 @@
 
 Each scenario allocates the cache the way an engine does (numpy arrays in the
 engine's shapes and strides), describes it through ``kvx_conformance.adapters``,
-makes block tables and slot mappings with ``kvx_conformance.block_manager`` (fixed
+makes block tables and slot mappings with ``kvx_conformance.adapters.block_manager`` (fixed
 seeds, after allocate/free churn so block ids scatter), puts them into the engine's
 own metadata format, and runs prefill / decode / chunked-prefill writes and gathers
 against the provider on the run's memory type. Every call is checked against the

@@ -5,12 +5,12 @@ allocates), describes them through :mod:`kvx_conformance.adapters`, and runs a
 sequence of steps against the provider on the run's memory type:
 
 - ``write``: the new tokens of a step (prefill, decode, chunked prefill) through a
-  slot mapping made by :class:`~kvx_conformance.block_manager.BlockManager` and put
+  slot mapping made by :class:`~kvx_conformance.adapters.block_manager.BlockManager` and put
   into the engine's own metadata format (CUDA-graph padding as -1 slots);
 - ``gather``: the cached tokens of every sequence through the engine's table.
 
 Every step is compared with the oracle (``kvx_conformance.reference_impl``) by
-:func:`kvx_conformance.checks.verify_write` / ``verify_gather``: status, guard bytes,
+:func:`kvx_conformance.cases.checks.verify_write` / ``verify_gather``: status, guard bytes,
 and the whole cache (write) or the outputs and the unchanged cache (gather),
 bit-exactly. The memory after a checked write is loaded back into the engine arrays
 (:meth:`AdaptedCache.load`), so the next step starts from what the provider wrote.
@@ -22,13 +22,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvx_conformance import casebuild as cb
-from kvx_conformance.abi import DType
+from kvx_conformance.abi.header import DType
 from kvx_conformance.adapters import AdaptedCache, AdapterError
-from kvx_conformance.block_manager import BlockManager
-from kvx_conformance.checks import verify_gather, verify_write
-from kvx_conformance.engines import NOT_EXPRESSIBLE
-from kvx_conformance.outcomes import ConformanceFailure, Unsupported
+from kvx_conformance.adapters.block_manager import BlockManager
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import verify_gather, verify_write
+from kvx_conformance.results.engines import NOT_EXPRESSIBLE
+from kvx_conformance.results.outcomes import ConformanceFailure, Unsupported
 
 CL_WRITE = "spec 4.1, 4.2, 5.2, 7; R-CACHE, R-WRITE"
 CL_GATHER = "spec 5.1, 5.3, 6.10, 7; R-CACHE, R-GATHER, R-DATA"

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType, TableFormat
+from kvx_conformance.abi.descriptors import SlotMapping
+from kvx_conformance.abi.header import DType, TableFormat
 from kvx_conformance.adapters import flashinfer
-from kvx_conformance.descriptors import SlotMapping
-from kvx_conformance.outcomes import REQUIRED, conformance
+from kvx_conformance.results.outcomes import REQUIRED, conformance
 
 from ._scenario import CL_SCENARIO, SHAPES, Scenario, churned_manager, values
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvx_conformance.abi import DType
+from kvx_conformance.abi.header import DType
 from kvx_conformance.adapters import ppl
-from kvx_conformance.outcomes import INFORMATIONAL, REQUIRED, conformance
+from kvx_conformance.results.outcomes import INFORMATIONAL, REQUIRED, conformance
 
 from ._scenario import CL_REFUSED, CL_SCENARIO, Scenario, churned_manager, not_expressible, values
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType
+from kvx_conformance.abi.header import DType
 from kvx_conformance.adapters import trtllm
 from kvx_conformance.adapters.trtllm import PoolBlock
-from kvx_conformance.outcomes import INFORMATIONAL, REQUIRED, conformance
+from kvx_conformance.results.outcomes import INFORMATIONAL, REQUIRED, conformance
 
 from ._scenario import CL_REFUSED, CL_SCENARIO, Scenario, churned_manager, not_expressible, values
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import DType
+from kvx_conformance.abi.descriptors import SeqLens
+from kvx_conformance.abi.header import DType
 from kvx_conformance.adapters import vllm
-from kvx_conformance.descriptors import SeqLens
-from kvx_conformance.outcomes import INFORMATIONAL, REQUIRED, conformance
+from kvx_conformance.results.outcomes import INFORMATIONAL, REQUIRED, conformance
 
 from ._scenario import (CL_REFUSED, CL_SCENARIO, SHAPE_PARAMS, Scenario, churned_manager, fp8_bytes,
                         not_expressible, padded_table, values)

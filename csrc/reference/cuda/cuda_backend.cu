@@ -327,7 +327,7 @@ namespace kvx_ref {
 
 kvx_status_t cuda_write(const WritePlan& plan, void* stream) {
   using namespace kvx_cuda;
-  if (plan.fp4.format) return cuda_fp4_write(plan, stream); /* KVX 1.2 FP4 cache: cuda/move_fp4.cu */
+  if (plan.fp4.format) return cuda_fp4_write(plan, stream); /* KVX 1.2 FP4 cache: cuda/move_fp4_write.cu */
   if (plan.num_tokens == 0) return KVX_STATUS_OK;
   if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;
   if (plan.num_kv_heads == 0 || plan.head_dim == 0 || plan.block_size == 0) return KVX_STATUS_INTERNAL_ERROR;
@@ -373,7 +373,7 @@ kvx_status_t cuda_write(const WritePlan& plan, void* stream) {
 
 kvx_status_t cuda_gather(const GatherPlan& plan, void* stream) {
   using namespace kvx_cuda;
-  if (plan.fp4.format) return cuda_fp4_gather(plan, stream); /* KVX 1.2 FP4 cache: cuda/move_fp4.cu */
+  if (plan.fp4.format) return cuda_fp4_gather(plan, stream); /* KVX 1.2 FP4 cache: cuda/move_fp4_gather.cu */
   const uint64_t beams = plan.beam_width; /* 1 unless KV_OFFSETS (front end) */
   const uint64_t rows = (uint64_t)plan.seq_count * beams * plan.max_seq_len;
   if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;

@@ -1,6 +1,6 @@
 /*
  * fp4_fast.h -- the few exact FP4 encoding steps of the fast CUDA kernels
- * (move_fp4.cu), written so that the host can check them against fp4.h /
+ * (move_fp4_write.cu, move_fp4_gather.cu), written so that the host can check them against fp4.h /
  * convert.h on every input they are used for (csrc/tests/fp4_fast_check.cpp,
  * exhaustive). They replace branchy integer code by FP32 additions on the
  * GPU's FMA pipe where that is exact:

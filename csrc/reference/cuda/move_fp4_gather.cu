@@ -1,0 +1,345 @@
+/*
+ * move_fp4_gather.cu -- cuda_fp4_gather: KVX 1.2 FP4 gathers on CUDA (dequantize
+ * into F16/BF16/F32, or raw copy). The per-block and fast gather kernels; what
+ * the write shares is in move_fp4.cuh.
+ */
+#include "move_fp4.cuh"
+
+namespace kvx_fp4 {
+namespace {
+
+template <int B, int DT>
+__global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) {
+  constexpr int ES = Es<DT>::value;
+  /* E2M1 code -> FP32 value (kvx_ref::e2m1_to_f32), one shared-memory load per
+   * value: 16 words in 16 banks, so lanes never conflict. */
+  __shared__ float e2m1[16];
+  if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
+  __syncthreads();
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < P.items; i += gridDim.x * blockDim.x) {
+    const Item it = split(P, i);
+    const unsigned long long s =
+        it.row < 0x80000000ull ? divu(P.fd_msl, (unsigned)it.row) : it.row / P.max_seq_len;
+    const unsigned long long t = it.row - s * P.max_seq_len;
+    long long L = ld_index(P.seq_lens, P.len64, s);
+    if (L < 0) continue;
+    if ((unsigned long long)L > P.max_seq_len) L = P.max_seq_len;
+    if (t >= (unsigned long long)L) continue;
+    const unsigned long long jb = t < 0x80000000ull ? divu(P.fd_bs, (unsigned)t) : t / P.block_size;
+    long long b;
+    if (P.ragged) {
+      const long long lo = ld_index(P.indptr, P.indptr64, s), hi = ld_index(P.indptr, P.indptr64, s + 1);
+      if (lo < 0 || hi < lo || (long long)t >= hi - lo || (unsigned long long)(lo + t) >= P.indices_count) continue;
+      b = ld_index(P.indices, P.idx64, lo + t);
+    } else {
+      if (jb >= P.max_blocks) continue;
+      b = ld_index(P.indices, P.idx64, s * P.max_blocks + jb);
+    }
+    if (b < 0 || (unsigned long long)b >= P.num_blocks) continue;
+    const unsigned long long sb = KVX_MUT(FP4_SCALE_LOGICAL_BLOCK) ? jb : (unsigned long long)b;
+    const Side& S = P.side[it.side];
+    const unsigned long long off = t - jb * P.block_size; /* t % block_size */
+    const long long c0 = b * S.c_block + off * S.c_token + it.h * S.c_head + (long long)it.j * B;
+    const uint8_t sbyte = (uint8_t)S.scales[sb * S.s_block + off * S.s_token + it.h * S.s_head + it.j * S.s_dim];
+    const char* src = S.codes + c0 / 2;
+    if (DT == 0) { /* raw */
+      const long long i0 = it.row * S.io_token + it.h * S.io_head + (long long)it.j * B;
+      for (int k = 0; k < B; k += 2) S.io[(i0 + k) / 2] = src[k / 2];
+      S.ios[it.row * S.ios_token + it.h * S.ios_head + it.j * S.ios_dim] = (char)sbyte;
+      continue;
+    }
+    uint8_t bytes[B / 2];
+    if (((uintptr_t)src % 8) == 0) {
+#pragma unroll
+      for (int w = 0; w < B / 16; ++w) {
+        const uint2 u = __ldg((const uint2*)src + w);
+        memcpy(bytes + 8 * w, &u, 8);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < B / 2; ++k) bytes[k] = (uint8_t)src[k];
+    }
+    const float g = global_of(S, it.h);
+    const float sf = kvx_ref::fp4_scale_f32(P.format, sbyte); /* once per block */
+    const bool nan_block = sf != sf;
+    float v[B];
+    /* kvx_ref::fp4_decode_with, the same operations: a NaN scale is every value
+     * (its bits), else (E2M1 * sf) * g for NVFP4, E2M1 * sf for MXFP4. */
+    if (nan_block) {
+#pragma unroll
+      for (int k = 0; k < B; ++k) v[k] = sf;
+    } else if (P.format == kvx_ref::FP4_NVFP4) {
+#pragma unroll
+      for (int k = 0; k < B / 2; ++k) {
+        v[2 * k] = __fmul_rn(__fmul_rn(e2m1[kvx_ref::fp4_even(bytes[k])], sf), g);
+        v[2 * k + 1] = __fmul_rn(__fmul_rn(e2m1[kvx_ref::fp4_odd(bytes[k])], sf), g);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < B / 2; ++k) {
+        v[2 * k] = __fmul_rn(e2m1[kvx_ref::fp4_even(bytes[k])], sf);
+        v[2 * k + 1] = __fmul_rn(e2m1[kvx_ref::fp4_odd(bytes[k])], sf);
+      }
+    }
+    char* dst = S.io + (it.row * S.io_token + it.h * S.io_head + (long long)it.j * B * S.io_dim) * ES;
+    if (P.vec_ok) {
+      constexpr int nvec = B * ES / 16;
+#pragma unroll
+      for (int w = 0; w < nvec; ++w) {
+        unsigned o[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (ES == 4) {
+            o[k] = __float_as_uint(v[w * 4 + k]);
+          } else if (nan_block) { /* NaN bits as convert.h (numpy / ml_dtypes) */
+            o[k] = (unsigned)out16<DT>(v[w * 8 + 2 * k]) | ((unsigned)out16<DT>(v[w * 8 + 2 * k + 1]) << 16);
+          } else if (DT == KVX_DTYPE_F16) { /* two RN conversions in one instruction */
+            const __half2 h = __floats2half2_rn(v[w * 8 + 2 * k], v[w * 8 + 2 * k + 1]);
+            memcpy(&o[k], &h, 4);
+          } else {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(v[w * 8 + 2 * k], v[w * 8 + 2 * k + 1]);
+            memcpy(&o[k], &h, 4);
+          }
+        }
+        ((uint4*)dst)[w] = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < B; ++k) store_out<DT>(dst + (long long)k * S.io_dim * ES, v[k]);
+    }
+  }
+}
+
+/* The 16 output bytes of a chunk of a NaN block: every value is the scale's
+ * NaN, its bits as fp4_decode_with (F32) or through convert.h (F16, BF16: the
+ * bits numpy and ml_dtypes give). Out of line: the hot path only tests sf. */
+template <int DT>
+__device__ __noinline__ void store_nan16(char* dst, float sf) {
+  unsigned w = __float_as_uint(sf);
+  if (DT != KVX_DTYPE_F32) w = (unsigned)out16<DT>(sf) * 0x10001u;
+  *(uint4*)dst = make_uint4(w, w, w, w);
+}
+
+template <int B, int DT>
+__global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
+  constexpr int ES = Es<DT>::value, VPC = 16 / ES, CPB = B / VPC, NI = VPC == 4 ? KVX_FP4_G32_NI : 4;
+  __shared__ float e2m1[16];
+  __shared__ float sdec[256];
+  if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
+  for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) sdec[k] = kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
+  __syncthreads();
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned long long r0 = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x - lane;
+  if (r0 >= P.rows) return;
+  const float g0 = P.side[0].g ? P.side[0].g[0] : 1.0f, g1 = P.side[1].g ? P.side[1].g[0] : 1.0f;
+  unsigned bl = kNoBlock, ol = 0;
+  if (r0 + lane < P.rows) {
+    const unsigned long long row = P.row_begin + r0 + lane;
+    const unsigned long long s = row < 0x80000000ull ? divu(P.fd_msl, (unsigned)row) : row / P.max_seq_len;
+    const unsigned long long t = row - s * P.max_seq_len;
+    long long L = ld_index(P.seq_lens, P.len64, s);
+    if (L > (long long)P.max_seq_len) L = P.max_seq_len;
+    if (L >= 0 && t < (unsigned long long)L) {
+      const unsigned long long jb = t < 0x80000000ull ? divu(P.fd_bs, (unsigned)t) : t / P.block_size;
+      long long b = -1;
+      if (P.ragged) {
+        const long long lo = ld_index(P.indptr, P.indptr64, s), hi = ld_index(P.indptr, P.indptr64, s + 1);
+        if (!(lo < 0 || hi < lo || (long long)t >= hi - lo || (unsigned long long)(lo + t) >= P.indices_count))
+          b = ld_index(P.indices, P.idx64, lo + t);
+      } else if (jb < P.max_blocks) {
+        b = ld_index(P.indices, P.idx64, s * P.max_blocks + jb);
+      }
+      if (b >= 0 && (unsigned long long)b < P.num_blocks) {
+        bl = (unsigned)b;
+        ol = (unsigned)(t - jb * P.block_size);
+      }
+    }
+  }
+  const unsigned n = P.rows - r0 < 32ull ? (unsigned)(P.rows - r0) : 32u;
+  const unsigned NC = (unsigned)(P.H * P.J) * CPB, NQ = (NC + 32u * NI - 1u) / (32u * NI), T = n * 2u * NQ;
+  /* The warp's work is a stream of T batches (row i, side, batch q of NI
+   * chunks per lane); the codes and scale bytes of batch k + 1 are loaded
+   * while batch k is decoded and stored. */
+  uint32_t ncw[NI];
+  unsigned nsb[NI];
+  bool nvalid = false;
+  unsigned ni = 0, ns = 0, nq = 0; /* the batch held in ncw, nsb */
+  auto load = [&](unsigned i, unsigned side, unsigned q) {
+    const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), off = __shfl_sync(0xFFFFFFFFu, ol, i);
+    nvalid = b != kNoBlock;
+    if (!nvalid) return;
+    const Side& S = P.side[side];
+    const char* code_row = S.codes + ((long long)b * S.c_block + (long long)off * S.c_token) / 2;
+    const unsigned char* sc_row = (const unsigned char*)S.scales + (long long)b * S.s_block + (long long)off * S.s_token;
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      const unsigned c = q * 32u * NI + lane + 32u * m;
+      ncw[m] = 0;
+      nsb[m] = 0;
+      if (c < NC) {
+        const char* src;
+        const unsigned char* sp;
+        if (P.lin) { /* chunk c: code bytes at c * VPC / 2, its block's scale at c / CPB */
+          src = code_row + c * (unsigned)(VPC / 2);
+          sp = sc_row + c / CPB;
+        } else {
+          const unsigned bi = c / CPB, p = c % CPB;
+          const unsigned h = divu(P.fd_j, bi), j = bi - h * (unsigned)P.J;
+          src = code_row + ((long long)h * S.c_head + (long long)j * B) / 2 + p * (VPC / 2);
+          sp = sc_row + (long long)h * S.s_head + (long long)j * S.s_dim;
+        }
+        if (VPC == 8) {
+          ncw[m] = __ldg((const unsigned*)src);
+        } else {
+          ncw[m] = __ldg((const unsigned short*)src);
+        }
+        nsb[m] = __ldg(sp);
+      }
+    }
+  };
+  load(0, 0, 0);
+#pragma unroll 1
+  for (unsigned k = 0; k < T; ++k) {
+    uint32_t cw[NI];
+    unsigned sb[NI];
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      cw[m] = ncw[m];
+      sb[m] = nsb[m];
+    }
+    const bool valid = nvalid;
+    const unsigned i = ni, side = ns, q = nq;
+    if (++nq == NQ) {
+      nq = 0;
+      if (++ns == 2) {
+        ns = 0;
+        ++ni;
+      }
+    }
+    if (k + 1 < T) load(ni, ns, nq);
+    if (!valid) continue;
+    const Side& S = P.side[side];
+    char* io_row = S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES;
+    const float g_t = side ? g1 : g0;
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      const unsigned c = q * 32u * NI + lane + 32u * m;
+      if (c < NC) {
+        unsigned h = 0;
+        char* dst;
+        if (P.lin) { /* chunk c: output bytes at c * 16 */
+          if (S.g_per_head) h = divu(P.fd_j, c / CPB);
+          dst = io_row + (size_t)c * 16u;
+        } else {
+          const unsigned bi = c / CPB, p = c % CPB;
+          h = divu(P.fd_j, bi);
+          const unsigned j = bi - h * (unsigned)P.J;
+          dst = io_row + ((long long)h * S.io_head + (long long)j * B + (long long)p * VPC) * ES;
+        }
+        const float sf = sdec[sb[m]];
+        if (sf != sf) { /* a NaN block: rare, out of line */
+          store_nan16<DT>(dst, sf);
+          continue;
+        }
+        const float g = S.g_per_head ? S.g[h] : g_t;
+        float v[VPC];
+        if (P.format == kvx_ref::FP4_NVFP4) {
+#pragma unroll
+          for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(__fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf), g);
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf);
+        }
+        unsigned o[4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          if (ES == 4) {
+            o[kk] = __float_as_uint(v[kk]);
+          } else if (DT == KVX_DTYPE_F16) { /* not NaN: two RN conversions in one instruction */
+            const __half2 hh = __floats2half2_rn(v[2 * kk], v[2 * kk + 1]);
+            memcpy(&o[kk], &hh, 4);
+          } else {
+            const __nv_bfloat162 hh = __floats2bfloat162_rn(v[2 * kk], v[2 * kk + 1]);
+            memcpy(&o[kk], &hh, 4);
+          }
+        }
+        *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  }
+}
+
+/* The kernel of a gather: per-block (pick) or fast (pick_fast), by block size and IO dtype. */
+template <int B>
+Kernel pick_dt(int dt) {
+  switch (dt) {
+    case KVX_DTYPE_F16:
+      return gather_kernel<B, KVX_DTYPE_F16>;
+    case KVX_DTYPE_BF16:
+      return gather_kernel<B, KVX_DTYPE_BF16>;
+    case KVX_DTYPE_F32:
+      return gather_kernel<B, KVX_DTYPE_F32>;
+    default:
+      return gather_kernel<B, 0>;
+  }
+}
+
+Kernel pick(const Params& P) {
+  const int dt = P.raw ? 0 : P.io_dtype;
+  return P.B == 32 ? pick_dt<32>(dt) : pick_dt<16>(dt);
+}
+
+template <int B>
+Kernel pick_fast_dt(int dt) {
+  switch (dt) {
+    case KVX_DTYPE_F16:
+      return gather_fast_kernel<B, KVX_DTYPE_F16>;
+    case KVX_DTYPE_BF16:
+      return gather_fast_kernel<B, KVX_DTYPE_BF16>;
+    default:
+      return gather_fast_kernel<B, KVX_DTYPE_F32>;
+  }
+}
+
+/* the gathers take the format at run time: one instantiation serves both 16-value formats */
+Kernel pick_fast(const Params& P) { return P.B == 32 ? pick_fast_dt<32>(P.io_dtype) : pick_fast_dt<16>(P.io_dtype); }
+
+}  // namespace
+}  // namespace kvx_fp4
+
+namespace kvx_ref {
+kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream) {
+  using namespace kvx_fp4;
+  if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;
+  if (plan.memory == KVX_MEMORY_UNIFIED && plan.seq_count > 0) {
+    kvx_status_t st = unified_wait((cudaStream_t)stream);
+    if (st == KVX_STATUS_OK) st = host_prescan_gather(plan);
+    if (st != KVX_STATUS_OK) return st;
+  }
+  const unsigned long long rows = (unsigned long long)plan.seq_count * plan.max_seq_len;
+  if (rows == 0) return KVX_STATUS_OK;
+  if (plan.format != KVX_BLOCK_TABLE_PACKED && plan.format != KVX_BLOCK_TABLE_RAGGED) return KVX_STATUS_UNSUPPORTED;
+  const Fp4Plan& f = plan.fp4;
+  if (!f.raw && plan.key.dtype != plan.value.dtype) return KVX_STATUS_UNSUPPORTED;
+  Params P = base(f, plan.num_kv_heads, plan.head_dim, plan.key.dtype);
+  fill_side(P.side[0], plan.k_cache, f.k_scales, plan.key, f.io_k_scales, f.k_global);
+  fill_side(P.side[1], plan.v_cache, f.v_scales, plan.value, f.io_v_scales, f.v_global);
+  P.block_size = plan.block_size;
+  P.ragged = plan.format == KVX_BLOCK_TABLE_RAGGED;
+  P.indices = plan.indices;
+  P.idx64 = plan.index_dtype == KVX_DTYPE_S64;
+  P.indptr = plan.indptr;
+  P.indptr64 = plan.indptr_dtype == KVX_DTYPE_S64;
+  P.seq_lens = plan.seq_lens;
+  P.len64 = plan.seq_lens_dtype == KVX_DTYPE_S64;
+  P.max_seq_len = plan.max_seq_len;
+  P.fd_msl = make_div(plan.max_seq_len);
+  P.max_blocks = plan.max_blocks_per_seq;
+  P.num_blocks = plan.num_blocks;
+  P.indices_count = plan.indices_count;
+  P.vec_ok = vec_ok(P);
+  if (fast_ok(P)) return launch_fast(pick_fast(P), P, rows, (cudaStream_t)stream);
+  return launch(pick(P), P, rows, (cudaStream_t)stream);
+}
+
+}  // namespace kvx_ref

@@ -1,0 +1,731 @@
+/*
+ * move_fp4_write.cu -- cuda_fp4_write: KVX 1.2 FP4 writes on CUDA (quantize, or
+ * raw copy of codes and scales). The per-block and fast write kernels and their
+ * helpers; what the gather shares is in move_fp4.cuh.
+ */
+#include "move_fp4.cuh"
+
+namespace kvx_fp4 {
+namespace {
+
+#ifndef KVX_FP4_WRITE32_MIN_BLOCKS
+#define KVX_FP4_WRITE32_MIN_BLOCKS 3 /* 32-value blocks: at most 80 registers (BF16 IO: 2, it would spill) */
+#endif
+template <int B, int DT>
+__global__ void __launch_bounds__(256, B == 16 ? 4 : DT == KVX_DTYPE_BF16 ? 2 : KVX_FP4_WRITE32_MIN_BLOCKS)
+    write_kernel(Params P) {
+  constexpr int ES = Es<DT>::value;
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < P.items; i += gridDim.x * blockDim.x) {
+    const Item it = split(P, i);
+    const long long slot = ld_index(P.slots, P.slot64, it.row);
+    const Side& S = P.side[it.side];
+    /* The block is loaded and encoded while the slot load is in flight (the IO
+     * row exists whatever its slot); only the stores wait for the slot. */
+    uint8_t codes[B], sbyte = 0;
+    if (DT != 0) {
+      float x[B];
+      const char* src = S.io + (it.row * S.io_token + it.h * S.io_head + (long long)it.j * B * S.io_dim) * ES;
+      if (P.vec_ok) {
+        load_block_vec<B, DT>(src, x);
+      } else {
+#pragma unroll
+        for (int k = 0; k < B; ++k) x[k] = load_elem<DT>(src, S.io_dim, k);
+      }
+      sbyte = encode_block<B>(P.format, x, global_of(S, it.h), codes);
+    }
+    if (slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots) continue;
+    unsigned long long b, t;
+    split_slot(P, slot, b, t);
+    const long long c0 = b * S.c_block + t * S.c_token + it.h * S.c_head + (long long)it.j * B; /* nibbles */
+    char* sc = S.scales + b * S.s_block + t * S.s_token + it.h * S.s_head + it.j * S.s_dim;
+    if (DT == 0) { /* raw */
+      const long long i0 = it.row * S.io_token + it.h * S.io_head + (long long)it.j * B; /* nibbles */
+      for (int k = 0; k < B; k += 2) S.codes[(c0 + k) / 2] = S.io[(i0 + k) / 2];
+      *sc = S.ios[it.row * S.ios_token + it.h * S.ios_head + it.j * S.ios_dim];
+      continue;
+    }
+    *sc = (char)sbyte;
+    char* dst = S.codes + c0 / 2;
+    if (((uintptr_t)dst % 8) == 0) { /* B/2 = 8 or 16 bytes */
+#pragma unroll
+      for (int w = 0; w < B / 16; ++w) {
+        unsigned lo = 0, hi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          lo |= (unsigned)kvx_ref::fp4_pack(codes[w * 16 + 2 * k], codes[w * 16 + 2 * k + 1]) << (8 * k);
+          hi |= (unsigned)kvx_ref::fp4_pack(codes[w * 16 + 8 + 2 * k], codes[w * 16 + 8 + 2 * k + 1]) << (8 * k);
+        }
+        ((uint2*)dst)[w] = make_uint2(lo, hi);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < B; k += 2) dst[k / 2] = (char)kvx_ref::fp4_pack(codes[k], codes[k + 1]);
+    }
+  }
+}
+
+/* max(m, |x|), NaN if either is NaN. */
+__device__ __forceinline__ float max_abs_nan(float m, float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
+  return r;
+}
+
+/* FP32 values of the NW words of a block of IO dtype DT. */
+template <int DT, int NW>
+__device__ __forceinline__ void unpack(const uint32_t* w, float* x) {
+#pragma unroll
+  for (int k = 0; k < NW; ++k) {
+    if (DT == KVX_DTYPE_F32) {
+      x[k] = __uint_as_float(w[k]);
+    } else if (DT == KVX_DTYPE_F16) {
+      __half2 h;
+      memcpy(&h, &w[k], 4);
+      const float2 f = __half22float2(h);
+      x[2 * k] = f.x;
+      x[2 * k + 1] = f.y;
+    } else {
+      x[2 * k] = __uint_as_float(w[k] << 16);
+      x[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+}
+
+/* Encodes one block given as its raw IO words `w`: returns the scale byte and
+ * writes the B/8 words of packed codes. Bit-identical to encode_block (fp4.h):
+ *  - NVFP4 fast when g is in [2^-60, 2^60) and amax < 2^60 (neither NaN nor
+ *    inf): wanted = amax / (6 g) (IEEE), s = E4M3(min(wanted, 448)) (s = 0: a
+ *    dead block, codes 0), d = float(s) * g; codes by Markstein's division
+ *    when d is in [2^-40, 2^60) (|x| / d for |x| < 2^-60 is below 2^-20 then:
+ *    magnitude 0 either way), else encode_block;
+ *  - MXFP4: amax a normal FP32 (and amax / 6 normal for the ceil rule): the
+ *    exponent from the bits, codes of |x| * 2^-e; amax == 0: byte 0, codes 0;
+ *  - the code's sign is the input's (d, 2^-e > 0: RN(x / d) has x's sign). */
+/* encode_block (fp4.h's steps), packed: the rare blocks the fast path leaves
+ * (NaN, Inf, extreme amax, g or divisor), out of line and reloading the block
+ * from `src`, to keep the fast path's registers. */
+template <int B>
+struct Packed {
+  uint32_t w[B / 8];
+  uint32_t sbyte;
+};
+
+template <int B, int DT>
+__device__ __noinline__ Packed<B> encode_slow(int format, const uint4* src, float g) {
+  constexpr int NV = B * Es<DT>::value / 16;
+  uint32_t w[NV * 4];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    const uint4 u = __ldg(src + v);
+    w[4 * v] = u.x;
+    w[4 * v + 1] = u.y;
+    w[4 * v + 2] = u.z;
+    w[4 * v + 3] = u.w;
+  }
+  float x[B];
+  unpack<DT, NV * 4>(w, x);
+  uint8_t codes[B];
+  Packed<B> r;
+  r.sbyte = encode_block<B>(format, x, g, codes);
+#pragma unroll
+  for (int o = 0; o < B / 8; ++o) {
+    uint32_t v = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v |= (uint32_t)kvx_ref::fp4_pack(codes[8 * o + 2 * k], codes[8 * o + 2 * k + 1]) << (8 * k);
+    r.w[o] = v;
+  }
+  return r;
+}
+
+/* RN(x / s) by Markstein's reciprocal-multiply, r = RN(1 / s): exact for |x|
+ * and |s| in [2^-60, 2^60) (csrc/tests/fp_identities_check.cpp), x = +0 too. */
+__device__ __forceinline__ float div_rcp(float x, float s, float r) {
+  const float q0 = __fmul_rn(x, r);
+  return __fmaf_rn(__fmaf_rn(-q0, s, x), r, q0);
+}
+
+/* |v| in [2^-60, 2^60) for v >= 0 (bits). */
+__device__ __forceinline__ bool pos_range(uint32_t b) { return b - 0x21800000u < 0x3C000000u; }
+
+/* d in [2^-40, 2^46): the codes of x / d by Markstein's division of x by
+ * d * 2^14 (in [2^-26, 2^60)), which is RN(x / d) * 2^-14, the input of
+ * e2m1_f16_scaled (|x| < 2^-60 gives a quotient below 2^-20: magnitude 0). */
+__device__ __forceinline__ bool d_fast(float d) { return __float_as_uint(d) - 0x2B800000u < 0x2B000000u; }
+
+/* max |x| of the 16 NG values of 8 NG words of F16 or BF16 in packed
+ * arithmetic (NaN-propagating max of the magnitudes), as FP32 (exact): equal
+ * to the FP32 max.NaN of |x| except that a NaN is the canonical one, which the
+ * callers only test for being NaN. */
+#ifndef KVX_FP4_BF16_AMAX_F16
+#define KVX_FP4_BF16_AMAX_F16 1 /* BF16 amax through the F16 max (0: the BF16 max of the ANDed words) */
+#endif
+template <typename H2>
+__device__ __forceinline__ H2 hmax8_nan(H2* m) {
+  m[0] = __hmax2_nan(__hmax2_nan(m[0], m[1]), m[2]);
+  m[3] = __hmax2_nan(__hmax2_nan(m[3], m[4]), m[5]);
+  m[6] = __hmax2_nan(__hmax2_nan(m[6], m[7]), m[0]);
+  return __hmax2_nan(m[3], m[6]);
+}
+
+/* The packed F16 max of the magnitudes of 8 NG words of two 16-bit values each
+ * (NaN propagates; the |.| is a free operand modifier of the max). */
+template <int NG>
+__device__ __forceinline__ __half2 habs_max(const uint32_t* w) {
+  constexpr int N = 8 * NG;
+    __half2 m[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      __half2 h;
+      memcpy(&h, &w[k], 4);
+      m[k] = __habs2(h);
+    }
+    __half2 r = hmax8_nan(m);
+    if (NG == 2) r = __hmax2_nan(r, hmax8_nan(m + 8 % N));
+  return r;
+}
+
+template <int DT, int NG>
+__device__ __forceinline__ float amax16(const uint32_t* w) {
+  if (DT == KVX_DTYPE_F16) {
+    __half2 r = habs_max<NG>(w);
+    return __low2float(__hmax2_nan(r, __lowhigh2highlow(r)));
+  } else {
+#if KVX_FP4_BF16_AMAX_F16
+    /* BF16 through the F16 max, whose |.| operand modifier is free (a BF16 |x| is
+     * one more instruction per word): non-negative values of either format are
+     * ordered as their bits, so below 0x7C00 (BF16 2^121) the F16 max of the BF16
+     * magnitudes' bits is their max, exactly; from there on (huge, inf or NaN) the
+     * result is 0x7C00 (= BF16 2^121, exact) or the F16 NaN 0x7FFF, a BF16 NaN,
+     * which sends the block to encode_slow (fp4.h, from the input). */
+    __half2 r = habs_max<NG>(w);
+#else
+    constexpr int N = 8 * NG;
+    __nv_bfloat162 m[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const uint32_t u = w[k] & 0x7FFF7FFFu; /* an integer AND (__habs2 would be an FMA-pipe HFMA2) */
+      memcpy(&m[k], &u, 4);
+    }
+    __nv_bfloat162 r = hmax8_nan(m);
+    if (NG == 2) r = __hmax2_nan(r, hmax8_nan(m + 8 % N));
+#endif
+    r = __hmax2_nan(r, __lowhigh2highlow(r));
+    uint32_t u;
+    memcpy(&u, &r, 4);
+    return __uint_as_float(u << 16);
+  }
+}
+
+/* The two words of packed codes of 16 values from their 8 words of F16 code
+ * bits (code << 9 in each half, the sign in bit 15). */
+__device__ __forceinline__ void pack_codes(const uint32_t* hw, uint32_t* out) {
+#pragma unroll
+  for (int o = 0; o < 2; ++o) {
+    const uint32_t p01 = __byte_perm(hw[4 * o], hw[4 * o + 1], 0x7531);
+    const uint32_t p23 = __byte_perm(hw[4 * o + 2], hw[4 * o + 3], 0x7531);
+    const uint32_t x01 = ((p01 >> 1) | (p01 >> 4)) & 0x0F0F0F0Fu;
+    const uint32_t x23 = ((p23 >> 1) | (p23 >> 4)) & 0x0F0F0F0Fu;
+    out[o] = __byte_perm(x01 | (x01 >> 4), x23 | (x23 >> 4), 0x6420);
+  }
+}
+
+/* fp4_fast.h's e2m1_h on two F16 values at once. */
+struct H2Ops {
+  typedef __half2 T;
+  static __device__ __forceinline__ T c(float v) { return __float2half2_rn(v); }
+  static __device__ __forceinline__ T min(T a, T b) { return __hmin2(a, b); }
+  static __device__ __forceinline__ T max(T a, T b) { return __hmax2(a, b); }
+  static __device__ __forceinline__ T expo(T a) {
+    uint32_t u;
+    memcpy(&u, &a, 4);
+    u &= 0x7C007C00u;
+    memcpy(&a, &u, 4);
+    return a;
+  }
+  static __device__ __forceinline__ T fma(T a, T b, T c) { return __hfma2(a, b, c); }
+  static __device__ __forceinline__ T neg(T a) { return __hneg2(a); }
+  static __device__ __forceinline__ T mul(T a, T b) { return __hmul2(a, b); }
+};
+
+#ifndef KVX_FP4_MX_H2
+#define KVX_FP4_MX_H2 1 /* MXFP4 codes in packed F16 arithmetic: 1 for OCP blocks from F16 (+0.6 points on the
+                           H100); 2 for every MXFP4 write from F16/BF16 (16-value blocks -2.4 to -3.7 points, OCP
+                           from BF16 +-0.1); 0 never (FP32, one value at a time) */
+#endif
+
+/* Per-side constants of the fast write. */
+struct WSide {
+  float g, sixg, r6; /* NVFP4 per-tensor g (1.0 without), 6 g, RN(1 / (6 g)) (0: divide) */
+  int g_ok;          /* g in [2^-60, 2^60): else every NVFP4 block takes encode_slow */
+};
+
+/* Encodes 16 NG values of a block of B (16, or 32: over a lane pair, PAIR,
+ * or NG = 2 in one lane) given as their raw IO words `w`; returns the scale
+ * byte and writes the 2 NG words of packed codes, or sets `slow` (then the
+ * caller takes encode_slow). Bit-identical to encode_block (fp4.h):
+ *  - NVFP4 fast when g is in [2^-60, 2^60) and amax < 2^60 (neither NaN nor
+ *    inf): wanted = RN(amax / (6 g)) (Markstein with RN(1 / (6 g)) when amax
+ *    and 6 g allow it, else IEEE), s = E4M3(min(wanted, 448)) (s = 0: a dead
+ *    block, codes 0), d = float(s) * g (from the shared table `tab` for a
+ *    per-tensor g, with d * 2^14 and its reciprocal); codes by Markstein's
+ *    division of |x| by d * 2^14 when d is in [2^-40, 2^46) (see d_fast), else
+ *    encode_block;
+ *  - MXFP4: amax a normal FP32 (and amax / 6 normal for the ceil rule, by
+ *    Markstein with RN(1/6) when amax >= 2^-60): the exponent from the bits,
+ *    codes of |x| * 2^(-e-14); amax == 0: byte 0, codes 0;
+ *  - the code's sign is the input's (d, 2^-e > 0: RN(x / d) has x's sign). */
+template <int DT, bool PAIR, int format, int NG>
+__device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws, float g_head, bool use_tab,
+                                             const float2* tab, bool& slow, uint32_t* out) {
+  constexpr int WG = 16 * Es<DT>::value / 4; /* words per 16 values */
+  float amax;
+  if (DT == KVX_DTYPE_F32) {
+    float m[8 * NG];
+#pragma unroll
+    for (int i = 0; i < 8 * NG; ++i) m[i] = max_abs_nan(fabsf(__uint_as_float(w[2 * i])), __uint_as_float(w[2 * i + 1]));
+#pragma unroll
+    for (int lv = 1; lv <= 2 + NG; ++lv) { /* 8 NG = 2^(2 + NG) */
+#pragma unroll
+      for (int i = 0; i < ((8 * NG) >> lv); ++i) {
+        float r;
+        asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m[i]), "f"(m[i + ((8 * NG) >> lv)]));
+        m[i] = r;
+      }
+    }
+    amax = m[0];
+  } else {
+    amax = amax16<DT, NG>(w);
+  }
+  if (PAIR) {
+    const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(amax), "f"(o));
+    amax = r;
+  }
+  const uint32_t ab = __float_as_uint(amax);
+  float d = 0.0f, r = 0.0f, inv = 0.0f;
+  int e = 0;     /* MXFP4: the scale exponent */
+  int state = 0; /* 0 slow, 1 dead (codes 0), 2 NVFP4 live (d, r), 3 MXFP4 live (inv) */
+  uint32_t sbyte = 0;
+  if (format == kvx_ref::FP4_NVFP4) {
+    const float g = use_tab ? ws.g : g_head;
+    if ((use_tab ? ws.g_ok : pos_range(__float_as_uint(g))) && ab < 0x5D800000u) {
+      float wanted;
+      if (use_tab && ws.r6 != 0.0f && (pos_range(ab) || ab == 0u)) {
+        wanted = div_rcp(amax, ws.sixg, ws.r6);
+      } else {
+        wanted = __fdiv_rn(amax, __fmul_rn(6.0f, g));
+      }
+      const uint32_t s8 = kvx_fp4_fast::e4m3_sat(wanted); /* wanted finite, >= 0 */
+      if (s8 == 0) {
+        state = 1;
+      } else {
+        if (use_tab) {
+          const float2 dr = tab[s8];
+          d = dr.x;
+          r = dr.y;
+        } else {
+          d = __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), g);
+          if (d_fast(d)) {
+            d = __fmul_rn(d, 16384.0f);
+            r = __frcp_rn(d);
+          }
+        }
+        if (r != 0.0f) {
+          sbyte = s8;
+          state = 2;
+        }
+      }
+    }
+  } else if (ab == 0) {
+    state = 1;
+  } else if (ab - 0x00800000u < 0x7F000000u) { /* normal, finite */
+    bool ok = true;
+    if (format == kvx_ref::FP4_MXFP4) {
+      const float v6 = pos_range(ab) ? div_rcp(amax, 6.0f, 0.16666667163372039795f) : __fdiv_rn(amax, 6.0f);
+      const uint32_t v = __float_as_uint(v6);
+      ok = v >= 0x00800000u;
+      e = (int)(v >> 23) - 127 + ((v & 0x7FFFFFu) != 0u);
+    } else {
+      e = max((int)(ab >> 23) - 129, -127);
+    }
+    if (ok) { /* 2^(-e-14), subnormal for e > 112 */
+      inv = __uint_as_float(e <= 112 ? (uint32_t)(113 - e) << 23 : 1u << (135 - e));
+      sbyte = (uint32_t)(e + 127);
+      state = 3;
+    }
+  }
+  slow = state == 0;
+  /* MXFP4 from F16 (2^-e a normal F16) or BF16: the codes in packed F16
+   * arithmetic (fp4_fast.h e2m1_h), two values per instruction: s = |x| 2^-e
+   * by one packed F16 product (F16) or by two FP32 products and one packed
+   * conversion (BF16) */
+  if (state == 3 && DT != KVX_DTYPE_F32 && (KVX_FP4_MX_H2 == 2 || (KVX_FP4_MX_H2 == 1 && DT == KVX_DTYPE_F16 && NG == 2)) &&
+      (DT == KVX_DTYPE_BF16 || e >= -15)) {
+    const uint32_t e16 = (uint32_t)(15 - e) << 10;
+    const uint32_t sc2u = e16 | (e16 << 16); /* 2^-e in both halves (F16) */
+    const float inv32 = __uint_as_float(e <= 126 ? (uint32_t)(127 - e) << 23 : 1u << 22); /* 2^-e (BF16) */
+#pragma unroll
+    for (int gi = 0; gi < NG; ++gi) {
+      const uint32_t* wg = w + gi * WG;
+      uint32_t hw[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        __half2 sv;
+        if (DT == KVX_DTYPE_F16) {
+          __half2 xv, sc2;
+          memcpy(&xv, &wg[k], 4);
+          memcpy(&sc2, &sc2u, 4);
+          sv = __hmul2(__habs2(xv), sc2);
+        } else {
+          sv = __floats2half2_rn(__fmul_rn(fabsf(__uint_as_float(wg[k] << 16)), inv32),
+                                 __fmul_rn(fabsf(__uint_as_float(wg[k] & 0xFFFF0000u)), inv32));
+        }
+        const __half2 cv = kvx_fp4_fast::e2m1_h<H2Ops>(sv);
+        uint32_t u;
+        memcpy(&u, &cv, 4);
+        hw[k] = u | (wg[k] & 0x80008000u);
+      }
+      pack_codes(hw, out + 2 * gi);
+    }
+    return sbyte;
+  }
+  if (state >= 2) {
+#pragma unroll
+    for (int gi = 0; gi < NG; ++gi) {
+      const uint32_t* wg = w + gi * WG;
+      float x[16];
+      unpack<DT, WG>(wg, x);
+      float f[16];
+      if (state == 2) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) f[i] = kvx_fp4_fast::e2m1_f16_scaled(div_rcp(fabsf(x[i]), d, r));
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) f[i] = kvx_fp4_fast::e2m1_f16_scaled(__fmul_rn(fabsf(x[i]), inv));
+      }
+      uint32_t hw[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+        uint32_t u;
+        memcpy(&u, &h, 4);
+        if (DT == KVX_DTYPE_F32) {
+          u |= ((wg[2 * k] >> 16) & 0x8000u) | (wg[2 * k + 1] & 0x80000000u);
+        } else {
+          u |= wg[k] & 0x80008000u;
+        }
+        hw[k] = u;
+      }
+      pack_codes(hw, out + 2 * gi);
+    }
+  } else {
+#pragma unroll
+    for (int o = 0; o < 2 * NG; ++o) out[o] = 0;
+  }
+  return sbyte;
+}
+
+/* Threads per CTA of the fast write kernel (the launch reads it too). */
+template <int DT>
+struct WThreads {
+  static constexpr int value = DT == KVX_DTYPE_F32 ? 256 : KVX_FP4_W16_THREADS;
+};
+template <int B, int DT, int FMT> /* FMT: P.format, a template argument so each kernel keeps one format's path */
+__global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYPE_F32
+                                                          ? KVX_FP4_WRITE_MIN_BLOCKS_16
+                                                          : B == 32 && DT != KVX_DTYPE_F32 && KVX_FP4_W32_WHOLE
+                                                          ? KVX_FP4_WRITE_MIN_BLOCKS_32
+                                                          : KVX_FP4_WRITE_MIN_BLOCKS * 256 / WThreads<DT>::value)
+    write_fast_kernel(Params P) {
+  /* VPL values per lane and sub-block (16, or a whole 32-value block with
+   * 16-bit IO: NG = 2 groups of 16), LB lanes per block, NI sub-blocks per
+   * lane in flight */
+  constexpr int ES = Es<DT>::value;
+  constexpr bool WHOLE = B == 32 && ES == 2 && KVX_FP4_W32_WHOLE;
+  constexpr int VPL = WHOLE ? 32 : 16, NG = VPL / 16, LB = B / VPL, NV = VPL * ES / 16,
+                NI = VPL * ES >= 64 ? 1 : B == 16 ? KVX_FP4_W16_NI_16 : KVX_FP4_W16_NI;
+  /* sides per step: 2 for NVFP4 (+2-3 points on the H100); MXFP4 lost 1.4-3 points with 2 and the
+   * 32-value blocks spill */
+  constexpr int SU = KVX_FP4_SIDE_UNROLL && B == 16 && FMT == kvx_ref::FP4_NVFP4 ? 2 : 1;
+  __shared__ float2 tab[2][128];
+  WSide ws[2];
+  const bool use_tab = FMT == kvx_ref::FP4_NVFP4 && !P.side[0].g_per_head && !P.side[1].g_per_head;
+#pragma unroll
+  for (int sd = 0; sd < 2; ++sd) {
+    const Side& S = P.side[sd];
+    ws[sd].g = S.g && !S.g_per_head ? S.g[0] : 1.0f;
+    ws[sd].g_ok = pos_range(__float_as_uint(ws[sd].g));
+    ws[sd].sixg = __fmul_rn(6.0f, ws[sd].g);
+    ws[sd].r6 = ws[sd].g_ok && pos_range(__float_as_uint(ws[sd].sixg)) ? __frcp_rn(ws[sd].sixg) : 0.0f;
+  }
+  if (use_tab) {
+    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
+      const unsigned sd = k >> 7, s8 = k & 127u;
+      const float g = sd ? ws[1].g : ws[0].g;
+      const float d = s8 <= 0x7Eu ? __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), g) : 0.0f;
+      const float ds = __fmul_rn(d, 16384.0f);
+      tab[sd][s8] = make_float2(ds, d_fast(d) ? __frcp_rn(ds) : 0.0f);
+    }
+    __syncthreads();
+  }
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned long long r0 = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x - lane;
+  if (r0 >= P.rows) return;
+  unsigned bl = kNoBlock, tl = 0;
+  if (r0 + lane < P.rows) {
+    const long long slot = ld_index(P.slots, P.slot64, P.row_begin + r0 + lane);
+    if (!(slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots)) {
+      unsigned long long b, t;
+      split_slot(P, slot, b, t);
+      bl = (unsigned)b;
+      tl = (unsigned)t;
+    }
+  }
+  const unsigned n = P.rows - r0 < 32ull ? (unsigned)(P.rows - r0) : 32u;
+  const unsigned NB = (unsigned)(P.H * P.J), NS = NB * LB, NQ = (NS + 32u * NI - 1u) / (32u * NI);
+  const unsigned row_bytes = NB * B * ES, T = n * NQ * (2 / SU);
+  /* The warp's work is a stream of T steps (row i, batch q of NI sub-blocks
+   * per lane, and with SU = 1 the side; with SU = 2 a step takes both sides,
+   * unrolled, so each side's parameters are constant operands); side k + 1 is
+   * loaded while side k is encoded. */
+  uint4 nraw[NI][NV];
+  unsigned ni = 0, nq = 0, ns = 0; /* the step after the current one */
+  /* the stream cursor (row i, batch q, side sd) one step on: a side at a time when `sides` */
+  auto advance = [&](unsigned& i, unsigned& q, unsigned& sd, bool sides) {
+    if (sides && ++sd < 2) return;
+    sd = 0;
+    if (++q == NQ) {
+      q = 0;
+      ++i;
+    }
+  };
+  /* IO element offset, in its row, of sub-block sb (< NS) */
+  auto io_off = [&](const Side& S, unsigned sb) -> long long {
+    if (P.lin) return (long long)sb * VPL;
+    const unsigned bi = sb / LB, h = divu(P.fd_j, bi), j = bi - h * (unsigned)P.J;
+    return (long long)h * S.io_head + (long long)j * B + (sb % LB) * VPL;
+  };
+  /* ASYNC: each lane's 64 bytes of a step (one side of a batch: NI x NV
+   * 16-byte loads, 4 of them) go to its own shared-memory slots (a lane reads
+   * back only what it copied, so no warp barrier is needed), ST steps per warp
+   * in the ring, ST - 1 of them in flight while one is encoded; slot (lane, k)
+   * = 4 lane + ((k + lane / 2) mod 4): the 8 lanes of a quarter-warp hit 8
+   * distinct 16-byte bank groups. The ring advances one side at a time (with
+   * SU = 2 both sides of a step are consumed in turn, in the order issued). */
+  constexpr bool ASYNC =
+      ES == 2 && NI * NV == 4 && (WHOLE ? KVX_FP4_W32_ASYNC : B == 16 && KVX_FP4_W16_ASYNC);
+  constexpr int ST = KVX_FP4_W32_STAGES;
+  uint4* const ring = fp4_stage + (threadIdx.x >> 5) * (ST * 32 * 4);
+  unsigned ai = 0, aq = 0, as = 0, issued = 0, wst = 0, rst = 0;
+  auto slot = [&](unsigned k) { return 4u * lane + ((k + (lane >> 1)) & 3u); };
+  const unsigned units = T * SU; /* sides in the whole stream */
+  auto issue = [&]() {
+    if (issued < units) {
+      const Side& S = P.side[as];
+      const char* io_row = S.io + (long long)(P.row_begin + r0 + ai) * S.io_token * ES;
+      uint4* dst = ring + wst * (32 * 4);
+#pragma unroll
+      for (int m = 0; m < NI; ++m) {
+        const unsigned sb = aq * 32u * NI + lane + 32u * m;
+        const bool ok = sb < NS;
+        const uint4* src = (const uint4*)(io_row + (ok ? io_off(S, sb) : 0ll) * ES);
+#pragma unroll
+        for (int v = 0; v < NV; ++v) cp_async16(dst + slot(m * NV + v), src + (ok ? v : 0), ok);
+      }
+      advance(ai, aq, as, true);
+    }
+    ++issued;
+    wst = wst + 1 == ST ? 0 : wst + 1;
+    cp_async_commit();
+  };
+  auto load = [&](unsigned i, unsigned side, unsigned q) {
+    const Side& S = P.side[side];
+    const char* io_row = S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES;
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      const unsigned sb = q * 32u * NI + lane + 32u * m;
+#pragma unroll
+      for (int v = 0; v < NV; ++v) nraw[m][v] = make_uint4(0, 0, 0, 0);
+      if (sb < NS) {
+        const uint4* src = (const uint4*)(io_row + io_off(S, sb) * ES);
+#pragma unroll
+        for (int v = 0; v < NV; ++v) nraw[m][v] = __ldg(src + v);
+      }
+    }
+  };
+  if constexpr (ASYNC) {
+#pragma unroll
+    for (int st = 0; st < ST - 1; ++st) issue();
+  } else {
+    load(0, 0, 0);
+  }
+#pragma unroll 1
+  for (unsigned k = 0; k < T; ++k) {
+    const unsigned i = ni, q = nq, s0 = ns;
+    advance(ni, nq, ns, SU == 1);
+    const unsigned long long row = P.row_begin + r0 + i;
+    if (KVX_FP4_PREFETCH_W16 && ES == 2 && P.lin && s0 == 0 && q == 0) {
+      /* lane 2k + side: row i + A (the first row: rows 1..A) of that side */
+      const unsigned k = lane >> 1, sd = lane & 1u;
+      const unsigned ahead = i == 0 ? k + 1u : k == 0 ? (unsigned)KVX_FP4_PREFETCH_AHEAD : 0u;
+      if (lane < 2u * KVX_FP4_PREFETCH_AHEAD && ahead && r0 + i + ahead < P.rows)
+        prefetch_l2(P.side[sd].io + (long long)(row + ahead) * P.side[sd].io_token * ES, row_bytes);
+    }
+    const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
+#pragma unroll
+    for (int su = 0; su < SU; ++su) {
+      uint4 raw[NI][NV];
+      if constexpr (ASYNC) {
+        issue();
+        cp_async_wait<ST - 1>();
+        const uint4* cur = ring + rst * (32 * 4);
+#pragma unroll
+        for (int m = 0; m < NI; ++m) {
+#pragma unroll
+          for (int v = 0; v < NV; ++v) raw[m][v] = cur[slot(m * NV + v)];
+        }
+        rst = rst + 1 == ST ? 0 : rst + 1;
+      } else {
+#pragma unroll
+        for (int m = 0; m < NI; ++m) {
+#pragma unroll
+          for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
+        }
+        if (SU == 2 && su == 0) {
+          load(i, 1, q);
+        } else if (k + 1 < T) {
+          load(ni, ns, nq);
+        }
+      }
+      if (b == kNoBlock) continue;
+      const unsigned side = SU == 2 ? (unsigned)su : s0;
+      const Side& S = P.side[side];
+      const char* io_row = S.io + (long long)row * S.io_token * ES;
+      char* code_row = S.codes + ((long long)b * S.c_block + (long long)t * S.c_token) / 2;
+      char* sc_row = S.scales + (long long)b * S.s_block + (long long)t * S.s_token;
+      const WSide wsd = side ? ws[1] : ws[0];
+      const float2* tabs = tab[side]; /* read only when use_tab */
+#pragma unroll
+      for (int m = 0; m < NI; ++m) {
+        const unsigned sb = q * 32u * NI + lane + 32u * m, bi = sb / LB, half = sb % LB;
+        unsigned h = 0, j = 0;
+        if (!P.lin || (!use_tab && S.g_per_head)) {
+          h = divu(P.fd_j, bi);
+          j = bi - h * (unsigned)P.J;
+        }
+        const float g_head = !use_tab && S.g ? S.g[S.g_per_head ? h : 0u] : 1.0f;
+        uint32_t out[2 * NG];
+        bool slow;
+        uint32_t sbyte =
+            encode16<DT, (LB == 2), FMT, NG>((const uint32_t*)raw[m], wsd, g_head, use_tab, tabs, slow, out);
+        if (slow && sb < NS) {
+          const long long boff = P.lin ? (long long)bi * B : (long long)h * S.io_head + (long long)j * B;
+          const Packed<B> pk = encode_slow<B, DT>(FMT, (const uint4*)(io_row + boff * ES), use_tab ? wsd.g : g_head);
+#pragma unroll
+          for (int o = 0; o < 2 * NG; ++o) out[o] = pk.w[half * 2 * NG + o];
+          sbyte = pk.sbyte;
+        }
+        if (sb < NS) {
+          long long coff, soff;
+          if (P.lin) {
+            coff = (long long)sb * VPL;
+            soff = bi;
+          } else {
+            coff = (long long)h * S.c_head + (long long)j * B + half * VPL;
+            soff = (long long)h * S.s_head + (long long)j * S.s_dim;
+          }
+          if (NG == 2) {
+            *(uint4*)(code_row + coff / 2) = make_uint4(out[0], out[1], out[2 % (2 * NG)], out[3 % (2 * NG)]);
+          } else {
+            *(uint2*)(code_row + coff / 2) = make_uint2(out[0], out[1]);
+          }
+          if (half == 0) sc_row[soff] = (char)sbyte;
+        }
+      }
+    }
+  }
+}
+
+/* The kernel of a write: per-block (pick) or fast (pick_fast), by block size, IO dtype and format. */
+template <int B>
+Kernel pick_dt(int dt) {
+  switch (dt) {
+    case KVX_DTYPE_F16:
+      return write_kernel<B, KVX_DTYPE_F16>;
+    case KVX_DTYPE_BF16:
+      return write_kernel<B, KVX_DTYPE_BF16>;
+    case KVX_DTYPE_F32:
+      return write_kernel<B, KVX_DTYPE_F32>;
+    default:
+      return write_kernel<B, 0>;
+  }
+}
+
+Kernel pick(const Params& P) {
+  const int dt = P.raw ? 0 : P.io_dtype;
+  return P.B == 32 ? pick_dt<32>(dt) : pick_dt<16>(dt);
+}
+
+template <int B, int FMT>
+Kernel pick_fast_dt(int dt) {
+  switch (dt) {
+    case KVX_DTYPE_F16:
+      return write_fast_kernel<B, KVX_DTYPE_F16, FMT>;
+    case KVX_DTYPE_BF16:
+      return write_fast_kernel<B, KVX_DTYPE_BF16, FMT>;
+    default:
+      return write_fast_kernel<B, KVX_DTYPE_F32, FMT>;
+  }
+}
+
+Kernel pick_fast(const Params& P) {
+  if (P.B == 32) return pick_fast_dt<32, kvx_ref::FP4_MXFP4_OCP>(P.io_dtype);
+  return P.format == kvx_ref::FP4_NVFP4 ? pick_fast_dt<16, kvx_ref::FP4_NVFP4>(P.io_dtype)
+                                        : pick_fast_dt<16, kvx_ref::FP4_MXFP4>(P.io_dtype);
+}
+
+/* Dynamic shared memory of the fast write: the ASYNC staging ring (16-bit IO; 64 bytes per lane per step). */
+int write_smem(const Params& P, unsigned threads) {
+  if (P.io_dtype == KVX_DTYPE_F32) return 0;
+  const bool async = P.B == 32 ? KVX_FP4_W32_ASYNC && KVX_FP4_W32_WHOLE : KVX_FP4_W16_ASYNC && KVX_FP4_W16_NI_16 == 2;
+  return async ? (int)(threads / 32) * KVX_FP4_W32_STAGES * 32 * 4 * 16 : 0;
+}
+
+}  // namespace
+}  // namespace kvx_fp4
+
+namespace kvx_ref {
+
+kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
+  using namespace kvx_fp4;
+  if (plan.num_tokens == 0) return KVX_STATUS_OK;
+  if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;
+  if (plan.memory == KVX_MEMORY_UNIFIED) {
+    kvx_status_t st = unified_wait((cudaStream_t)stream);
+    if (st == KVX_STATUS_OK) st = host_prescan_write(plan);
+    if (st != KVX_STATUS_OK) return st;
+  }
+  const Fp4Plan& f = plan.fp4;
+  Params P = base(f, plan.num_kv_heads, plan.head_dim, plan.key.dtype);
+  if (!f.raw && plan.key.dtype != plan.value.dtype) return KVX_STATUS_UNSUPPORTED; /* one IO dtype per launch */
+  fill_side(P.side[0], plan.k_cache, f.k_scales, plan.key, f.io_k_scales, f.k_global);
+  fill_side(P.side[1], plan.v_cache, f.v_scales, plan.value, f.io_v_scales, f.v_global);
+  P.slots = plan.slots;
+  P.slot64 = plan.slot_dtype == KVX_DTYPE_S64;
+  P.invalid_slot = plan.invalid_slot;
+  P.num_slots = (unsigned long long)plan.num_blocks * plan.block_size;
+  P.block_size = plan.block_size;
+  P.slot32 = P.num_slots < (1ull << 31);
+  P.vec_ok = vec_ok(P);
+  /* one thread per token row suits large calls; a decode-sized call (at most KVX_FP4_FAST_MIN_ROWS
+   * rows) takes the per-block kernel, one thread per (row, side, head, scale block): 256 rows took
+   * 82 us on the row kernel (docs/cuda-reference.md, "Decode-sized calls") */
+  if (fast_ok(P) && plan.num_tokens > (unsigned long long)KVX_FP4_FAST_MIN_ROWS) {
+    const unsigned threads = P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS;
+    return launch_fast(pick_fast(P), P, plan.num_tokens, (cudaStream_t)stream, threads, write_smem(P, threads));
+  }
+  return launch(pick(P), P, plan.num_tokens, (cudaStream_t)stream);
+}
+
+}  // namespace kvx_ref

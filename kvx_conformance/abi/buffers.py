@@ -1,0 +1,364 @@
+"""Guarded buffers: every region handed to a provider sits between poisoned guards.
+
+A buffer owns ``guard`` bytes before and after its data region, filled with a
+position-dependent pattern (so a stray write of any value is seen), and its data
+region starts poisoned too. After each call ``violations()`` reports every guard byte
+that changed. Host buffers are numpy; device buffers use torch (optional extra) and
+unified buffers use ``cudaMallocManaged`` through torch's CUDA runtime; the three
+share one interface, so the executor does not care where memory lives.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import sys
+import threading
+import time
+
+import numpy as np
+
+from . import health
+from .header import Memory
+
+DEFAULT_GUARD = 256
+DEFAULT_ALIGN = 256
+
+
+def guard_pattern(n: int, salt: int = 0) -> np.ndarray:
+    i = np.arange(n, dtype=np.uint32)
+    return ((i * 37 + 0x5B + salt * 11) & 0xFF).astype(np.uint8)
+
+
+class Buffer:
+    """Interface: ``ptr`` (int), ``nbytes``, ``upload(array)``, ``download()``, ``violations()``."""
+
+    memory: Memory
+    ptr: int
+    nbytes: int
+    name: str
+
+    def upload(self, data: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def download(self) -> np.ndarray:
+        """The data region as a fresh uint8 array."""
+        raise NotImplementedError
+
+    def _all_bytes(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def violations(self) -> list[str]:
+        whole = self._all_bytes()
+        pre = whole[: self._pre]
+        post = whole[self._pre + self.nbytes : self._pre + self.nbytes + self.guard]
+        out = []
+        for label, region, expect in (("before", pre, self._pre_pattern), ("after", post, self._post_pattern)):
+            bad = np.nonzero(region != expect)[0]
+            if bad.size:
+                where = (bad[0] - len(region)) if label == "before" else bad[0]
+                out.append(
+                    f"{self.name}: {bad.size} guard byte(s) {label} the buffer changed "
+                    f"(first at byte offset {int(where):+d} from the {'start' if label == 'before' else 'end'})"
+                )
+        return out
+
+
+class HostBuffer(Buffer):
+    memory = Memory.HOST
+
+    def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
+                 align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
+        self.name, self.nbytes, self.guard = name, int(nbytes), guard
+        self._owner = health.current_test()
+        self._raw = np.empty(guard + align + self.nbytes + guard, dtype=np.uint8)
+        base = self._raw.ctypes.data
+        first = (-(base + guard)) % align + misalign % align
+        self._pre = guard + first
+        self._raw[:] = guard_pattern(len(self._raw), salt)
+        self._pre_pattern = self._raw[: self._pre].copy()
+        self._post_pattern = self._raw[self._pre + self.nbytes : self._pre + self.nbytes + guard].copy()
+        self.ptr = base + self._pre
+
+    def data_view(self) -> np.ndarray:
+        return self._raw[self._pre : self._pre + self.nbytes]
+
+    def upload(self, data: np.ndarray) -> None:
+        b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        assert b.size == self.nbytes, (self.name, b.size, self.nbytes)
+        self.data_view()[:] = b
+
+    def download(self) -> np.ndarray:
+        return self.data_view().copy()
+
+    def _all_bytes(self) -> np.ndarray:
+        return self._raw
+
+    def __del__(self):
+        # only when nothing else holds the memory (a view keeps it alive anyway)
+        try:
+            raw = getattr(self, "_raw", None)
+            if raw is not None and QUARANTINE.on and sys.getrefcount(raw) <= 3:
+                QUARANTINE.admit(raw, self.name, getattr(self, "_owner", ""))
+        except Exception:  # interpreter shutdown
+            pass
+
+
+# ----------------------------------------------------------------------------- quarantine
+
+
+class Quarantine:
+    """Freed host-addressable buffers are not given back at once: each stays allocated,
+    filled with a canary byte, for ``hold_s`` (bounded by ``max_bytes``), and is checked
+    once it is ``quiet_s`` old and again when it is given back. A changed canary is a
+    write after return (spec 7.2) into the buffer of the test that owned it; the late
+    write lands in memory the harness still owns instead of in memory a later test reuses.
+    Enabled in the processes that run the conformance tests (the pytest plugin)."""
+
+    CANARY = 0xC5
+
+    def __init__(self, quiet_s: float = 0.25, hold_s: float = 3.0, max_bytes: int = 256 << 20):
+        self.on = False
+        self.quiet_s, self.hold_s, self.max_bytes = quiet_s, hold_s, max_bytes
+        self._items: collections.deque = collections.deque()
+        self._kept: list = []
+        self._bytes = 0
+        self._lock = threading.RLock()  # admit() runs from __del__, possibly inside sweep()
+
+    def admit(self, raw: np.ndarray, name: str, owner: str, free=None) -> None:
+        raw.fill(self.CANARY)
+        with self._lock:
+            self._items.append([time.monotonic(), raw, name, owner, free, False])
+            self._bytes += raw.nbytes
+        if self._bytes > self.max_bytes:
+            self.sweep()
+
+    def _check(self, item: list, where: str, owner: str | None = None) -> None:
+        raw = item[1]
+        bad = np.flatnonzero(raw != self.CANARY)
+        if bad.size:
+            raw.fill(self.CANARY)  # report each write once
+            if where == "during-call":
+                health.note_late_write(f"{bad.size} byte(s) of memory the call was not given (a freed buffer "
+                                       f"'{item[2]}' the harness holds) written during the call "
+                                       f"(first at byte {int(bad[0])} of its allocation)",
+                                       owner=owner or "", where=where)
+                return
+            health.note_late_write(f"{item[2]}: {bad.size} byte(s) written after the call returned "
+                                   f"(first at byte {int(bad[0])} of the buffer's allocation)",
+                                   owner=item[3], where=where)
+
+    def sweep(self, final: bool = False) -> None:
+        """Check buffers that became quiet; give back those held long enough (all when final)."""
+        now = time.monotonic()
+        with self._lock:
+            for item in self._items:
+                if not item[5] and now - item[0] >= self.quiet_s:
+                    item[5] = True
+                    self._check(item, "quarantine")
+            while self._items and (final or now - self._items[0][0] >= self.hold_s or
+                                   (self._bytes > self.max_bytes and now - self._items[0][0] >= self.quiet_s)):
+                item = self._items.popleft()
+                self._check(item, "quarantine")
+                self._bytes -= item[1].nbytes
+                if final:
+                    # the end of a run: threads the provider left may still write; what is held
+                    # stays allocated until the process ends (runs in one process: mutant checks)
+                    self._kept.append(item)
+                elif item[4] is not None:
+                    item[4]()
+
+    def check_all(self, where: str, owner: str | None = None) -> None:
+        """Check every held buffer now: before a provider call (``where`` "quarantine": damage
+        done between calls is a write after return, charged to the buffer's owner) and after
+        one ("during-call": damage done while a call ran is a write outside that call's own
+        buffers, charged to the test that made the call, ``owner``)."""
+        if not self.on:
+            return
+        with self._lock:
+            for item in self._items:
+                self._check(item, where, owner)
+
+    def youngest_age(self) -> float | None:
+        with self._lock:
+            return time.monotonic() - self._items[-1][0] if self._items else None
+
+
+QUARANTINE = Quarantine()
+# around every provider call (loader -> health): damage found before a call happened between
+# calls (a write after return); damage found after it happened during the call
+health.call_hooks(before=lambda entry: QUARANTINE.check_all("quarantine"),
+                  after=lambda entry: QUARANTINE.check_all("during-call", owner=health.current_test()))
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError(
+            "device memory needs torch with CUDA: pip install 'kvx-conform[torch]'"
+        ) from None
+    if not torch.cuda.is_available():
+        raise RuntimeError("device memory needs a CUDA GPU, and torch sees none")
+    return torch
+
+
+class DeviceBuffer(Buffer):
+    """cudaMalloc'd memory (through torch's allocator), guards on the device.
+
+    ``device``: the CUDA device index to allocate on (default: the current device)."""
+
+    memory = Memory.DEVICE
+
+    def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
+                 align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0, device: int | None = None):
+        torch = _torch()
+        self.name, self.nbytes, self.guard = name, int(nbytes), guard
+        total = guard + align + self.nbytes + guard
+        pattern = guard_pattern(total, salt)
+        self._t = torch.from_numpy(pattern.copy()).to("cuda" if device is None else f"cuda:{int(device)}")
+        self.device = self._t.device.index
+        base = self._t.data_ptr()
+        first = (-(base + guard)) % align + misalign % align
+        self._pre = guard + first
+        self._pre_pattern = pattern[: self._pre].copy()
+        self._post_pattern = pattern[self._pre + self.nbytes : self._pre + self.nbytes + guard].copy()
+        self.ptr = base + self._pre
+
+    def upload(self, data: np.ndarray) -> None:
+        torch = _torch()
+        b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        assert b.size == self.nbytes, (self.name, b.size, self.nbytes)
+        if b.size:
+            self._t[self._pre : self._pre + self.nbytes].copy_(torch.from_numpy(b.copy()))
+        torch.cuda.synchronize(self.device)
+
+    def download(self) -> np.ndarray:
+        _torch().cuda.synchronize(self.device)
+        return self._t[self._pre : self._pre + self.nbytes].cpu().numpy().copy()
+
+    def _all_bytes(self) -> np.ndarray:
+        _torch().cuda.synchronize(self.device)
+        return self._t.cpu().numpy()
+
+
+class _Cudart:
+    """cudaMallocManaged / cudaFree from the CUDA runtime torch loaded."""
+
+    @classmethod
+    def lib(cls):
+        _torch()
+        try:
+            return health.cudart()
+        except RuntimeError:
+            raise RuntimeError("unified memory needs libcudart (not found next to torch)") from None
+
+
+class UnifiedBuffer(HostBuffer):
+    """cudaMallocManaged memory: host-addressable, so guards are checked like host ones."""
+
+    memory = Memory.UNIFIED
+
+    def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
+                 align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
+        lib = _Cudart.lib()
+        self.name, self.nbytes, self.guard = name, int(nbytes), guard
+        self._owner = health.current_test()
+        total = guard + align + self.nbytes + guard
+        p = ctypes.c_void_p()
+        if lib.cudaMallocManaged(ctypes.byref(p), ctypes.c_size_t(total), ctypes.c_uint(1)) != 0:
+            raise RuntimeError("cudaMallocManaged failed")
+        self._managed = p.value
+        self._raw = np.ctypeslib.as_array((ctypes.c_uint8 * total).from_address(p.value))
+        base = p.value
+        first = (-(base + guard)) % align + misalign % align
+        self._pre = guard + first
+        self._raw[:] = guard_pattern(total, salt)
+        self._pre_pattern = self._raw[: self._pre].copy()
+        self._post_pattern = self._raw[self._pre + self.nbytes : self._pre + self.nbytes + guard].copy()
+        self.ptr = base + self._pre
+
+    def _sync(self):
+        _Cudart.lib().cudaDeviceSynchronize()
+
+    def download(self) -> np.ndarray:
+        self._sync()
+        return super().download()
+
+    def _all_bytes(self) -> np.ndarray:
+        self._sync()
+        return self._raw
+
+    def __del__(self):
+        m = getattr(self, "_managed", None)
+        if not m:
+            return
+
+        def free(m=m):
+            try:
+                _Cudart.lib().cudaFree(ctypes.c_void_p(m))
+            except Exception:
+                pass
+
+        if QUARANTINE.on:
+            QUARANTINE.admit(self._raw, self.name, getattr(self, "_owner", ""), free)
+        else:
+            free()
+
+
+_KINDS = {Memory.HOST: HostBuffer, Memory.DEVICE: DeviceBuffer, Memory.UNIFIED: UnifiedBuffer}
+
+
+def allocate(nbytes: int, memory: Memory, name: str = "buffer", *, device: int | None = None, **kw) -> Buffer:
+    """A guarded buffer; ``device`` places a DEVICE buffer on that CUDA device (host and unified
+    memory have no owning device: it must be None there)."""
+    if device is not None:
+        if Memory(memory) != Memory.DEVICE:
+            raise ValueError(f"a device index applies to DEVICE memory only, not {Memory(memory).name}")
+        kw["device"] = device
+    return _KINDS[Memory(memory)](nbytes, name, **kw)
+
+
+def memory_available(memory: Memory) -> str | None:
+    """None when buffers of this memory type can be made here, else the reason."""
+    if memory == Memory.HOST:
+        return None
+    try:
+        _torch()
+        if memory == Memory.UNIFIED:
+            _Cudart.lib()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def synchronize(memory: Memory, device: int | None = None) -> None:
+    """Wait for the GPU work on ``device`` (default: the current device); nothing for host memory."""
+    if memory != Memory.HOST:
+        _torch().cuda.synchronize(device)
+
+
+def _element_text(a: np.ndarray, i: int) -> str:
+    if a.dtype.kind == "f":
+        bits = int(a[i : i + 1].view(f"u{a.dtype.itemsize}")[0])
+        return f"{float(a[i]):.9g} (0x{bits:0{a.dtype.itemsize * 2}x})"
+    if a.dtype.kind in "iub":
+        return str(int(a[i]))
+    return f"0x{bytes(a[i : i + 1].view(np.uint8)).hex()}"
+
+
+def input_change(name: str, before: np.ndarray, after: np.ndarray) -> str | None:
+    """None when ``after`` (the bytes of a buffer after a call) equals ``before`` (the
+    array uploaded into it), else one line naming the buffer, how many elements changed
+    and the first one: its index and its value before and after, in the array's dtype."""
+    b = np.ascontiguousarray(before).reshape(-1)
+    raw = np.ascontiguousarray(after).reshape(-1).view(np.uint8)
+    bb = b.view(np.uint8)
+    if raw.size == bb.size and np.array_equal(raw, bb):
+        return None
+    size = max(1, b.dtype.itemsize)
+    if raw.size != bb.size or bb.size % size:
+        return f"{name}: {raw.size} bytes after the call, {bb.size} before"
+    bad = np.nonzero((raw.reshape(-1, size) != bb.reshape(-1, size)).any(axis=1))[0]
+    i = int(bad[0])
+    return (f"{name}: {bad.size} of {b.size} element(s) changed by the call; first at element {i}: "
+            f"{_element_text(b, i)} before, {_element_text(raw.view(b.dtype), i)} after")

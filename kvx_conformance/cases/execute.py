@@ -1,0 +1,193 @@
+"""Run one case on a provider: guarded buffers in, ctypes structs built, call, read back.
+
+The executor is the only place where a case meets a provider. It never judges: it
+returns a :class:`~kvx_conformance.cases.case.Result` (status, the memory after the call,
+guard violations, changed inputs) for the suites to compare with the oracle's.
+
+Every buffer a call may only read (the IO key and value of a write, slots, scales,
+block table indices and indptr, sequence lengths, the cache and pools of a gather or a
+validation) is put in read-only: its contents are kept and compared with the buffer
+after the call, on host and device alike (docs/spec-readings.md R-INPUTS).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..abi import header as abi, buffers, descriptors as d, health
+from ..abi.header import Memory, TableFormat
+from .case import CacheCase, GatherCase, Result, ValidateCase, WriteCase
+
+
+@dataclass
+class CallOptions:
+    """How to place a case in memory and call: memory type, misalignment, stream."""
+
+    memory: Memory = Memory.HOST
+    misalign: int = 0  # bytes added to every data pointer (cache and IO tensors)
+    stream: int | None = None
+    #: called between the provider's return and the read-back (e.g. lifetime checks)
+    after_call: object = None
+    #: DEVICE memory: the CUDA device the buffers go on (None: the current device)
+    device: int | None = None
+
+
+class _Arena:
+    """The buffers of one call, by name; checks all their guards, and that the read-only
+    ones still hold what was put in, at the end."""
+
+    def __init__(self, memory: Memory, misalign: int, device: int | None = None):
+        self.memory, self.misalign, self.device = memory, misalign, device
+        self.bufs: dict[str, buffers.Buffer] = {}
+        self.readonly: dict[str, np.ndarray] = {}
+
+    def put(self, name: str, array: np.ndarray | None, *, data: bool = False, readonly: bool = False) -> int:
+        if array is None:
+            return 0
+        a = np.ascontiguousarray(array)
+        buf = buffers.allocate(a.nbytes, self.memory, name, misalign=self.misalign if data else 0,
+                               salt=len(self.bufs), device=self.device)
+        buf.upload(a)
+        self.bufs[name] = buf
+        if readonly:
+            self.readonly[name] = a.copy()
+        return buf.ptr
+
+    def input_changes(self) -> list[str]:
+        """One line per read-only buffer whose contents the call changed."""
+        out = []
+        for name, before in self.readonly.items():
+            line = buffers.input_change(name, before, self.bufs[name].download())
+            if line:
+                out.append(line)
+        return out
+
+    def get(self, name: str, dtype: np.dtype) -> np.ndarray:
+        return self.bufs[name].download().view(dtype)
+
+    def violations(self) -> list[str]:
+        out: list[str] = []
+        for b in self.bufs.values():
+            out.extend(b.violations())
+        return out
+
+
+def apply_overrides(roots: dict[str, ctypes.Structure], overrides: dict) -> dict[str, object]:
+    """Set dotted C fields (``cache.k.ndim``) on the built structs; returns the call args.
+
+    A root overridden with None (``{"desc": None}``) is passed as a NULL pointer.
+    """
+    args: dict[str, object] = dict(roots)
+    for path, value in overrides.items():
+        parts = path.split(".")
+        if len(parts) == 1:
+            if value is not None:
+                raise ValueError(f"only None may replace a whole struct: {path}")
+            args[parts[0]] = None
+            continue
+        obj = roots[parts[0]]
+        for p in parts[1:-1]:
+            obj = getattr(obj, p)
+        leaf = parts[-1]
+        if "[" in leaf:
+            name, idx = leaf[:-1].split("[")
+            getattr(obj, name)[int(idx)] = value
+        else:
+            setattr(obj, leaf, value)
+    return args
+
+
+def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory, *, readonly: bool) -> abi.kvx_cache_desc_t:
+    """The cache tensors and pools; ``readonly`` for a call that only reads them (gather, validate)."""
+    k_ptr = arena.put("k cache", cache.k_init, data=True, readonly=readonly)
+    v_ptr = arena.put("v cache", cache.v_init, data=True, readonly=readonly)
+    pool = cache.pool
+    prim = sec = 0
+    bpb = 0
+    if pool is not None:
+        bpb = pool.bytes_per_block
+        prim = arena.put("primary pool", pool.primary, data=True, readonly=readonly)
+        sec = (arena.put("secondary pool", pool.secondary, data=True, readonly=readonly)
+               if pool.secondary is not None else 0)
+        if pool.secondary_null:
+            sec = 0
+    return d.to_c_cache(cache.geom, cache.k, k_ptr, cache.v, v_ptr, memory,
+                        pool_bytes_per_block=bpb, pool_primary=prim, pool_secondary=sec)
+
+
+def run_validate(provider, case: ValidateCase, opts: CallOptions | None = None) -> Result:
+    opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
+    arena = _Arena(opts.memory, opts.misalign, opts.device)
+    c = _place_cache(arena, case.cache, opts.memory, readonly=True)
+    args = apply_overrides({"cache": c}, case.c_overrides)
+    st = provider.validate_cache_desc(args["cache"])
+    buffers.synchronize(opts.memory, opts.device)
+    return Result(st, {}, arena.violations(), input_changes=arena.input_changes())
+
+
+def _scale_value_ptr(arena: _Arena, name: str, value: float | None) -> int:
+    if value is None:
+        return 0
+    return arena.put(name, np.array([value], dtype=np.float32), readonly=True)
+
+
+def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Result:
+    opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
+    mem = opts.memory
+    arena = _Arena(mem, opts.misalign, opts.device)
+    cache = _place_cache(arena, case.cache, mem, readonly=False)
+    g = case.cache.geom
+    kp = arena.put("key", case.key, data=True, readonly=True)
+    vp = arena.put("value", case.value, data=True, readonly=True)
+    io = d.to_c_io(case.key_layout, kp, case.value_layout, vp, mem, case.num_tokens, g.num_kv_heads, g.head_dim)
+    sp = arena.put("slots", case.slots.encoded(), readonly=True)
+    desc = abi.kvx_write_desc_t.new()
+    desc.io = io
+    desc.slots = d.to_c_slots(case.slots, sp)
+    desc.k_scale = _scale_value_ptr(arena, "k_scale", case.k_scale) or None
+    desc.v_scale = _scale_value_ptr(arena, "v_scale", case.v_scale) or None
+    for side in ("k", "v"):
+        spec = getattr(case, f"{side}_scale_desc")
+        ptr = (arena.put(f"{side}_scale_desc data", np.asarray(spec.values, np.float32), readonly=True)
+               if spec is not None else 0)
+        setattr(desc, f"{side}_scale_desc", d.to_c_scale(spec, ptr))
+    args = apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)
+    st = provider.write_kv(args["cache"], args["desc"], opts.stream)
+    if opts.after_call is not None:
+        opts.after_call()
+    buffers.synchronize(mem, opts.device)
+    kdt, vdt = case.cache.k_init.dtype, case.cache.v_init.dtype
+    arrays = {"k": arena.get("k cache", kdt), "v": arena.get("v cache", vdt)}
+    return Result(st, arrays, arena.violations(), input_changes=arena.input_changes())
+
+
+def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> Result:
+    opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
+    mem = opts.memory
+    arena = _Arena(mem, opts.misalign, opts.device)
+    cache = _place_cache(arena, case.cache, mem, readonly=True)
+    g = case.cache.geom
+    kp = arena.put("out key", case.out_k_init, data=True)
+    vp = arena.put("out value", case.out_v_init, data=True)
+    io = d.to_c_io(case.out_layout, kp, case.out_layout, vp, mem, case.num_tokens, g.num_kv_heads, g.head_dim)
+    t = case.table
+    ip = arena.put("indices", t.encoded_indices() if len(t.indices) else None, readonly=True)
+    pp = arena.put("indptr", t.encoded_indptr(), readonly=True)
+    lp = arena.put("seq_lens", case.seq_lens.encoded() if len(case.seq_lens.lengths) else None, readonly=True)
+    desc = abi.kvx_gather_desc_t.new(max_seq_len=case.max_seq_len)
+    desc.io = io
+    desc.block_table = d.to_c_table(t, ip, pp)
+    desc.seq_lens = d.to_c_seq_lens(case.seq_lens, lp)
+    args = apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)
+    st = provider.gather_kv(args["cache"], args["desc"], opts.stream)
+    if opts.after_call is not None:
+        opts.after_call()
+    buffers.synchronize(mem, opts.device)
+    arrays = {"k": arena.get("out key", case.out_k_init.dtype), "v": arena.get("out value", case.out_v_init.dtype)}
+    # a gather only reads the cache: a change to it is a changed input
+    return Result(st, arrays, arena.violations(), input_changes=arena.input_changes())

@@ -1,0 +1,573 @@
+"""Driving a provider's FP4 cache (KVX 1.2): cases, the oracle's answers, and the calls.
+
+The FP4 suite (``suites/conformance/test_s10_fp4.py``) and the accuracy runner
+(``kvx_conformance.accuracy.runner.provider_roundtrip``) use this module. It builds
+the 1.2 structs (``abi.kvx_*_v1_2_t``), places every tensor in guarded buffers of
+the run's memory type, calls the provider and reads everything back; the oracle
+side (:func:`expected_write`, :func:`expected_gather`) is
+``kvx_conformance.reference_impl.fp4`` applied row by row.
+
+Storage of an :class:`Fp4Cache` (numpy, uint8):
+
+* ``k_codes`` / ``v_codes``: packed E2M1, ``[nb, bs, H, D/2]`` (NHD) or
+  ``[nb, H, bs, D/2]`` (HND); described to the provider in elements (nibbles):
+  shape ``[nb, bs, H, D]``, strides ``[bs*H*D, H*D, D, 1]`` (NHD);
+* ``k_scales`` / ``v_scales``: ``[nb, bs, H, D/B]`` or ``[nb, H, bs, D/B]``, the
+  scale pool, indexed by the same physical block ids.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field, replace
+
+import ml_dtypes
+import numpy as np
+
+from ..abi import header as abi, buffers
+from ..abi.header import DType, Fp4Format, Layout, Memory, ScaleGranularity, TableFormat
+from ..reference_impl import fp4 as oracle
+
+FORMATS = {"nvfp4": Fp4Format.NVFP4, "mxfp4": Fp4Format.MXFP4, "mxfp4_ocp": Fp4Format.MXFP4_OCP}
+FORMAT_NAMES = {v: k for k, v in FORMATS.items()}
+IO_NP = {DType.F32: np.dtype(np.float32), DType.F16: np.dtype(np.float16), DType.BF16: np.dtype(ml_dtypes.bfloat16)}
+POISON = 0xA5  # initial byte of the cache tensors and of gather outputs
+
+
+def block_values(fmt: Fp4Format) -> int:
+    return 32 if fmt == Fp4Format.MXFP4_OCP else 16
+
+
+def scale_dtype(fmt: Fp4Format) -> DType:
+    return DType.F8_E4M3 if fmt == Fp4Format.NVFP4 else DType.UE8M0
+
+
+def provider_minor(provider) -> int:
+    try:
+        return int(provider.version().minor)
+    except Exception:
+        return 0
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+@dataclass
+class Fp4Cache:
+    fmt: Fp4Format
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    layout: Layout = Layout.BLOCK_NHD
+    k_codes: np.ndarray = None  # type: ignore[assignment]
+    v_codes: np.ndarray = None  # type: ignore[assignment]
+    k_scales: np.ndarray = None  # type: ignore[assignment]
+    v_scales: np.ndarray = None  # type: ignore[assignment]
+    #: NVFP4 global scales (None: absent = 1.0; a float: PER_TENSOR; a sequence: PER_HEAD)
+    k_global: object = None
+    v_global: object = None
+
+    @property
+    def B(self) -> int:
+        return block_values(self.fmt)
+
+    def code_shape(self) -> tuple[int, ...]:
+        nb, bs, H, D = self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim
+        return (nb, bs, H, D // 2) if self.layout == Layout.BLOCK_NHD else (nb, H, bs, D // 2)
+
+    def scale_shape(self) -> tuple[int, ...]:
+        nb, bs, H, J = self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim // self.B
+        return (nb, bs, H, J) if self.layout == Layout.BLOCK_NHD else (nb, H, bs, J)
+
+    def row(self, arr: np.ndarray, b: int, t: int) -> np.ndarray:
+        """View ``[H, ...]`` of (block b, offset t) in a code or scale array."""
+        return arr[b, t] if self.layout == Layout.BLOCK_NHD else arr[b, :, t]
+
+    def g_per_head(self, side: str) -> np.ndarray:
+        g = self.k_global if side == "k" else self.v_global
+        if g is None or self.fmt != Fp4Format.NVFP4:
+            return np.ones(self.num_kv_heads, np.float32)
+        return np.broadcast_to(np.asarray(g, np.float32), (self.num_kv_heads,)).copy()
+
+    def copy(self) -> "Fp4Cache":
+        return replace(self, k_codes=self.k_codes.copy(), v_codes=self.v_codes.copy(),
+                       k_scales=self.k_scales.copy(), v_scales=self.v_scales.copy())
+
+
+def new_cache(fmt: Fp4Format, num_blocks: int, block_size: int, H: int, D: int, layout=Layout.BLOCK_NHD,
+              k_global=None, v_global=None, fill: int = POISON) -> Fp4Cache:
+    c = Fp4Cache(Fp4Format(fmt), num_blocks, block_size, H, D, Layout(layout), k_global=k_global, v_global=v_global)
+    c.k_codes = np.full(c.code_shape(), fill, np.uint8)
+    c.v_codes = np.full(c.code_shape(), fill ^ 0x3C, np.uint8)
+    c.k_scales = np.full(c.scale_shape(), fill ^ 0x11, np.uint8)
+    c.v_scales = np.full(c.scale_shape(), fill ^ 0x22, np.uint8)
+    return c
+
+
+def encode_rows(fmt: Fp4Format, x: np.ndarray, g: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Oracle codes and scales of rows ``x[..., H, D]`` (g per head, NVFP4 only)."""
+    if fmt == Fp4Format.NVFP4:
+        return oracle.nvfp4_encode(x, global_scale=g)
+    if fmt == Fp4Format.MXFP4:
+        return oracle.mxfp4_encode(x, block=16, rule="ceil")
+    return oracle.mxfp4_encode(x, block=32, rule="floor")
+
+
+def decode_rows(fmt: Fp4Format, codes: np.ndarray, scales: np.ndarray, g: np.ndarray | None, out_dtype) -> np.ndarray:
+    if fmt == Fp4Format.NVFP4:
+        return oracle.nvfp4_decode(codes, scales, global_scale=g, out_dtype=out_dtype)
+    return oracle.mxfp4_decode(codes, scales, out_dtype=out_dtype)
+
+
+def fill_cache(cache: Fp4Cache, blocks: list[int], k: np.ndarray, v: np.ndarray) -> None:
+    """Encode ``k``/``v`` ``[len(blocks) * bs, H, D]`` with the oracle into the given blocks, in order."""
+    bs = cache.block_size
+    for side, x in (("k", k), ("v", v)):
+        codes, scales = encode_rows(cache.fmt, x, cache.g_per_head(side))
+        for i, b in enumerate(blocks):
+            for t in range(bs):
+                cache.row(getattr(cache, f"{side}_codes"), b, t)[...] = codes[i * bs + t]
+                cache.row(getattr(cache, f"{side}_scales"), b, t)[...] = scales[i * bs + t]
+
+
+# ----------------------------------------------------------------------------- oracle answers
+
+
+def slot_ok(slot: int, cache: Fp4Cache, invalid_slot: int) -> bool:
+    return 0 <= slot < cache.num_blocks * cache.block_size and slot != invalid_slot
+
+
+def expected_write(cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slots, invalid_slot: int = -1) -> Fp4Cache:
+    out = cache.copy()
+    bs = cache.block_size
+    for side, x in (("k", key), ("v", value)):
+        codes, scales = encode_rows(cache.fmt, x, cache.g_per_head(side))
+        for i, slot in enumerate(np.asarray(slots, np.int64)):
+            if not slot_ok(int(slot), cache, invalid_slot):
+                continue
+            b, t = divmod(int(slot), bs)
+            out.row(getattr(out, f"{side}_codes"), b, t)[...] = codes[i]
+            out.row(getattr(out, f"{side}_scales"), b, t)[...] = scales[i]
+    return out
+
+
+def gathered_rows(cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_len: int):
+    """(output row, block, offset) of every gathered token (PACKED table)."""
+    bs = cache.block_size
+    for s, L in enumerate(seq_lens):
+        for t in range(min(int(L), max_seq_len)):
+            yield s * max_seq_len + t, int(table[s, t // bs]), t % bs
+
+
+def expected_gather(cache: Fp4Cache, table, seq_lens, max_seq_len: int, out_dtype: DType, out_init: dict):
+    """Oracle outputs: dequantized rows (or raw codes and scales when out_dtype is F4_E2M1)."""
+    out = {k: v.copy() for k, v in out_init.items()}
+    for row, b, t in gathered_rows(cache, np.asarray(table), seq_lens, max_seq_len):
+        for side in ("k", "v"):
+            codes = cache.row(getattr(cache, f"{side}_codes"), b, t)
+            scales = cache.row(getattr(cache, f"{side}_scales"), b, t)
+            if out_dtype == DType.F4_E2M1:
+                out[side][row] = codes
+                out[side + "_scales"][row] = scales
+            else:
+                out[side][row] = decode_rows(cache.fmt, codes, scales, cache.g_per_head(side), IO_NP[out_dtype])
+    return out
+
+
+# ----------------------------------------------------------------------------- C structs
+
+
+def _tensor(dtype, layout, memory, shape, stride, ptr) -> abi.kvx_tensor_desc_t:
+    t = abi.kvx_tensor_desc_t.new(dtype=int(dtype), layout=int(layout), memory=int(memory), ndim=len(shape))
+    for i, (n, s) in enumerate(zip(shape, stride)):
+        t.shape[i], t.stride[i] = int(n), int(s)
+    t.data = ptr or None
+    return t
+
+
+def _dense_strides(shape) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= int(n)
+    return out[::-1]
+
+
+def _global_desc(g, H: int, arena: "_Arena", name: str) -> abi.kvx_scale_desc_t:
+    sd = abi.kvx_scale_desc_t.new()
+    if g is None:
+        return sd
+    arr = np.atleast_1d(np.asarray(g, np.float32))
+    sd.dtype = int(DType.F32)
+    if np.ndim(g) == 0:
+        sd.granularity = int(ScaleGranularity.PER_TENSOR)
+    else:
+        sd.granularity, sd.ndim, sd.shape[0], sd.stride[0] = int(ScaleGranularity.PER_HEAD), 1, H, 1
+    sd.data = arena.put(name, arr)
+    return sd
+
+
+#: the buffers a write / a gather may only read (R-INPUTS), compared after each call
+READONLY_WRITE = frozenset({"key", "value", "slots", "key scales", "value scales", "k global scale", "v global scale"})
+READONLY_GATHER = frozenset({"k cache", "v cache", "k scale pool", "v scale pool", "k global scale", "v global scale",
+                             "indices", "seq_lens"})
+
+
+class _Arena:
+    def __init__(self, memory: Memory, readonly: frozenset = frozenset()):
+        self.memory, self.bufs = memory, {}
+        self.readonly_names, self.readonly = readonly, {}
+
+    def put(self, name: str, array: np.ndarray) -> int:
+        a = np.ascontiguousarray(array)
+        buf = buffers.allocate(a.nbytes, self.memory, name, salt=len(self.bufs))
+        if a.nbytes:
+            buf.upload(a)
+        self.bufs[name] = buf
+        if name in self.readonly_names:
+            self.readonly[name] = a.copy()
+        return buf.ptr
+
+    def input_changes(self) -> list[str]:
+        out = []
+        for name, before in self.readonly.items():
+            line = buffers.input_change(name, before, self.bufs[name].download())
+            if line:
+                out.append(line)
+        return out
+
+    def get(self, name: str, like: np.ndarray) -> np.ndarray:
+        return self.bufs[name].download().view(like.dtype).reshape(like.shape)
+
+    def violations(self) -> list[str]:
+        out: list[str] = []
+        for b in self.bufs.values():
+            out.extend(b.violations())
+        return out
+
+
+def cache_struct(cache: Fp4Cache, arena: _Arena, cache_size: int | None = None) -> abi.kvx_cache_desc_v1_2_t:
+    memory = arena.memory
+    nb, bs, H, D, J = cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_dim, cache.head_dim // cache.B
+    logical = (nb, bs, H, D) if cache.layout == Layout.BLOCK_NHD else (nb, H, bs, D)
+    sshape = cache.scale_shape()
+    c = abi.kvx_cache_desc_v1_2_t.new(num_blocks=nb, block_size=bs, num_kv_heads=H, head_dim=D)
+    c.k = _tensor(DType.F4_E2M1, cache.layout, memory, logical, _dense_strides(logical), arena.put("k cache", cache.k_codes))
+    c.v = _tensor(DType.F4_E2M1, cache.layout, memory, logical, _dense_strides(logical), arena.put("v cache", cache.v_codes))
+    c.pool = abi.kvx_pool_desc_t.new()
+    x = abi.kvx_fp4_cache_ext_t.new(format=int(cache.fmt))
+    sdt = scale_dtype(cache.fmt)
+    x.k_scales = _tensor(sdt, cache.layout, memory, sshape, _dense_strides(sshape), arena.put("k scale pool", cache.k_scales))
+    x.v_scales = _tensor(sdt, cache.layout, memory, sshape, _dense_strides(sshape), arena.put("v scale pool", cache.v_scales))
+    x.k_global = _global_desc(cache.k_global, H, arena, "k global scale")
+    x.v_global = _global_desc(cache.v_global, H, arena, "v global scale")
+    c.fp4 = x
+    if cache_size is not None:
+        c.size = cache_size
+    _ = J
+    return c
+
+
+def _read_cache(cache: Fp4Cache, arena: _Arena) -> Fp4Cache:
+    out = cache.copy()
+    out.k_codes = arena.get("k cache", cache.k_codes)
+    out.v_codes = arena.get("v cache", cache.v_codes)
+    out.k_scales = arena.get("k scale pool", cache.k_scales)
+    out.v_scales = arena.get("v scale pool", cache.v_scales)
+    return out
+
+
+@dataclass
+class Fp4Result:
+    status: int
+    cache: Fp4Cache | None = None
+    out: dict = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    #: read-only inputs the call changed (R-INPUTS), one line each
+    input_changes: list[str] = field(default_factory=list)
+
+
+def _io(dtype: DType, memory, ptr_k, ptr_v, rows: int, H: int, D: int) -> abi.kvx_kv_io_desc_t:
+    shape = (rows, H, D)
+    io = abi.kvx_kv_io_desc_t.new(num_tokens=rows, num_kv_heads=H, head_dim=D)
+    io.key = _tensor(dtype, Layout.INVALID, memory, shape, _dense_strides(shape), ptr_k)
+    io.value = _tensor(dtype, Layout.INVALID, memory, shape, _dense_strides(shape), ptr_v)
+    return io
+
+
+def _io_scales(fmt, memory, ptr_k, ptr_v, rows: int, H: int, J: int) -> abi.kvx_fp4_io_scales_t:
+    shape = (rows, H, J)
+    x = abi.kvx_fp4_io_scales_t.new()
+    x.key_scales = _tensor(scale_dtype(fmt), Layout.INVALID, memory, shape, _dense_strides(shape), ptr_k)
+    x.value_scales = _tensor(scale_dtype(fmt), Layout.INVALID, memory, shape, _dense_strides(shape), ptr_v)
+    return x
+
+
+def run_write(provider, cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slots, *, memory=Memory.HOST,
+              invalid_slot: int = -1, slot_dtype=DType.S64, raw_scales: tuple | None = None,
+              cache_size: int | None = None, overrides: dict | None = None, stream=None) -> Fp4Result:
+    """Write ``key``/``value`` (``[n, H, D]`` F32/F16/BF16, or packed codes ``[n, H, D/2]`` with
+    ``raw_scales=(k_scales, v_scales)``) at ``slots``; returns the cache as left by the call."""
+    arena = _Arena(Memory(memory), READONLY_WRITE)
+    c = cache_struct(cache, arena, cache_size)
+    n, H = key.shape[0], cache.num_kv_heads
+    D = cache.head_dim
+    if raw_scales is not None:
+        dt = DType.F4_E2M1
+    else:
+        dt = {v: k for k, v in IO_NP.items()}[np.dtype(key.dtype)]
+    io = _io(dt, memory, arena.put("key", key) if n else 0, arena.put("value", value) if n else 0, n, H, D)
+    s = np.asarray(slots, np.int64 if slot_dtype == DType.S64 else np.int32)
+    d = abi.kvx_write_desc_v1_2_t.new()
+    d.io = io
+    d.slots = abi.kvx_slot_mapping_t.new(dtype=int(slot_dtype), token_count=n, invalid_slot=invalid_slot)
+    d.slots.slots = arena.put("slots", s) if n else None
+    d.k_scale_desc = abi.kvx_scale_desc_t.new()
+    d.v_scale_desc = abi.kvx_scale_desc_t.new()
+    if raw_scales is not None:
+        ks, vs = raw_scales
+        d.fp4 = _io_scales(cache.fmt, memory, arena.put("key scales", ks), arena.put("value scales", vs), n, H,
+                           D // cache.B)
+    _apply(c, d, overrides)
+    st = provider.write_kv(c, d, stream)
+    buffers.synchronize(Memory(memory))
+    return Fp4Result(int(st), _read_cache(cache, arena), {}, arena.violations(), arena.input_changes())
+
+
+def run_gather(provider, cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_len: int, out_dtype: DType, *,
+               memory=Memory.HOST, cache_size: int | None = None, overrides: dict | None = None,
+               stream=None) -> Fp4Result:
+    """PACKED gather into ``[S * max_seq_len, H, D]`` of ``out_dtype`` (F4_E2M1: raw codes + scales)."""
+    arena = _Arena(Memory(memory), READONLY_GATHER)
+    c = cache_struct(cache, arena, cache_size)
+    table = np.asarray(table, np.int32)
+    S, mbps = table.shape
+    rows, H, D, J = S * max_seq_len, cache.num_kv_heads, cache.head_dim, cache.head_dim // cache.B
+    init = out_init(cache, rows, out_dtype)
+    pk = arena.put("out key", init["k"]) if rows else 0
+    pv = arena.put("out value", init["v"]) if rows else 0
+    d = abi.kvx_gather_desc_v1_2_t.new(max_seq_len=max_seq_len)
+    d.io = _io(out_dtype, memory, pk, pv, rows, H, D)
+    d.block_table = abi.kvx_block_table_t.new(format=int(TableFormat.PACKED), index_dtype=int(DType.S32),
+                                              seq_count=S, beam_width=1, max_blocks_per_seq=mbps,
+                                              indices_count=S * mbps)
+    d.block_table.indices = arena.put("indices", table) if table.size else None
+    d.seq_lens = abi.kvx_seq_lens_t.new(dtype=int(DType.S32), seq_count=S)
+    d.seq_lens.lengths = arena.put("seq_lens", np.asarray(seq_lens, np.int32)) if S else None
+    if out_dtype == DType.F4_E2M1:
+        d.fp4 = _io_scales(cache.fmt, memory, arena.put("out key scales", init["k_scales"]),
+                           arena.put("out value scales", init["v_scales"]), rows, H, J)
+    _apply(c, d, overrides)
+    st = provider.gather_kv(c, d, stream)
+    buffers.synchronize(Memory(memory))
+    out = {}
+    if rows:
+        out = {"k": arena.get("out key", init["k"]), "v": arena.get("out value", init["v"])}
+        if out_dtype == DType.F4_E2M1:
+            out["k_scales"] = arena.get("out key scales", init["k_scales"])
+            out["v_scales"] = arena.get("out value scales", init["v_scales"])
+    # a gather only reads the cache and its scale pools: a change to them is a changed input
+    return Fp4Result(int(st), None, out, arena.violations(), arena.input_changes())
+
+
+def out_init(cache: Fp4Cache, rows: int, out_dtype: DType) -> dict:
+    H, D, J = cache.num_kv_heads, cache.head_dim, cache.head_dim // cache.B
+    if out_dtype == DType.F4_E2M1:
+        return {"k": np.full((rows, H, D // 2), POISON, np.uint8), "v": np.full((rows, H, D // 2), POISON, np.uint8),
+                "k_scales": np.full((rows, H, J), POISON, np.uint8), "v_scales": np.full((rows, H, J), POISON, np.uint8)}
+    dt = IO_NP[out_dtype]
+    poison = np.full((rows, H, D * dt.itemsize), POISON, np.uint8).view(dt)
+    return {"k": poison.copy(), "v": poison.copy()}
+
+
+def _apply(cache_struct_, desc, overrides: dict | None) -> None:
+    """Dotted overrides on the built structs: ``{"cache.fp4.format": 7, "desc.fp4.size": 0}``."""
+    for path, value in (overrides or {}).items():
+        root, *parts = path.split(".")
+        obj = cache_struct_ if root == "cache" else desc
+        for p in parts[:-1]:
+            obj = getattr(obj, p)
+        leaf = parts[-1]
+        if "[" in leaf:
+            name, idx = leaf[:-1].split("[")
+            getattr(obj, name)[int(idx)] = value
+        else:
+            setattr(obj, leaf, value)
+
+
+def struct_bytes(s: ctypes.Structure) -> bytes:
+    return ctypes.string_at(ctypes.addressof(s), ctypes.sizeof(s))
+
+
+# ----------------------------------------------------------------------------- tiers
+
+#: Signed E2M1 grid in value order (+-0 share index 7).
+_GRID = np.array([-6, -4, -3, -2, -1.5, -1, -0.5, 0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+
+
+def _grid_index(code_vals: np.ndarray) -> np.ndarray:
+    return np.searchsorted(_GRID, code_vals.astype(np.float32))
+
+
+def _scale_f32(fmt: Fp4Format, s: np.ndarray) -> np.ndarray:
+    if fmt == Fp4Format.NVFP4:
+        return s.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return s.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+
+
+def written_rows(cache: Fp4Cache, slots, invalid_slot: int = -1) -> list[tuple[int, int, int]]:
+    """(token i, block, offset) of each slot written, the last write of a slot winning."""
+    last: dict[int, int] = {}
+    for i, s in enumerate(np.asarray(slots, np.int64)):
+        if slot_ok(int(s), cache, invalid_slot):
+            last[int(s)] = i
+    return [(i, s // cache.block_size, s % cache.block_size) for s, i in sorted(last.items(), key=lambda kv: kv[1])]
+
+
+def _nan_scale(fmt: Fp4Format, s: np.ndarray) -> np.ndarray:
+    """Scale bytes that are NaN: E4M3 0x7F / 0xFF (NVFP4), UE8M0 0xFF (MXFP4)."""
+    s = np.asarray(s, np.uint8)
+    return (s & 0x7F) == 0x7F if fmt == Fp4Format.NVFP4 else s == 0xFF
+
+
+def exact_write_problems(got: Fp4Cache, want: Fp4Cache, limit: int = 4) -> list[str]:
+    """Codes and scale bytes of a quantizing write against the oracle's, bit for bit,
+    except NaN blocks, compared as a class (docs/numerics.md): where both scale bytes are
+    NaN (E4M3 0x7F or 0xFF, UE8M0 0xFF) the block decodes to NaN whatever its bytes, so
+    neither its scale encoding nor its codes are pinned."""
+    out = []
+    for side in ("k", "v"):
+        gs, es = getattr(got, f"{side}_scales"), getattr(want, f"{side}_scales")
+        nan_blk = _nan_scale(got.fmt, gs) & _nan_scale(want.fmt, es) if gs.shape == es.shape else None
+        for a in (f"{side}_codes", f"{side}_scales"):
+            g, e = getattr(got, a), getattr(want, a)
+            differ = g != e
+            if nan_blk is not None and differ.shape[:-1] == nan_blk.shape[:-1]:
+                if a.endswith("_scales"):
+                    differ &= ~nan_blk
+                elif g.shape[-1] % nan_blk.shape[-1] == 0:  # B / 2 code bytes per scale
+                    differ &= ~np.repeat(nan_blk, g.shape[-1] // nan_blk.shape[-1], axis=-1)
+            bad = np.argwhere(differ)
+            for idx in bad[:limit]:
+                out.append(f"{a}{tuple(int(v) for v in idx)}: expected {int(e[tuple(idx)]):#04x}, "
+                           f"got {int(g[tuple(idx)]):#04x}")
+            if len(bad) > limit:
+                out.append(f"{a}: {len(bad)} bytes differ in all")
+    return out
+
+
+def compatible_write_problems(before: Fp4Cache, got: Fp4Cache, want: Fp4Cache, key, value, slots,
+                              invalid_slot: int = -1, metric_slack: float = 1.05, limit: int = 6) -> list[str]:
+    """The "compatible" tier (readings: FP4 extension) of a write; [] when it holds.
+
+    Per block: the scale within one E4M3 step / one exponent of the oracle's (an all-zero
+    block exactly scale 0 and codes 0); per element: the provider's code within one
+    grid step of the oracle's code for the provider's own scale; the relative RMSE of
+    the provider's decode at most ``metric_slack`` times the oracle's. Blocks with
+    NaN/Inf inputs are informational (skipped); bytes of rows not written are unchanged.
+    """
+    probs: list[str] = []
+    rows = written_rows(before, slots, invalid_slot)
+    fmt, B = before.fmt, before.B
+    # untouched storage
+    mask_c = np.ones(before.code_shape(), bool)
+    mask_s = np.ones(before.scale_shape(), bool)
+    for _, b, t in rows:
+        before.row(mask_c, b, t)[...] = False
+        before.row(mask_s, b, t)[...] = False
+    for a, m in (("k_codes", mask_c), ("v_codes", mask_c), ("k_scales", mask_s), ("v_scales", mask_s)):
+        n = int(np.count_nonzero(getattr(got, a)[m] != getattr(before, a)[m]))
+        if n:
+            probs.append(f"{a}: {n} byte(s) outside the written rows changed")
+    err_p = err_r = ref_pow = 0.0
+    for side, x in (("k", np.asarray(key, np.float32)), ("v", np.asarray(value, np.float32))):
+        g = before.g_per_head(side)
+        for i, b, t in rows:
+            xs = x[i].reshape(before.num_kv_heads, -1, B)
+            cp = oracle.unpack_e2m1(before.row(getattr(got, f"{side}_codes"), b, t)).reshape(xs.shape)
+            cr = oracle.unpack_e2m1(before.row(getattr(want, f"{side}_codes"), b, t)).reshape(xs.shape)
+            sp = before.row(getattr(got, f"{side}_scales"), b, t)
+            sr = before.row(getattr(want, f"{side}_scales"), b, t)
+            for h in range(xs.shape[0]):
+                for j in range(xs.shape[1]):
+                    blk = xs[h, j]
+                    where = f"{side} token {i} (block {b}, offset {t}) head {h} scale block {j}"
+                    if not np.all(np.isfinite(blk)):
+                        continue
+                    p, r = int(sp[h, j]), int(sr[h, j])
+                    if not np.any(blk):
+                        if p != 0 or np.any(cp[h, j]):
+                            probs.append(f"{where}: all-zero block must store scale 0 and codes 0, got scale "
+                                         f"{p:#04x} codes {cp[h, j].tolist()}")
+                        continue
+                    bad_scale = abs(p - r) > 1 or (fmt == Fp4Format.NVFP4 and p > 0x7E) or p == 0xFF
+                    if bad_scale:
+                        probs.append(f"{where}: scale byte {p:#04x} more than one step from the oracle's {r:#04x}")
+                        continue
+                    d = _scale_f32(fmt, np.array([p], np.uint8))[0] * (g[h] if fmt == Fp4Format.NVFP4 else 1)
+                    vp = oracle.e2m1_to_float(cp[h, j])
+                    if d == 0:
+                        ok = not np.any(vp)
+                    else:
+                        with np.errstate(over="ignore", invalid="ignore"):
+                            ref_codes = oracle.float_to_e2m1(blk / np.float32(d))
+                        ok = bool(np.all(np.abs(_grid_index(vp) - _grid_index(oracle.e2m1_to_float(ref_codes))) <= 1))
+                    if not ok:
+                        probs.append(f"{where}: codes {cp[h, j].tolist()} not within one step of the oracle's "
+                                     f"codes for scale {p:#04x}")
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        dec_p = decode_rows(fmt, oracle.pack_e2m1(cp[h, j][None]), np.array([[p]], np.uint8), g[h],
+                                            np.float32)[0].astype(np.float64)
+                        dec_r = decode_rows(fmt, oracle.pack_e2m1(cr[h, j][None]), np.array([[r]], np.uint8), g[h],
+                                            np.float32)[0].astype(np.float64)
+                    b64 = blk.astype(np.float64)
+                    err_p += float(np.sum((dec_p - b64) ** 2))
+                    err_r += float(np.sum((dec_r - b64) ** 2))
+                    ref_pow += float(np.sum(b64 ** 2))
+                    if len(probs) > limit:
+                        return probs
+    if ref_pow > 0 and not err_p <= metric_slack * metric_slack * err_r + 1e-30 * ref_pow:
+        probs.append(f"relative RMSE {np.sqrt(err_p / ref_pow):.5f} exceeds {metric_slack:.2f} x the oracle's "
+                     f"{np.sqrt(err_r / ref_pow):.5f}")
+    return probs
+
+
+def _ordered(bits: np.ndarray, nbits: int) -> np.ndarray:
+    b = bits.astype(np.int64)
+    sign = (b >> (nbits - 1)) & 1
+    mag = b & ((1 << (nbits - 1)) - 1)
+    return np.where(sign == 1, -mag, mag)
+
+
+def gather_problems(got: dict, want: dict, out_dtype: DType, tier: str, limit: int = 4) -> list[str]:
+    """"exact": every byte equal (a NaN of a dequantizing gather may be any NaN);
+    "compatible": dequantized values within one ulp of the output dtype (NaN where the
+    oracle has NaN); raw transfers and untouched rows byte-identical."""
+    probs = []
+    for k, e in want.items():
+        g = got.get(k)
+        if g is None or g.shape != e.shape:
+            probs.append(f"{k}: output missing or of shape {None if g is None else g.shape}, expected {e.shape}")
+            continue
+        if out_dtype == DType.F4_E2M1 or k.endswith("_scales"):  # a raw transfer: a plain copy
+            bad = np.argwhere(g.view(np.uint8) != e.view(np.uint8))
+        elif tier == "exact":  # bit for bit, a NaN of the decode compared as a class (docs/numerics.md)
+            nbits = e.dtype.itemsize * 8
+            ut = {8: np.uint8, 16: np.uint16, 32: np.uint32}[nbits]
+            with np.errstate(invalid="ignore"):
+                both_nan = np.isnan(g.astype(np.float32)) & np.isnan(e.astype(np.float32))
+            bad = np.argwhere((g.view(ut) != e.view(ut)) & ~both_nan)
+        else:
+            nbits = e.dtype.itemsize * 8
+            ut = np.uint32 if nbits == 32 else np.uint16
+            gb, eb = g.view(ut), e.view(ut)
+            with np.errstate(invalid="ignore"):
+                gn, en = np.isnan(g.astype(np.float32)), np.isnan(e.astype(np.float32))
+            far = np.abs(_ordered(gb, nbits) - _ordered(eb, nbits)) > 1
+            bad = np.argwhere(np.where(en | gn, en != gn, far))
+        for idx in bad[:limit]:
+            t = tuple(int(v) for v in idx)
+            probs.append(f"{k}{t}: expected {e[t]!r}, got {g[t]!r}")
+        if len(bad) > limit:
+            probs.append(f"{k}: {len(bad)} elements differ in all")
+    return probs

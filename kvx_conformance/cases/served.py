@@ -1,0 +1,126 @@
+"""Which optional features a provider serves: one cheap probe call per feature, cached.
+
+The generated and differential tests (profile "generated") are required tests, and a
+required test uses required features only. They draw an optional feature
+(``outcomes.OPTIONAL_FEATURES``) only where the vendor claims it or the provider has
+shown here that it serves it: a tiny valid call that uses that one feature on top of the
+provider's core layout (``casebuild.core_layout``) answers OK. The probe judges no
+values (the explicit suites do that); it only decides what the generators may draw, so a
+provider is never failed by a generated example for a feature it refuses.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..abi import header as abi
+from ..abi.descriptors import Geometry
+from ..abi.header import DType, Status
+from . import build as cb
+
+#: Features the generators can draw, each with the probe case that shows it served.
+PROBED = ("nhd", "hnd", "hnd_packed", "custom_layout", "noncanonical_strides", "mixed_layouts",
+          "mixed_io_dtype", "fp8", "io_strides", "gather_4d", "ragged", "kv_offsets", "secondary_pool")
+
+_G = Geometry(num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8)
+_CACHE: dict[tuple[str, int], frozenset[str]] = {}
+
+
+def _write(provider, opts, cache, **kw) -> int:
+    from .execute import run_write
+
+    case = cb.write_case(cache, cb.spread_slots(_G, 5, 91), seed=92, label="served-feature probe", **kw)
+    return run_write(provider, case, opts).status
+
+
+def _gather(provider, opts, build: Callable) -> int:
+    from .execute import run_gather
+
+    return run_gather(provider, build(), opts).status
+
+
+def _probes(core: str) -> dict[str, Callable]:
+    """feature -> f(provider, opts) -> status of a valid call using that feature alone."""
+    table = np.array([[2, 0], [1, 3]], np.int64)
+
+    def cache(kind=core, dtype=DType.F16, **kw):
+        return cb.simple_cache(_G, kind, dtype, seed=90, **kw)
+
+    def mixed_kv(p, o):
+        t = cb.layout(_G, core, DType.F16)
+        return _write_mixed(p, o, cb.make_cache(_G, t, t.with_(dtype=DType.F32), seed=90))
+
+    def kv_offsets(secondary: bool):
+        def run(p, o):
+            c = cb.kv_offsets_cache(_G, DType.F16, primary_blocks=4, secondary_blocks=2 if secondary else 0, seed=93)
+            off = np.zeros((1, 1, 2, 2), np.int64)
+            off[0, 0, :, 0] = [1, 2]
+            off[0, 0, :, 1] = [cb.SECONDARY | 1, cb.SECONDARY | 0] if secondary else [3, 0]
+            return _gather(p, o, lambda: cb.kv_offsets_gather(c, off, [6], 6, seed=94, label="served-feature probe"))
+        return run
+
+    return {
+        "nhd": lambda p, o: _write(p, o, cache("nhd")),
+        "hnd": lambda p, o: _write(p, o, cache("hnd")),
+        "hnd_packed": lambda p, o: _write(p, o, cache("hnd_packed")),
+        "custom_layout": lambda p, o: _write(p, o, cache("custom")),
+        "noncanonical_strides": lambda p, o: _write(p, o, cache(core, pad=2)),
+        "mixed_layouts": mixed_kv,
+        "mixed_io_dtype": lambda p, o: _write(p, o, cache(), io_dtype=DType.F32),
+        "fp8": lambda p, o: _write(p, o, cache(core, DType.F8_E4M3), io_dtype=DType.F8_E4M3),
+        "io_strides": lambda p, o: _write(p, o, cache(), io_kind="padded"),
+        "gather_4d": lambda p, o: _gather(p, o, lambda: cb.packed_gather(cache(), table, [5, 7], 8, seed=95,
+                                                                         out4d=True, label="served-feature probe")),
+        "ragged": lambda p, o: _gather(p, o, lambda: cb.ragged_gather(cache(), table, [5, 7], 8, seed=96,
+                                                                       label="served-feature probe")),
+        "kv_offsets": kv_offsets(False),
+        "secondary_pool": kv_offsets(True),
+    }
+
+
+def _write_mixed(provider, opts, cache) -> int:
+    """K F16 and V F32 in the same layout; IO of each side's own dtype."""
+    from ..abi.descriptors import IOLayout
+    from .execute import run_write
+
+    n = 5
+    case = cb.write_case(cache, cb.spread_slots(_G, n, 91), seed=92, label="served-feature probe")
+    value_layout = IOLayout.dense(DType.F32, n, _G.num_kv_heads, _G.head_dim)
+    rng = cb.rng_for(97)
+    case = cb.replace(case, value_layout=value_layout,
+                      value=cb.finite_values(rng, DType.F32, value_layout.span_elements()))
+    return run_write(provider, case, opts).status
+
+
+def served_features(provider, memory: abi.Memory = abi.Memory.HOST) -> frozenset[str]:
+    """The optional features of ``PROBED`` whose probe call the provider answers OK (cached
+    per provider path and memory type). The provider's core layout is always included."""
+    from .execute import CallOptions
+
+    key = (str(getattr(provider, "path", id(provider))), int(memory))
+    if key not in _CACHE:
+        core = cb.core_layout(provider, memory)
+        opts = CallOptions(memory=memory)
+        served = {core}
+        for feature, probe in _probes(core).items():
+            try:
+                if int(probe(provider, opts)) == Status.OK:
+                    served.add(feature)
+            except Exception:  # noqa: BLE001 - a probe that cannot run shows nothing served
+                pass
+        _CACHE[key] = frozenset(served)
+    return _CACHE[key]
+
+
+def generator_features(provider, memory: abi.Memory, claims) -> frozenset[str]:
+    """What the generated and differential tests may draw: the provider's core layout, the
+    optional features it served in its probe, and every feature the vendor claims."""
+    return served_features(provider, memory) | frozenset(claims or ())
+
+
+def required_only(provider, memory: abi.Memory = abi.Memory.HOST) -> frozenset[str]:
+    """The provider's core layout alone: what a draw of required features only may use."""
+    return frozenset({cb.core_layout(provider, memory)})
+
+

@@ -1,0 +1,171 @@
+"""Hypothesis strategies for KVX cases: valid descriptor sets and single-rule violations.
+
+The structure of a case (geometry, layouts, dtypes, table format, token counts, which
+rule to break) is drawn by hypothesis, so a failing example shrinks towards a small,
+simple one; the contents (values, slots, table entries) come from the oracle
+engineer's seeded generators (``kvx_conformance.cases.generators``) with a drawn seed. Every
+strategy yields a :class:`Drawn`, whose ``repr`` is the case's one-line description
+and its seed: that is what hypothesis prints as the falsifying example.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..abi.descriptors import Geometry
+from ..abi.header import BASELINE_DTYPES, CACHE_DTYPES, FP8_DTYPES, INDEX_DTYPES, DType, Status, TableFormat
+from . import generators as gen
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """A drawn case plus how to rebuild it: ``what`` (builder and its knobs) and ``seed``."""
+
+    case: object
+    what: str
+    seed: int
+    rule: str = ""
+    status: Status | None = None
+    clause: str = ""
+
+    def __repr__(self) -> str:
+        head = f"[{self.rule} -> {self.status.name}] " if self.rule else ""
+        return f"<{head}{self.what} seed={self.seed}: {self.case.describe()}>"
+
+
+seeds = st.integers(min_value=0, max_value=2 ** 31 - 1)
+
+
+@st.composite
+def geometries(draw, pow2_block: bool = False) -> Geometry:
+    blocks = (1, 2, 4, 8, 16) if pow2_block else (1, 2, 3, 4, 5, 8, 16)
+    return Geometry(
+        num_blocks=draw(st.integers(1, 8)),
+        block_size=draw(st.sampled_from(blocks)),
+        num_kv_heads=draw(st.integers(1, 3)),
+        head_dim=draw(st.sampled_from((1, 2, 4, 6, 8, 16, 32))),
+    )
+
+
+def _profile(core: bool, profile: gen.Profile | None = None) -> gen.Profile:
+    if profile is not None:
+        return profile
+    return gen.CORE if core else gen.FULL
+
+
+@st.composite
+def write_cases(draw, core: bool = False, profile: gen.Profile | None = None) -> Drawn:
+    """A valid ``kvx_write_kv`` case (``core``: the readings' minimum features only;
+    ``profile``: only what it allows, e.g. ``generators.profile_for(features)``)."""
+    prof = _profile(core, profile)
+    geom = draw(geometries())
+    kw = dict(
+        geom=geom,
+        k_dtype=draw(st.sampled_from(prof.cache_dtypes)),
+        k_kind=draw(st.sampled_from(prof.layout_kinds)),
+        v_kind=draw(st.sampled_from(prof.layout_kinds)),
+        io_kind=draw(st.sampled_from(prof.io_kinds)),
+        num_tokens=draw(st.integers(0, min(geom.num_slots + 4, 24))),
+        slot_dtype=draw(st.sampled_from(INDEX_DTYPES)),
+        value_mode=draw(st.sampled_from(gen.VALUE_MODES)),
+        scales=draw(st.sampled_from(prof.scales)),
+    )
+    if not prof.mixed_kv:
+        kw["v_kind"] = kw["k_kind"]
+    if core or not prof.mixed_kv:
+        kw["v_dtype"] = kw["k_dtype"]
+    if core and profile is None:
+        kw["key_dtype"] = kw["value_dtype"] = draw(st.sampled_from(BASELINE_DTYPES))
+    elif not prof.mixed_io:
+        # IO of the cache's dtype; into an FP8 cache a baseline IO dtype quantizes (feature fp8)
+        io = draw(st.sampled_from((kw["k_dtype"],) + (BASELINE_DTYPES if kw["k_dtype"] in FP8_DTYPES else ())))
+        kw["key_dtype"] = kw["value_dtype"] = io
+    seed = draw(seeds)
+    with gen.using_profile(prof):
+        case = gen.random_write_case(np.random.default_rng(seed), seed=seed, **kw)
+    knobs = ", ".join(f"{k}={getattr(v, 'name', v)}" for k, v in kw.items() if k != "geom")
+    return Drawn(case, f"random_write_case({geom}, {knobs})", seed)
+
+
+@st.composite
+def gather_cases(draw, core: bool = False, profile: gen.Profile | None = None) -> Drawn:
+    """A valid ``kvx_gather_kv`` case over PACKED, RAGGED and KV_OFFSETS tables
+    (``profile``: only what it allows)."""
+    prof = _profile(core, profile)
+    fmt = draw(st.sampled_from(prof.formats))
+    kvo = fmt == TableFormat.KV_OFFSETS
+    geom = draw(geometries(pow2_block=kvo))
+    kw = dict(
+        fmt=fmt, geom=geom,
+        k_kind=draw(st.sampled_from(prof.layout_kinds)),
+        v_kind=draw(st.sampled_from(prof.layout_kinds)),
+        io_kind=draw(st.sampled_from(prof.io_kinds)),
+        four_d=draw(st.booleans()) if prof.four_d else False,
+        seq_count=draw(st.integers(0, 4)),
+        max_seq_len=draw(st.integers(0, 20)),
+    )
+    if not prof.mixed_kv:
+        kw["v_kind"] = kw["k_kind"]
+    if core and profile is None:
+        dt = draw(st.sampled_from(BASELINE_DTYPES))
+        kw.update(k_dtype=dt, v_dtype=dt)
+    elif profile is not None:
+        kw["k_dtype"] = draw(st.sampled_from(prof.cache_dtypes))
+        if not prof.mixed_kv:
+            kw["v_dtype"] = kw["k_dtype"]
+        if not prof.mixed_io:
+            kw["out_dtype"] = kw["k_dtype"]
+    elif draw(st.booleans()):
+        kw["k_dtype"] = draw(st.sampled_from(CACHE_DTYPES))
+    if kvo:
+        kw["beam_width"] = draw(st.integers(1, 3))
+        kw["secondary"] = draw(st.booleans()) and prof.secondary
+    seed = draw(seeds)
+    with gen.using_profile(prof):
+        case = gen.random_gather_case(np.random.default_rng(seed), seed=seed, **kw)
+    knobs = ", ".join(f"{k}={getattr(v, 'name', v)}" for k, v in kw.items() if k != "geom")
+    return Drawn(case, f"random_gather_case({geom}, {knobs})", seed)
+
+
+@st.composite
+def validate_cases(draw, profile: gen.Profile | None = None) -> Drawn:
+    """A valid ``kvx_validate_cache_desc`` case over every layout and dtype (``profile``:
+    only what it allows)."""
+    prof = profile or gen.FULL
+    geom = draw(geometries())
+    kw = dict(
+        geom=geom,
+        k_dtype=draw(st.sampled_from(prof.cache_dtypes)),
+        v_dtype=draw(st.sampled_from(prof.cache_dtypes)),
+        k_kind=draw(st.sampled_from(prof.layout_kinds)),
+        v_kind=draw(st.sampled_from(prof.layout_kinds)),
+    )
+    if not prof.mixed_kv:
+        kw["v_dtype"], kw["v_kind"] = kw["k_dtype"], kw["k_kind"]
+    seed = draw(seeds)
+    with gen.using_profile(prof):
+        case = gen.random_validate_case(np.random.default_rng(seed), seed=seed, **kw)
+    knobs = ", ".join(f"{k}={getattr(v, 'name', v)}" for k, v in kw.items() if k != "geom")
+    return Drawn(case, f"random_validate_case({geom}, {knobs})", seed)
+
+
+def rules_where(pred) -> list[str]:
+    return [r for r, rc in gen.RULES.items() if pred(r, rc)]
+
+
+#: Rules whose status is required (INVALID_ARGUMENT of R-ORDER steps 1-3, negative lengths).
+REQUIRED_RULES = rules_where(lambda r, rc: rc.status == Status.INVALID_ARGUMENT
+                             and not r.startswith("R-DATA.ragged_indptr"))
+#: Data-dependent rules whose status is recommended (OUT_OF_RANGE, malformed RAGGED indptr contents).
+DATA_RULES = rules_where(lambda r, rc: rc.status == Status.OUT_OF_RANGE or r.startswith("R-DATA.ragged_indptr"))
+
+
+@st.composite
+def violations(draw, rules: list[str] | None = None) -> Drawn:
+    """A case breaking exactly one rule of ``rules`` (default: every rule of the catalog)."""
+    rule = draw(st.sampled_from(rules or list(gen.RULES)))
+    seed = draw(seeds)
+    v = gen.random_invalid_case(np.random.default_rng(seed), rule, seed=seed)
+    return Drawn(v.case, f"random_invalid_case(rule={rule!r})", seed, rule=rule, status=v.status, clause=v.clause)
