@@ -132,16 +132,16 @@ class Quarantine:
         if self._bytes > self.max_bytes:
             self.sweep()
 
-    def _check(self, item: list, where: str, owner: str | None = None) -> None:
+    def _check(self, item: list, where: str) -> None:
         raw = item[1]
         bad = np.flatnonzero(raw != self.CANARY)
         if bad.size:
             raw.fill(self.CANARY)  # report each write once
             if where == "during-call":
-                health.note_late_write(f"{bad.size} byte(s) of memory the call was not given (a freed buffer "
-                                       f"'{item[2]}' the harness holds) written during the call "
-                                       f"(first at byte {int(bad[0])} of its allocation)",
-                                       owner=owner or "", where=where)
+                health.note_late_write(f"{item[2]} (freed, held by the harness): {bad.size} byte(s) written while "
+                                       f"a call ran (first at byte {int(bad[0])} of the buffer's allocation): an "
+                                       f"out-of-bounds write of that call or a late write of an earlier one",
+                                       owner=item[3], where=where)
                 return
             health.note_late_write(f"{item[2]}: {bad.size} byte(s) written after the call returned "
                                    f"(first at byte {int(bad[0])} of the buffer's allocation)",
@@ -167,16 +167,16 @@ class Quarantine:
                 elif item[4] is not None:
                     item[4]()
 
-    def check_all(self, where: str, owner: str | None = None) -> None:
+    def check_all(self, where: str) -> None:
         """Check every held buffer now: before a provider call (``where`` "quarantine": damage
         done between calls is a write after return, charged to the buffer's owner) and after
-        one ("during-call": damage done while a call ran is a write outside that call's own
-        buffers, charged to the test that made the call, ``owner``)."""
+        one ("during-call": damage done while a call ran is that call's out-of-bounds write or a
+        late write of an earlier call: listed, charged to no test)."""
         if not self.on:
             return
         with self._lock:
             for item in self._items:
-                self._check(item, where, owner)
+                self._check(item, where)
 
     def youngest_age(self) -> float | None:
         with self._lock:
@@ -187,7 +187,7 @@ QUARANTINE = Quarantine()
 # around every provider call (loader -> health): damage found before a call happened between
 # calls (a write after return); damage found after it happened during the call
 health.call_hooks(before=lambda entry: QUARANTINE.check_all("quarantine"),
-                  after=lambda entry: QUARANTINE.check_all("during-call", owner=health.current_test()))
+                  after=lambda entry: QUARANTINE.check_all("during-call"))
 
 
 def _torch():

@@ -543,7 +543,7 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
 
     tests = doc.get("tests", [])
     lines: list[str] = []
-    late = doc.get("late_writes") or []
+    late = [w for w in doc.get("late_writes") or [] if w.get("where") != "during-call"]
     if late:  # first: it explains failures and crashes below
         lines.append(f"== writes after return: the provider wrote into buffers after its calls returned "
                      f"({len(late)} finding(s); first in {late[0]['test']}: {late[0]['what']}); later crashes in "

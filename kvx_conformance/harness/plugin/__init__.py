@@ -51,7 +51,7 @@ from .config import (
     kvx_run_config,
     run_config,
 )
-from .controller import CL_OUT_OF_BOUNDS, _Controller, sanitizer_excerpt
+from .controller import _Controller, sanitizer_excerpt
 from .metadata import item_meta, repro_command
 from .worker import _Worker, crashed_entry, refusal_warning
 
