@@ -26,6 +26,7 @@ import numpy as np
 from ..abi import header as abi, buffers
 from ..abi.header import DType, Fp4Format, Layout, Memory, ScaleGranularity, TableFormat
 from ..reference_impl import fp4 as oracle
+from .execute import _Arena as CallArena
 
 FORMATS = {"nvfp4": Fp4Format.NVFP4, "mxfp4": Fp4Format.MXFP4, "mxfp4_ocp": Fp4Format.MXFP4_OCP}
 FORMAT_NAMES = {v: k for k, v in FORMATS.items()}
@@ -213,37 +214,19 @@ READONLY_GATHER = frozenset({"k cache", "v cache", "k scale pool", "v scale pool
                              "indices", "seq_lens"})
 
 
-class _Arena:
+class _Arena(CallArena):
+    """The executor's arena of one call, with the read-only buffers named up front and
+    read back in the shape of a template array."""
+
     def __init__(self, memory: Memory, readonly: frozenset = frozenset()):
-        self.memory, self.bufs = memory, {}
-        self.readonly_names, self.readonly = readonly, {}
+        super().__init__(memory, 0)
+        self.readonly_names = readonly
 
     def put(self, name: str, array: np.ndarray) -> int:
-        a = np.ascontiguousarray(array)
-        buf = buffers.allocate(a.nbytes, self.memory, name, salt=len(self.bufs))
-        if a.nbytes:
-            buf.upload(a)
-        self.bufs[name] = buf
-        if name in self.readonly_names:
-            self.readonly[name] = a.copy()
-        return buf.ptr
-
-    def input_changes(self) -> list[str]:
-        out = []
-        for name, before in self.readonly.items():
-            line = buffers.input_change(name, before, self.bufs[name].download())
-            if line:
-                out.append(line)
-        return out
+        return super().put(name, array, readonly=name in self.readonly_names)
 
     def get(self, name: str, like: np.ndarray) -> np.ndarray:
         return self.bufs[name].download().view(like.dtype).reshape(like.shape)
-
-    def violations(self) -> list[str]:
-        out: list[str] = []
-        for b in self.bufs.values():
-            out.extend(b.violations())
-        return out
 
 
 def cache_struct(cache: Fp4Cache, arena: _Arena, cache_size: int | None = None) -> abi.kvx_cache_desc_v1_2_t:
