@@ -108,8 +108,16 @@ class DeviceTimer:
         replays = max(1, inner // nsets)
         g.replay()
         t.cuda.synchronize()
+        out = self._replay_rounds(g, replays, nsets)
+        del g
+        return stats(out)
+
+    def _replay_rounds(self, g, replays: int, calls: int) -> list[float]:
+        """Seconds per call, one figure per round: ``self.repeats`` rounds of ``replays``
+        back-to-back replays of ``g``, which holds ``calls`` calls, between two events."""
+        t, s = self.torch, self.stream
         out = []
-        for r in range(self.repeats):
+        for _ in range(self.repeats):
             start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
             with t.cuda.stream(s):
                 start.record(s)
@@ -117,10 +125,8 @@ class DeviceTimer:
                     g.replay()
                 end.record(s)
             end.synchronize()
-            out.append(start.elapsed_time(end) / 1e3 / (replays * nsets))
-        del g
-        return stats(out)
-
+            out.append(start.elapsed_time(end) / 1e3 / (replays * calls))
+        return out
 
     def _warm_rounds(self, g, calls: int) -> dict:
         t = self.torch
@@ -135,17 +141,7 @@ class DeviceTimer:
             b.record(s)
         b.synchronize()
         replays = max(1, min(200, math.ceil(self.target / max(a.elapsed_time(b) / 1e3, 1e-7))))
-        out = []
-        for r in range(self.repeats):
-            start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-            with t.cuda.stream(s):
-                start.record(s)
-                for _ in range(replays):
-                    g.replay()
-                end.record(s)
-            end.synchronize()
-            out.append(start.elapsed_time(end) / 1e3 / (replays * calls))
-        st = stats(out)
+        st = stats(self._replay_rounds(g, replays, calls))
         st["calls_per_graph"] = calls
         st["replays_per_round"] = replays
         return st
