@@ -157,7 +157,8 @@ def plot_latency(doc: dict) -> str | None:
         a.set_xlabel("tokens / rows")
         a.set_ylabel("µs per call")
         a.grid(alpha=0.3, which="both")
-        a.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=2, frameon=False)
+        if a.get_legend_handles_labels()[0]:  # a panel with no series (e.g. host runs) has no legend
+            a.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=2, frameon=False)
     return _png(fig)
 
 
