@@ -106,6 +106,11 @@ class HostBuffer(Buffer):
 # ----------------------------------------------------------------------------- quarantine
 
 
+#: ``late_writes[].where`` of a changed canary in a freed buffer of an earlier test: listed,
+#: charged to no test
+LATER_TEST = "later-test"
+
+
 class Quarantine:
     """Freed host-addressable buffers are not given back at once: each stays allocated,
     filled with a canary byte, for ``hold_s`` (bounded by ``max_bytes``), and is checked
@@ -137,11 +142,13 @@ class Quarantine:
         bad = np.flatnonzero(raw != self.CANARY)
         if bad.size:
             raw.fill(self.CANARY)  # report each write once
-            if where == "during-call":
-                health.note_late_write(f"{item[2]} (freed, held by the harness): {bad.size} byte(s) written while "
-                                       f"a call ran (first at byte {int(bad[0])} of the buffer's allocation): an "
-                                       f"out-of-bounds write of that call or a late write of an earlier one",
-                                       owner=item[3], where=where)
+            if item[3] and item[3] != health.current_test():
+                # the buffer of an earlier test, changed while a later test ran: that test's
+                # out-of-bounds write or the owner's late write; the timing cannot tell which
+                health.note_late_write(f"{item[2]} (freed, held by the harness): {bad.size} byte(s) written "
+                                       f"while a later test ran (first at byte {int(bad[0])} of the buffer's "
+                                       f"allocation): an out-of-bounds write of that test or a late write of "
+                                       f"its owner", owner=item[3], where=LATER_TEST)
                 return
             health.note_late_write(f"{item[2]}: {bad.size} byte(s) written after the call returned "
                                    f"(first at byte {int(bad[0])} of the buffer's allocation)",
@@ -167,27 +174,12 @@ class Quarantine:
                 elif item[4] is not None:
                     item[4]()
 
-    def check_all(self, where: str) -> None:
-        """Check every held buffer now: before a provider call (``where`` "quarantine": damage
-        done between calls is a write after return, charged to the buffer's owner) and after
-        one ("during-call": damage done while a call ran is that call's out-of-bounds write or a
-        late write of an earlier call: listed, charged to no test)."""
-        if not self.on:
-            return
-        with self._lock:
-            for item in self._items:
-                self._check(item, where)
-
     def youngest_age(self) -> float | None:
         with self._lock:
             return time.monotonic() - self._items[-1][0] if self._items else None
 
 
 QUARANTINE = Quarantine()
-# around every provider call (loader -> health): damage found before a call happened between
-# calls (a write after return); damage found after it happened during the call
-health.call_hooks(before=lambda entry: QUARANTINE.check_all("quarantine"),
-                  after=lambda entry: QUARANTINE.check_all("during-call"))
 
 
 def _torch():

@@ -205,35 +205,12 @@ def check(entry: str = "") -> Fault | None:
         return None
 
 
-_BEFORE: list = []
-_AFTER: list = []
-
-
-def call_hooks(before=None, after=None) -> None:
-    """Register functions of the entry point's name run before / after every provider call
-    (the quarantine of freed buffers checks its canaries there)."""
-    if before is not None:
-        _BEFORE.append(before)
-    if after is not None:
-        _AFTER.append(after)
-
-
-def before_call(entry: str) -> None:
-    """Called by the loader before every provider call."""
-    for hook in _BEFORE:
-        hook(entry)
-
-
 def after_call(entry: str) -> None:
     """Called by the loader after every provider call; hands a fault to the handler."""
     if not _Armed.on:
-        for hook in _AFTER:
-            hook(entry)
         return
     fault = check(entry)
     if fault is None:
-        for hook in _AFTER:  # after the synchronization: what the call's kernels wrote has landed
-            hook(entry)
         return
     fault.entry = entry
     fault.case = _case_text()

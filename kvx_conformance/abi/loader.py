@@ -118,29 +118,24 @@ class Provider:
             return obj
         return ctypes.addressof(obj)
 
-    # Each call is preceded by health.before_call and followed by health.after_call: on device /
-    # unified runs the latter synchronizes and turns a sticky CUDA error into a device fault
-    # charged to this entry point; both let the quarantine of freed buffers check its canaries.
+    # Each call is followed by health.after_call: on device / unified runs it synchronizes
+    # and turns a sticky CUDA error into a device fault charged to this entry point.
     def get_version_raw(self, version: abi.kvx_version_t | None) -> int:
-        health.before_call("kvx_get_version")
         st = self._get_version(ctypes.byref(version) if version is not None else None)
         health.after_call("kvx_get_version")
         return st
 
     def validate_cache_desc(self, cache) -> int:
-        health.before_call("kvx_validate_cache_desc")
         st = self._validate(self._ref(cache))
         health.after_call("kvx_validate_cache_desc")
         return st
 
     def write_kv(self, cache, desc, stream: int | None = None) -> int:
-        health.before_call("kvx_write_kv")
         st = self._write(self._ref(cache), self._ref(desc), stream)
         health.after_call("kvx_write_kv")
         return st
 
     def gather_kv(self, cache, desc, stream: int | None = None) -> int:
-        health.before_call("kvx_gather_kv")
         st = self._gather(self._ref(cache), self._ref(desc), stream)
         health.after_call("kvx_gather_kv")
         return st

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from ..abi import native
+from ..abi.buffers import LATER_TEST
 
 #: test outcomes that count as "the mutant was caught"
 CATCHING = ("fail", "crash", "timeout")
@@ -198,7 +199,7 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
         # a test failed afterwards for writes after return seen in its freed buffers (quarantine)
         # caught it by timing: a killer only when nothing else catches the mutant
         doc = json.loads((d / "results.json").read_text(encoding="utf-8"))
-        incidental = {w.get("test") for w in doc.get("late_writes") or [] if w.get("where") in ("quarantine", "during-call")}
+        incidental = {w.get("test") for w in doc.get("late_writes") or [] if w.get("where") in ("quarantine", LATER_TEST)}
         if any(t["id"] not in incidental for t in caught):
             caught_for_killers = [t for t in caught if t["id"] not in incidental]
         else:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
+from ..abi.buffers import LATER_TEST
 from ..abi.loader import (
     EXIT_BAD_INPUT_FILE,
     EXIT_CERTIFIED,
@@ -543,7 +544,7 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
 
     tests = doc.get("tests", [])
     lines: list[str] = []
-    late = [w for w in doc.get("late_writes") or [] if w.get("where") != "during-call"]
+    late = [w for w in doc.get("late_writes") or [] if w.get("where") != LATER_TEST]
     if late:  # first: it explains failures and crashes below
         lines.append(f"== writes after return: the provider wrote into buffers after its calls returned "
                      f"({len(late)} finding(s); first in {late[0]['test']}: {late[0]['what']}); later crashes in "

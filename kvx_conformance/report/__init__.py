@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+from ..abi.buffers import LATER_TEST
 from ..results.outcomes import PROFILES
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -153,8 +154,8 @@ def view_model(results: dict) -> dict:
         "crashes": crashes,
         "flaky": flaky,
         "reruns": reruns,
-        # writes after return (findings "during-call" are listed in results.json, charged to no test)
-        "late_writes": [w for w in results.get("late_writes") or [] if w.get("where") != "during-call"],
+        # writes after return (findings "later-test" are listed in results.json, charged to no test)
+        "late_writes": [w for w in results.get("late_writes") or [] if w.get("where") != LATER_TEST],
         "device_faults": [t for t in crashes if (t.get("crash") or {}).get("kind") == "device-fault"],
         "waivers": results.get("waivers") or [],
         "warnings": results.get("warnings") or [],

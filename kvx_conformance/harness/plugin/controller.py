@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ...abi.buffers import LATER_TEST
 from ...results.claims import InputFileError, load_expectations
 from ...results.outcomes import Outcome
 from ...results.record import ResultsWriter, TestRecord, _atomic_write_json, first_line
@@ -331,10 +332,10 @@ class _Controller:
             seen = f.get("seen_in") or ""
             row = {"test": owner_id, "nodeid": owner, "what": f.get("what", ""), "where": f.get("where", ""),
                    "seen_in": (self._meta(seen) or {}).get("id", seen), "worker": wid, "worker_replaced": replaced}
-            if f.get("where") == "during-call":
-                # freed memory written while some call ran: that call's out-of-bounds write, or a late
-                # write of an earlier call's thread; the timing cannot tell which, so it is listed and
-                # charged to no test (the guards, the results and the lifetime tests judge both defects)
+            if f.get("where") == LATER_TEST:
+                # an earlier test's freed buffer written while a later test ran: that test's out-of-bounds
+                # write, or a late write of the owner's thread; the timing cannot tell which, so it is
+                # listed and charged to no test (the guards, the results and the lifetime tests judge both)
                 if self.writer is not None:
                     self.writer.late_writes.append(row)
                 continue
