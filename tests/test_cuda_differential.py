@@ -290,3 +290,43 @@ def test_fp8_packed_write_padded_strides(provider, name):
     diff = compare(expected(case, Memory.DEVICE), got)
     assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"
                       f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")
+
+
+# Large HND_PACKED writes that cover a good part of the cache go over the cache's slots instead
+# of the IO rows (docs/cuda-reference.md, "Random-slot writes into HND_PACKED"): the slots are
+# first inverted into a scratch array, then whole tiles are stored. Unwritten slots, invalid
+# slots (-1, never stored) and partial tiles must come out exactly as the oracle's; the last
+# case covers too little of the cache and keeps the row-ordered tiles.
+INVERTED = {
+    # id: (cache dtype, io dtype, blocks, block size, tokens, every k-th slot invalid, permutation of the whole cache)
+    "f16-16384-of-32768-slots-every-97th-invalid": (DType.F16, DType.F16, 2048, 16, 16384, 97, False),
+    "bf16-whole-cache-permutation": (DType.BF16, DType.BF16, 2048, 16, 32768, 0, False),
+    "f32-block-size-32-20000-of-65536-slots": (DType.F32, DType.F32, 2048, 32, 20000, 0, False),
+    "f16-to-e4m3-16384-of-32768-slots-every-89th-invalid": (DType.F8_E4M3, DType.F16, 2048, 16, 16384, 89, False),
+    "bf16-to-e5m2-whole-cache-prefill-order": (DType.F8_E5M2, DType.BF16, 1024, 16, 16384, 0, True),
+    "f16-16384-of-131072-slots-row-ordered-tiles": (DType.F16, DType.F16, 8192, 16, 16384, 0, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVERTED))
+def test_packed_write_over_cache_slots(provider, name):
+    """Large random-slot HND_PACKED writes (tiles over the cache's slots) == the oracle (R-WRITE, R-INVALID-SLOT)."""
+    from kvx_conformance.cases import build as cb
+    from kvx_conformance.abi.descriptors import Geometry
+
+    cdt, iodt, nb, bs, n, every, prefill = INVERTED[name]
+    geom = Geometry(num_blocks=nb, block_size=bs, num_kv_heads=4, head_dim=128)
+    pack = 16 if cdt in (DType.F8_E4M3, DType.F8_E5M2) else None
+    cache = cb.simple_cache(geom, "hnd_packed", cdt, seed=41, pack=pack)
+    if prefill:
+        blocks = np.random.default_rng(42).permutation(nb)[: n // bs]
+        slots = (blocks[:, None] * bs + np.arange(bs)[None, :]).reshape(-1).astype(np.int64)
+    else:
+        slots = cb.spread_slots(geom, n, 43)
+    if every:
+        slots[::every] = -1
+    case = cb.write_case(cache, slots, seed=44, io_dtype=iodt)
+    got = run_write(provider, case, CallOptions(memory=Memory.DEVICE))
+    diff = compare(expected(case, Memory.DEVICE), got)
+    assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"
+                      f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")

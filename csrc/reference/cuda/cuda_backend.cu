@@ -241,6 +241,14 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * the lanes' loads half unused: 2, 4 or 8 rows per task instead (lanes alternate rows). */
   if (fast && !packed && !tiles && !qtiles && p.fuse && p.lg_tg == 0)
     while (((uint64_t)H * chunks * n << p.lg_tg) < (uint64_t)KVX_CUDA_TASK_CHUNKS && p.lg_tg < 3) ++p.lg_tg;
+  /* Large random-slot tile writes over the cache's slots instead of the IO rows (move_packed.cu):
+   * whole tiles stored instead of one 16-byte piece per token, dgroup and head */
+  p.inv = nullptr;
+  if ((tiles || qtiles) && !p.decode && packed_invert_ok(p, rows, H, chunks)) {
+    const cudaError_t e = launch_packed_inverted(qtiles, jobs[0].src, jobs[0].dst, p, rows, stream);
+    if (e != cudaSuccess) return e == cudaErrorInvalidValue ? KVX_STATUS_UNSUPPORTED : KVX_STATUS_INTERNAL_ERROR;
+    return KVX_STATUS_OK;
+  }
   const uint64_t tg = 1ull << p.lg_tg;
   const uint64_t per_group = (uint64_t)H * chunks * n * tg; /* items per TG rows */
   /* Items per job below 2^31 minus headroom: the kernels' 32-bit grid-stride

@@ -149,6 +149,8 @@ struct MoveParams {
   int len64;
   const char* pool[2];    /* KV_OFFSETS primary, secondary (may be NULL) */
   unsigned long long bytes_per_block;
+  /* HND_PACKED tile writes over the cache's slots (launch_packed_inverted): slot -> IO row, -1 none */
+  const int* inv;
 };
 
 /* Little-endian assembly of an n-byte value at any address. */
@@ -372,6 +374,11 @@ cudaError_t launch_convert_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParam
 /* move_packed.cu: same-dtype HND_PACKED moves with 16-byte pack groups, tiles of
  * 16 tokens x 16 dgroups through shared memory (p.lg_tg = 4, fd_c.div % 16 == 0). */
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream);
+/* Whether a tile write of `rows` rows goes over the cache's slots instead of the IO rows
+ * (move_packed.cu); then launch_packed_inverted runs it, else the caller launches as usual. */
+bool packed_invert_ok(const MoveParams& p, unsigned long long rows, uint32_t H, uint32_t pieces_per_head);
+cudaError_t launch_packed_inverted(bool quantize, kvx_dtype_t src, kvx_dtype_t dst, MoveParams p, unsigned long long rows,
+                                   cudaStream_t stream);
 /* ... and quantizing writes into FP8 HND_PACKED with 16-element pack groups
  * (p.lg_tg = 4, head_dim a multiple of 128). */
 cudaError_t launch_packed_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);

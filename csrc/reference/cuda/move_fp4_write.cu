@@ -8,6 +8,9 @@
 namespace kvx_fp4 {
 namespace {
 
+#ifndef KVX_FP4_DECODE
+#define KVX_FP4_DECODE 1 /* decode-sized writes on the fast layouts: write_decode_kernel (0: the per-block kernel) */
+#endif
 #ifndef KVX_FP4_WRITE32_MIN_BLOCKS
 #define KVX_FP4_WRITE32_MIN_BLOCKS 3 /* 32-value blocks: at most 80 registers (BF16 IO: 2, it would spill) */
 #endif
@@ -647,6 +650,74 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
   }
 }
 
+/* Decode-sized writes (at most KVX_FP4_FAST_MIN_ROWS rows, the fast kernels' layouts): one thread
+ * per (row, side, head, scale block), as the per-block kernel, but every load known at entry is
+ * issued at once (the slot, the block's IO words, the NVFP4 global scale), the block is encoded by
+ * the fast kernels' encode16 (encode_slow for the blocks it leaves) while the slot is in flight,
+ * and only the stores wait for it: one memory round trip, then the encoding's chain, then the
+ * stores (docs/cuda-reference.md, "Decode-sized calls"). */
+template <int B, int DT, int FMT>
+__global__ void __launch_bounds__(256) write_decode_kernel(const __grid_constant__ Params P) {
+  constexpr int ES = Es<DT>::value, NG = B / 16, NV = B * ES / 16;
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= P.items) return;
+  const Item it = split(P, i);
+  const Side& S = P.side[it.side];
+  const long long slot = P.slot64 ? __ldg((const long long*)P.slots + it.row) : (long long)__ldg((const int*)P.slots + it.row);
+  const uint4* src = (const uint4*)(S.io + (it.row * S.io_token + it.h * S.io_head + (long long)it.j * B) * ES);
+  uint32_t w[NV * 4];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    const uint4 u = __ldg(src + v);
+    w[4 * v] = u.x;
+    w[4 * v + 1] = u.y;
+    w[4 * v + 2] = u.z;
+    w[4 * v + 3] = u.w;
+  }
+  const float g = FMT == kvx_ref::FP4_NVFP4 && S.g ? __ldg(S.g_per_head ? S.g + it.h : S.g) : 1.0f;
+  WSide ws;
+  ws.g = g;
+  ws.g_ok = 0;
+  ws.sixg = ws.r6 = 0.0f;
+  uint32_t out[B / 8];
+  bool slow = false;
+  uint32_t sbyte = encode16<DT, false, FMT, NG>(w, ws, g, false, nullptr, slow, out);
+  if (slow) {
+    const Packed<B> pk = encode_slow<B, DT>(FMT, src, g);
+    sbyte = pk.sbyte;
+#pragma unroll
+    for (int o = 0; o < B / 8; ++o) out[o] = pk.w[o];
+  }
+  if (slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots) return;
+  unsigned long long b, t;
+  split_slot(P, slot, b, t);
+  const long long c0 = b * S.c_block + t * S.c_token + it.h * S.c_head + (long long)it.j * B; /* nibbles */
+  S.scales[b * S.s_block + t * S.s_token + it.h * S.s_head + it.j * S.s_dim] = (char)sbyte;
+  if (B == 16) {
+    *(uint2*)(S.codes + c0 / 2) = make_uint2(out[0], out[1]);
+  } else {
+    *(uint4*)(S.codes + c0 / 2) = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
+
+template <int B, int FMT>
+Kernel pick_decode_dt(int dt) {
+  switch (dt) {
+    case KVX_DTYPE_F16:
+      return write_decode_kernel<B, KVX_DTYPE_F16, FMT>;
+    case KVX_DTYPE_BF16:
+      return write_decode_kernel<B, KVX_DTYPE_BF16, FMT>;
+    default:
+      return write_decode_kernel<B, KVX_DTYPE_F32, FMT>;
+  }
+}
+
+Kernel pick_decode(const Params& P) {
+  if (P.B == 32) return pick_decode_dt<32, kvx_ref::FP4_MXFP4_OCP>(P.io_dtype);
+  return P.format == kvx_ref::FP4_NVFP4 ? pick_decode_dt<16, kvx_ref::FP4_NVFP4>(P.io_dtype)
+                                        : pick_decode_dt<16, kvx_ref::FP4_MXFP4>(P.io_dtype);
+}
+
 /* The kernel of a write: per-block (pick) or fast (pick_fast), by block size, IO dtype and format. */
 template <int B>
 Kernel pick_dt(int dt) {
@@ -719,12 +790,14 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
   P.slot32 = P.num_slots < (1ull << 31);
   P.vec_ok = vec_ok(P);
   /* one thread per token row suits large calls; a decode-sized call (at most KVX_FP4_FAST_MIN_ROWS
-   * rows) takes the per-block kernel, one thread per (row, side, head, scale block): 256 rows took
-   * 82 us on the row kernel (docs/cuda-reference.md, "Decode-sized calls") */
+   * rows) takes one thread per (row, side, head, scale block): 256 rows took 82 us on the row
+   * kernel; write_decode_kernel where the fast kernels' layouts hold, else the per-block kernel
+   * (docs/cuda-reference.md, "Decode-sized calls") */
   if (fast_ok(P) && plan.num_tokens > (unsigned long long)KVX_FP4_FAST_MIN_ROWS) {
     const unsigned threads = P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS;
     return launch_fast(pick_fast(P), P, plan.num_tokens, (cudaStream_t)stream, threads, write_smem(P, threads));
   }
+  if (KVX_FP4_DECODE && fast_ok(P)) return launch(pick_decode(P), P, plan.num_tokens, (cudaStream_t)stream);
   return launch(pick(P), P, plan.num_tokens, (cudaStream_t)stream);
 }
 

@@ -19,7 +19,20 @@
  * gather's length and table entry), so tiles whose tokens do not share a
  * block (random slots) are moved correctly, piece by piece. Rows with no
  * cache location are skipped exactly as in the generic path.
+ *
+ * Inverted writes (p.inv): a large write that covers a good part of the cache
+ * (KVX_CUDA_PACKED_INVERT_COVER) first records, for every cache slot, the IO row
+ * that writes it (a 4-byte scatter into a stream-ordered scratch array, never
+ * cleared: see inv_row), then runs the same tiles over 16 consecutive cache slots instead
+ * of 16 consecutive IO rows: the IO side gathers whole 16-byte pieces of
+ * random rows and the cache side stores whole tiles. Random slots then write
+ * full sectors instead of one 16-byte half-sector per token and dgroup (the
+ * sector bound of docs/benchmarks.md). A slot written twice in one call keeps
+ * one of its rows, whole (R-WRITE: which one is informational only).
  */
+#include <mutex>
+#include <string.h>
+
 #include "move_kernels.cuh"
 
 #ifndef KVX_CUDA_PACKED_LOADS_FIRST
@@ -32,6 +45,29 @@ namespace {
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 16; /* tokens per tile (and dgroups per tile of a large call) */
 }  // namespace
+
+#ifndef KVX_CUDA_PACKED_INVERT_MIN_ROWS
+#define KVX_CUDA_PACKED_INVERT_MIN_ROWS 16384 /* tile writes of at least this many rows may go over the cache's slots \
+                                                 (0: never) */
+#endif
+#ifndef KVX_CUDA_PACKED_INVERT_COVER
+#define KVX_CUDA_PACKED_INVERT_COVER 4 /* ... when the cache has at most this many slots per row written */
+#endif
+#ifndef KVX_CUDA_PACKED_INVERT_MAX_SLOTS
+#define KVX_CUDA_PACKED_INVERT_MAX_SLOTS (1u << 24) /* ... and at most this many slots (64 MB of scratch) */
+#endif
+
+/* A tile's lane ti (< 16) of an inverted write: the IO row that writes slot g * 16 + ti, or -1.
+ * The scratch array is never cleared: an entry counts only if it names a row of the call whose
+ * own slot is this one (the sparse-set check), so whatever an unwritten entry holds reads as -1. */
+__device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t ti) {
+  const unsigned long long sl = (unsigned long long)g * 16u + ti;
+  if (sl >= p.num_slots) return -1;
+  const int r = __ldg(p.inv + sl);
+  if ((unsigned)r >= p.row_count) return -1; /* row_begin is 0 here */
+  const long long back = p.slot64 ? __ldg((const long long*)p.slots + r) : (long long)__ldg((const int*)p.slots + r);
+  return back == (long long)sl ? r : -1;
+}
 
 #ifndef KVX_CUDA_PACKED_SMALL_ND
 #define KVX_CUDA_PACKED_SMALL_ND 8 /* decode-sized calls: dgroups per tile (16: as large calls) */
@@ -49,7 +85,9 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
   __shared__ uint4 tile[kWarps][kTile * ND];
   const uint32_t lane = threadIdx.x & 31u, wib = threadIdx.x >> 5;
   const uint32_t H = p.fd_h.div, nb = p.fd_c.div / ND; /* dgroup blocks per head */
-  const uint32_t groups = (p.row_count + kTile - 1) / kTile;
+  const bool inverted = p.inv != nullptr; /* tiles over cache slots (write) */
+  const uint32_t groups =
+      inverted ? (uint32_t)((p.num_slots + kTile - 1) / kTile) : (p.row_count + kTile - 1) / kTile;
   const uint32_t per_group = H * nb, per_job = groups * per_group;
   uint32_t t = blockIdx.x * (blockDim.x >> 5) + wib; /* kWarps per block, or fewer (a small call) */
   if (t >= per_job * p.njobs) return; /* warp-uniform */
@@ -104,6 +142,25 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
       const uint32_t row = r0 + kRows * k;
       if ((live >> row) & 1u) st_vec<uint4>(io0 + k * io_step, s[at(row, pc)]);
     }
+  } else if (inverted) {
+    /* write over the cache's slots: lane ti's slot is g * 16 + ti, its IO row inv[slot] */
+    const int row = inv_row(p, g, ti);
+    if (__ballot_sync(0xFFFFFFFFu, row >= 0) == 0u) return; /* no row writes these slots */
+    char* const io_h = jb.io + es * ((long long)h * jb.io_head + (long long)(d0 + pc) * (16 / es));
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int rk = __shfl_sync(0xFFFFFFFFu, row, r0 + kRows * k);
+      if (rk >= 0) v[k] = ld_vec<uint4>(io_h + es * (long long)rk * jb.io_token);
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) s[at(r0 + kRows * k, pc)] = v[k];
+    __syncwarp();
+    if (row >= 0) {
+      char* crow = write_cache_row(p, jb, (long long)g * kTile + ti);
+      crow += es * ((long long)h * jb.c_head + (long long)d0 * jb.c_outer);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) st_vec<uint4>(crow + (long long)(hi + 2 * k) * c_step, s[at(ti, hi + 2 * k)]);
+    }
   } else {
     /* write: the IO loads go out before the slot is resolved (they do not depend on
      * it), so a decode-sized call waits for one round trip, not two */
@@ -124,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ 
 
 template <int ND>
 static cudaError_t launch_packed_nd(const MoveParams& p, cudaStream_t stream) {
-  const unsigned long long groups = ((unsigned long long)p.row_count + kTile - 1) / kTile;
+  const unsigned long long groups = ((p.inv ? p.num_slots : (unsigned long long)p.row_count) + kTile - 1) / kTile;
   const unsigned long long tasks = groups * p.fd_h.div * (p.fd_c.div / ND) * p.njobs;
   const int threads = launch_threads(p, tasks, kThreads);
   const int grid = grid_for_warps((const void*)move_packed<ND>, tasks, false, threads);
@@ -161,7 +218,9 @@ __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constan
   __shared__ uint4 tile[kWarps][kTile * 8];
   const uint32_t lane = threadIdx.x & 31u, wib = threadIdx.x >> 5;
   const uint32_t H = p.fd_h.div, nt = (p.fd_c.div * p.vec) / 128; /* tiles per head */
-  const uint32_t groups = (p.row_count + kTile - 1) / kTile;
+  const bool inverted = p.inv != nullptr; /* tiles over cache slots */
+  const uint32_t groups =
+      inverted ? (uint32_t)((p.num_slots + kTile - 1) / kTile) : (p.row_count + kTile - 1) / kTile;
   const uint32_t per_group = H * nt, per_job = groups * per_group;
   uint32_t t = blockIdx.x * (blockDim.x >> 5) + wib; /* kWarps per block, or fewer (a small call) */
   if (t >= per_job * p.njobs) return; /* warp-uniform */
@@ -180,7 +239,10 @@ __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constan
   const uint32_t r = g * kTile + ti;
   it.live = r < p.row_count;
   it.row = p.row_begin + r;
-  const long long slot = write_slot_load(p, it);
+  /* inverted: lane ti's slot is g * 16 + ti, written by IO row inv[slot] (or by none) */
+  const int irow = inverted ? inv_row(p, g, ti) : -1;
+  if (inverted && __ballot_sync(0xFFFFFFFFu, irow >= 0) == 0u) return;
+  const long long slot = inverted ? (irow >= 0 ? (long long)g * kTile + ti : -1) : write_slot_load(p, it);
   /* this head's scale and its reciprocal (fp8_rcp) */
   const float s = load_scale(p, jb, h);
   const float rc = fp8_rcp(s);
@@ -192,23 +254,30 @@ __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constan
   if (!KVX_CUDA_PACKED_LOADS_FIRST) resolve();
 
   /* the IO side: chunk L = k * 32 + lane of the tile is row L / kRowChunks, chunk L % kRowChunks */
-  const char* io = jb.io + (long long)kIn * ((long long)(p.row_begin + g * kTile) * jb.io_token +
+  const char* io = jb.io + (long long)kIn * ((long long)(inverted ? 0u : p.row_begin + g * kTile) * jb.io_token +
                                             (long long)h * jb.io_head + (long long)t0 * 128);
   char* sb = reinterpret_cast<char*>(tile[wib]);
 #pragma unroll
   for (int b0 = 0; b0 < kLoads; b0 += kBatch) {
     typename Op::InVec v[kBatch];
+    bool ok[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const uint32_t L = (uint32_t)(b0 + k) * 32u + lane, row = L / kRowChunks, c = L % kRowChunks;
-      if (g * kTile + row < p.row_count)
-        v[k] = ld_vec<typename Op::InVec>(io + (long long)kIn * ((long long)row * jb.io_token + (long long)c * kEl));
+      long long rr = row;
+      if (inverted) {
+        rr = __shfl_sync(0xFFFFFFFFu, irow, (int)row);
+        ok[k] = rr >= 0;
+      } else {
+        ok[k] = g * kTile + row < p.row_count;
+      }
+      if (ok[k]) v[k] = ld_vec<typename Op::InVec>(io + (long long)kIn * (rr * jb.io_token + (long long)c * kEl));
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const uint32_t L = (uint32_t)(b0 + k) * 32u + lane, row = L / kRowChunks, c = L % kRowChunks;
       const uint32_t e0 = c * kEl, d = e0 / 16u;
-      if (g * kTile + row < p.row_count)
+      if (ok[k])
         st_vec<typename Op::OutVec>(sb + (row * 8u + (d ^ (row & 7u))) * 16u + (e0 % 16u), Op::run(v[k], s, rc, p.default_nan));
     }
   }
@@ -225,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constan
 
 template <class Op>
 static cudaError_t launch_packed_fp8_op(const MoveParams& p, cudaStream_t stream) {
-  const unsigned long long groups = ((unsigned long long)p.row_count + kTile - 1) / kTile;
+  const unsigned long long groups = ((p.inv ? p.num_slots : (unsigned long long)p.row_count) + kTile - 1) / kTile;
   const unsigned long long tasks = groups * p.fd_h.div * ((p.fd_c.div * p.vec) / 128) * p.njobs;
   const int threads = launch_threads(p, tasks, kThreads);
   const int grid = grid_for_warps((const void*)move_packed_fp8<Op>, tasks, false, threads);
@@ -249,6 +318,94 @@ cudaError_t launch_packed_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams
     case KVX_DTYPE_F32: return packed_fp8_from<TF32>(dst, p, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Inverted tile writes (see the top of this file). */
+
+/* inv[slot] = row for every row of the call whose slot is valid (rows row_begin ..). */
+__global__ void __launch_bounds__(kThreads) invert_slots(const __grid_constant__ MoveParams p, int* inv) {
+  const uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= p.row_count) return;
+  const uint32_t row = p.row_begin + r;
+  const long long slot = p.slot64 ? __ldg((const long long*)p.slots + row) : (long long)__ldg((const int*)p.slots + row);
+  if (slot < 0 || slot == p.invalid_slot || (unsigned long long)slot >= p.num_slots) return;
+  inv[slot] = (int)row;
+}
+
+bool packed_invert_ok(const MoveParams& p, unsigned long long rows, uint32_t H, uint32_t pieces_per_head) {
+  if (KVX_CUDA_PACKED_INVERT_MIN_ROWS == 0 || p.kind != KIND_WRITE || p.bytewise) return false;
+  if (rows < (unsigned long long)KVX_CUDA_PACKED_INVERT_MIN_ROWS || rows > 0x7FFFFFFFull) return false;
+  if (p.num_slots > (unsigned long long)KVX_CUDA_PACKED_INVERT_MAX_SLOTS) return false;
+  if (p.num_slots > rows * (unsigned long long)KVX_CUDA_PACKED_INVERT_COVER) return false;
+  /* the kernels' 32-bit warp index: tiles x heads x pieces per head / 8 x 2 jobs */
+  return (p.num_slots / 16 + 1) * H * (pieces_per_head / 8 + 1) * 2 < 0x7F000000ull;
+}
+
+/* Stream-ordered scratch memory. Outside a graph capture it comes from the backend's own pool on
+ * the current device, which keeps up to KVX_CUDA_SCRATCH_KEEP bytes between calls (the default
+ * pool returns its memory at every synchronization, and mapping it again cost an eager call 20 to
+ * 45 us on the H100); inside a capture from cudaMallocAsync, which the capture turns into a graph
+ * memory node. False where neither is available. */
+#ifndef KVX_CUDA_SCRATCH_KEEP
+#define KVX_CUDA_SCRATCH_KEEP (64ull << 20)
+#endif
+static bool scratch_alloc(void** ptr, size_t bytes, cudaStream_t stream) {
+  static std::mutex mu;
+  static cudaMemPool_t pools[64];
+  static bool tried[64];
+  int dev = 0, supported = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, dev) != cudaSuccess || !supported) return false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) return false;
+  if (capture == cudaStreamCaptureStatusNone) {
+    cudaMemPool_t pool = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!tried[dev]) {
+        tried[dev] = true;
+        cudaMemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = dev;
+        if (cudaMemPoolCreate(&pools[dev], &props) == cudaSuccess) {
+          unsigned long long keep = KVX_CUDA_SCRATCH_KEEP;
+          cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &keep);
+        } else {
+          pools[dev] = nullptr;
+        }
+      }
+      pool = pools[dev];
+    }
+    if (pool && cudaMallocFromPoolAsync(ptr, bytes, pool, stream) == cudaSuccess) return true;
+    (void)cudaGetLastError();
+  }
+  return cudaMallocAsync(ptr, bytes, stream) == cudaSuccess;
+}
+
+/* Records the call's rows by slot in a stream-ordered scratch array, runs the tile kernel over
+ * the cache's slots, frees the array: two launches and two stream-ordered memory operations, all
+ * capturable into a CUDA graph. Where stream-ordered allocation is not available, the usual tiles. */
+cudaError_t launch_packed_inverted(bool quantize, kvx_dtype_t src, kvx_dtype_t dst, MoveParams p, unsigned long long rows,
+                                   cudaStream_t stream) {
+  p.row_begin = 0;
+  p.row_count = (uint32_t)rows;
+  int* inv = nullptr;
+  if (scratch_alloc((void**)&inv, (size_t)p.num_slots * sizeof(int), stream)) {
+    invert_slots<<<(unsigned)((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, inv);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+      p.inv = inv;
+      e = quantize ? launch_packed_fp8(src, dst, p, stream) : launch_packed(p, stream);
+    }
+    const cudaError_t f = cudaFreeAsync(inv, stream);
+    return e != cudaSuccess ? e : f;
+  }
+  (void)cudaGetLastError(); /* no stream-ordered allocation here: the usual tiles */
+  p.inv = nullptr;
+  return quantize ? launch_packed_fp8(src, dst, p, stream) : launch_packed(p, stream);
 }
 
 }  // namespace kvx_cuda
