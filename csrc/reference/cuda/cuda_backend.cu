@@ -39,6 +39,75 @@ bool cuda_available() {
   return ok;
 }
 
+/* R-PLACEMENT (docs/spec-readings.md): a DEVICE pointer names its GPU. Where more than one GPU is
+ * visible, a call runs on the GPU that holds its cache, whatever the calling thread's current
+ * device (switched for the call and restored after); a call whose IO lies on another GPU, or whose
+ * stream belongs to another GPU, is refused with UNSUPPORTED (the optional feature multi_device).
+ * With one GPU, nothing is asked of the driver. */
+namespace {
+
+int device_count() {
+  static const int n = [] {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return c;
+  }();
+  return n;
+}
+
+/* The GPU holding `p`, or -1 where the driver does not say (then nothing is switched). */
+int device_of(const void* p) {
+  if (!p) return -1;
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice ? a.device : -1;
+}
+
+class DeviceScope {
+ public:
+  kvx_status_t enter(int memory, const void* cache, const void* io, void* stream) {
+    if (memory != KVX_MEMORY_DEVICE || device_count() < 2) return KVX_STATUS_OK;
+    const int dev = device_of(cache);
+    if (dev < 0) return KVX_STATUS_OK;
+    const int io_dev = device_of(io);
+    if (io_dev >= 0 && io_dev != dev) return KVX_STATUS_UNSUPPORTED;
+#if CUDART_VERSION >= 12080
+    if (stream) {
+      int sdev = -1;
+      if (cudaStreamGetDevice((cudaStream_t)stream, &sdev) == cudaSuccess) {
+        if (sdev != dev) return KVX_STATUS_UNSUPPORTED;
+      } else {
+        cudaGetLastError();
+      }
+    }
+#endif
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+    if (cur != dev) {
+      if (cudaSetDevice(dev) != cudaSuccess) {
+        cudaGetLastError();
+        return KVX_STATUS_UNSUPPORTED;
+      }
+      prev_ = cur;
+    }
+    return KVX_STATUS_OK;
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1;
+};
+
+}  // namespace
+
 }  // namespace kvx_ref
 
 namespace kvx_cuda {
@@ -335,6 +404,11 @@ namespace kvx_ref {
 
 kvx_status_t cuda_write(const WritePlan& plan, void* stream) {
   using namespace kvx_cuda;
+  DeviceScope scope;
+  if (plan.num_tokens > 0) {
+    const kvx_status_t st = scope.enter(plan.memory, plan.k_cache.data, plan.key.data, stream);
+    if (st != KVX_STATUS_OK) return st;
+  }
   if (plan.fp4.format) return cuda_fp4_write(plan, stream); /* KVX 1.2 FP4 cache: cuda/move_fp4_write.cu */
   if (plan.num_tokens == 0) return KVX_STATUS_OK;
   if (!cuda_available()) return KVX_STATUS_UNSUPPORTED;
@@ -381,6 +455,11 @@ kvx_status_t cuda_write(const WritePlan& plan, void* stream) {
 
 kvx_status_t cuda_gather(const GatherPlan& plan, void* stream) {
   using namespace kvx_cuda;
+  DeviceScope scope;
+  {
+    const kvx_status_t st = scope.enter(plan.memory, plan.k_cache.data, plan.key.data, stream);
+    if (st != KVX_STATUS_OK) return st;
+  }
   if (plan.fp4.format) return cuda_fp4_gather(plan, stream); /* KVX 1.2 FP4 cache: cuda/move_fp4_gather.cu */
   const uint64_t beams = plan.beam_width; /* 1 unless KV_OFFSETS (front end) */
   const uint64_t rows = (uint64_t)plan.seq_count * beams * plan.max_seq_len;
