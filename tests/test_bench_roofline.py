@@ -187,8 +187,8 @@ class _FakeCopyLibrary:
 
     path = Path("/fake/libkvx_bench_copy.so")
 
-    def __init__(self, torch: _FakeTorch, memcpy_status: int = 0):
-        self.torch, self.memcpy_status = torch, memcpy_status
+    def __init__(self, torch: _FakeTorch, memcpy_status: int = 0, fail_from: int = 0):
+        self.torch, self.memcpy_status, self.fail_from, self.memcpys = torch, memcpy_status, fail_from, 0
 
     def error(self, st):
         return f"fake error {st}"
@@ -197,7 +197,8 @@ class _FakeCopyLibrary:
         return {"grid": 132 * 8, "sm_count": 132, "blocks_per_sm": 8}
 
     def memcpy_async(self, dst, src, n, stream):
-        if self.memcpy_status:
+        self.memcpys += 1
+        if self.memcpy_status and self.memcpys > self.fail_from:
             return self.memcpy_status
         ctypes.memmove(dst, src, n)
         self.torch.tick("cudaMemcpyAsync")
@@ -237,6 +238,13 @@ def test_device_roofline_takes_the_fastest_verified_method(monkeypatch):
     r = device_copy_roofline(nbytes=4096, repeats=3)
     m = r["methods"][1]
     assert m["bandwidth_Bps"] is None and "fake error 700" in m["error"] and r["winner"] == "copy_kernel"
+    # one that fails after its warm-up (in the third round): no figure either, the others timed in full
+    fake = _FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(copies, "load_library", lambda: (_FakeCopyLibrary(fake, memcpy_status=700, fail_from=5), None))
+    r = device_copy_roofline(nbytes=4096, repeats=4)
+    m = r["methods"][1]
+    assert m["bandwidth_Bps"] is None and "fake error 700" in m["error"] and r["methods"][0]["time"]["rounds"] == 4
     monkeypatch.setattr(copies, "load_library", lambda: (None, "libkvx_bench_copy.so not found in /x"))
     r = device_copy_roofline(nbytes=4096, repeats=3)
     assert [m["id"] for m in r["methods"]] == ["copy_"] and r["winner"] == "copy_" and r["library"] is None

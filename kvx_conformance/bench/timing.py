@@ -266,7 +266,13 @@ def device_copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> dict:
         for m in order:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record(stream)
-            call(m)
+            try:
+                call(m)
+            except Exception as e:  # failed after its warm-up: recorded, left out from here on
+                errors[m.id] = f"{type(e).__name__}: {e}"[:300]
+                live.remove(m)
+                times.pop(m.id)
+                continue
             b.record(stream)
             evs.append((m.id, a, b))
         torch.cuda.synchronize()
@@ -275,7 +281,12 @@ def device_copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> dict:
     verified: dict[str, bool] = {}
     for m in live:
         dst.zero_()
-        call(m)
+        try:
+            call(m)
+        except Exception as e:
+            errors[m.id] = f"verification copy: {type(e).__name__}: {e}"[:300]
+            verified[m.id] = False
+            continue
         torch.cuda.synchronize()
         verified[m.id] = bool(torch.equal(src, dst))
     del src, dst
