@@ -60,6 +60,12 @@ def reference_provider_v1_1() -> Path:
     return native_dir() / "libkvx_reference_v1_1.so"
 
 
+def bench_copy_library() -> Path:
+    """libkvx_bench_copy.so (csrc/bench): the bench roofline's cudaMemcpyAsync and copy kernel.
+    Built only with the CUDA backend; not a provider."""
+    return native_dir() / "libkvx_bench_copy.so"
+
+
 def abi_probe(minor: int = 2) -> Path:
     """The ABI probe of the header's default (1.2) build, or of its v1.1 build."""
     return native_dir() / ("kvx_abi_probe_v1_1" if minor == 1 else "kvx_abi_probe")

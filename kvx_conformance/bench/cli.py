@@ -75,7 +75,7 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
     from ..results.claims import InputFileError, load_claims
     from ..abi.loader import ProviderLoadError, load_provider
     from .report import write_report
-    from .run import decode_table, results_document, run_device, run_host, write_json
+    from .run import decode_table, results_document, roofline_line, run_device, run_host, write_json
 
     try:
         claims = load_claims(getattr(args, "claims", None))
@@ -134,7 +134,9 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
     write_report(doc, out / "bench.html")
     s = doc["summary"]
     if not args.quiet:
-        print(f"roofline     {doc['roofline']['bandwidth_Bps'] / 1e9:.0f} GB/s ({doc['roofline']['method']})"
+        start = doc["roofline"].get("start") or {}
+        print(("roofline     " + (roofline_line(start) if start.get("methods") else
+                                  f"{doc['roofline']['bandwidth_Bps'] / 1e9:.0f} GB/s ({doc['roofline']['method']})"))
               if doc["roofline"].get("bandwidth_Bps") else "roofline     not measured")
         print(f"cases        {s['timed']}/{s['cases']} timed, {len(s['verification_failures'])} failed verification, "
               f"{len(s['refused'])} refused, {len(s['errors'])} not timed (errors)")

@@ -7,8 +7,13 @@ required test that passed does not pass any more (kvx_conformance/results/compar
 
 Cases are matched by id. ``--max-regression PCT`` fails (exit 1) when a case's
 bandwidth dropped by more than PCT percent; ``--fail-below PCT`` fails when a case of
-NEW reaches less than PCT percent of NEW's in-run roofline. ``--min-bytes N`` limits
-both gates to cases moving at least N bytes (small calls are launch-bound and noisy).
+NEW reaches less than PCT percent of NEW's in-run roofline (a case whose working set fits
+in the L2 is not held to it). ``--min-bytes N`` limits both gates to cases moving at least
+N bytes (small calls are launch-bound and noisy).
+Two bench runs on different devices (their GPU names differ; ``--side-by-side`` forces it)
+are shown side by side per case instead: each device's time and percentage of its own
+device's roofline, and the ratio between the devices (kvx_conformance/bench/crossdevice.py);
+``--html FILE`` writes that comparison as a self-contained page. The gates still apply.
 Exit status: 0 pass, 1 a gate failed, 2 usage, 9 unreadable or invalid results file.
 """
 from __future__ import annotations
@@ -44,13 +49,15 @@ def _pct(r: dict) -> float | None:
 
 def compare(base: dict, new: dict, *, max_regression: float | None = None, fail_below: float | None = None,
             min_bytes: float = 0.0) -> dict:
+    from .run import l2_resident
+
     b = {r["case"]["id"]: r for r in base.get("cases", [])}
     rows, regressions, below = [], [], []
     for r in new.get("cases", []):
         cid = r["case"]["id"]
         nb = _bw(r)
         gated = r["case"]["bytes_moved"] >= min_bytes
-        if fail_below is not None and gated:
+        if fail_below is not None and gated and not l2_resident(r):  # an L2-resident case: not held to DRAM
             pct = _pct(r)
             if nb is None or pct is None or pct < fail_below:
                 below.append({"id": cid, "pct_roofline": pct})
@@ -103,6 +110,7 @@ class CompareCommand:
                    "  kvx-conform compare base/results.json new/results.json\n"
                    "  kvx-conform compare base/results.json new/results.json --max-regression 5 --min-bytes 256e6\n"
                    "  kvx-conform compare base/results.json new/results.json --fail-below 90 --min-bytes 256e6\n"
+                   "  kvx-conform compare h100/results.json h200/results.json --html devices.html   # two devices\n"
                    "  kvx-conform compare kvx-report-v1/results.json kvx-report/results.json   # conformance\n")
         p.add_argument("base")
         p.add_argument("new")
@@ -114,6 +122,11 @@ class CompareCommand:
                        help="gates apply to cases moving at least N bytes (default 0: all)")
         p.add_argument("--agreement", action="store_true",
                        help="also print run-to-run agreement on large cases (>= 256 MB moved)")
+        p.add_argument("--side-by-side", action="store_true",
+                       help="bench results: show the runs side by side per case, each against its own roofline "
+                            "(the default when the two runs' devices differ)")
+        p.add_argument("--html", metavar="FILE",
+                       help="bench results: write the side-by-side comparison of the two runs as a self-contained page")
         p.add_argument("--json", action="store_true", help="print the comparison as JSON")
         p.add_argument("--fail-on-flaky", action="store_true",
                        help="conformance results: a test that passed in BASE and is flaky in NEW fails the gate")
@@ -139,8 +152,26 @@ class CompareCommand:
                       min_bytes=args.min_bytes)
         if args.agreement:
             res["agreement"] = agreement(base, new)
+        from . import crossdevice
+
+        sbs = getattr(args, "side_by_side", False) or crossdevice.different_devices(base, new)
+        devices = crossdevice.side_by_side(base, new) if sbs or getattr(args, "html", None) else None
+        if getattr(args, "html", None):
+            Path(args.html).write_text(crossdevice.render(devices, args.base, args.new), encoding="utf-8")
+        if sbs:
+            res["devices"] = devices
         if args.json:
             print(json.dumps(res, indent=1))
+        elif sbs:
+            print(crossdevice.text(devices))
+            for r in res["regressions"]:
+                ch = "not timed" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"
+                print(f"REGRESSION: {r['id']} ({ch})")
+            for r in res["below"]:
+                pct = "none" if r["pct_roofline"] is None else f"{r['pct_roofline']:.1f}%"
+                print(f"BELOW {args.fail_below:g}% of roofline: {r['id']} ({pct})")
+            if args.max_regression is not None or args.fail_below is not None:
+                print(f"{len(res['regressions'])} regression(s), {len(res['below'])} case(s) below the floor")
         else:
             print(f"{'case':<72} {'base GB/s':>10} {'new GB/s':>10} {'change':>8}")
             for r in res["rows"]:
@@ -161,4 +192,6 @@ class CompareCommand:
                 else:
                     print("agreement: no large case in both runs")
             print(f"{len(res['regressions'])} regression(s), {len(res['below'])} case(s) below the floor")
+        if getattr(args, "html", None):
+            print(f"side by side: {args.html}")
         return EXIT_GATE if res["regressions"] or res["below"] else EXIT_OK

@@ -6,8 +6,9 @@ tokens to shuffled slots) and ``kvx_gather_kv`` (dequantize N tokens through a s
 PACKED table) with CUDA events, median of the repeats after a warm-up, and counts the
 bytes actually moved, K and V: IO elements read (write) or written (gather) plus packed
 codes and scale bytes written (write) or read (gather), plus the slots / table. The
-roofline is a device-to-device ``copy_`` of 1 GiB in the same run, counting bytes read
-plus bytes written. After timing, every call's output is checked against the numpy
+roofline is the bench's (:func:`kvx_conformance.bench.timing.device_copy_roofline`): the best
+of several device-to-device copies of 1 GiB in the same run (``copy_``, ``cudaMemcpyAsync``, a
+vectorized copy kernel), counting bytes read plus bytes written. After timing, every call's output is checked against the numpy
 oracle on a sample of tokens (all heads and dims).
 """
 from __future__ import annotations
@@ -39,13 +40,11 @@ def _median_ms(torch, fn, reps: int = 5, inner: int = 10) -> float:
     return float(np.median(times))
 
 
-def copy_roofline(torch) -> float:
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = _median_ms(torch, lambda: dst.copy_(src))
-    del src, dst
-    return 2 * n / ms / 1e6  # GB/s
+def copy_roofline() -> dict:
+    """The bench's roofline (:func:`.timing.device_copy_roofline`: the best of the device-to-device copies)."""
+    from .timing import device_copy_roofline
+
+    return device_copy_roofline()
 
 
 def _tensor(t, dtype, layout, shape):
@@ -58,8 +57,11 @@ def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = 16,
 
     prov = load_provider(provider_path)
     rng = np.random.default_rng(seed)
+    roof = copy_roofline()
     out = {"device": torch.cuda.get_device_name(), "tokens": tokens, "kv_heads": H, "head_dim": D, "block_size": bs,
-           "roofline_gbs": copy_roofline(torch), "rows": []}
+           "roofline_gbs": roof["bandwidth_Bps"] / 1e9, "roofline_method": roof.get("winner") or roof["method"],
+           "roofline_methods_gbs": {m["id"]: (m["bandwidth_Bps"] or 0) / 1e9 for m in roof.get("methods") or []},
+           "rows": []}
     nb = tokens // bs
     slots_np = rng.permutation(nb * bs).astype(np.int64)[:tokens]
     slots = torch.from_numpy(slots_np).cuda()
@@ -163,7 +165,8 @@ def main(argv=None) -> int:
     except KeyError as e:
         ap.error(f"unknown format or dtype {e}")
     res = run(a.provider, a.tokens, formats=formats, ios=ios)
-    print(f"device {res['device']}; copy roofline {res['roofline_gbs']:.1f} GB/s")
+    print(f"device {res['device']}; copy roofline {res['roofline_gbs']:.1f} GB/s ({res['roofline_method']}; "
+          + ", ".join(f"{k} {v:.0f}" for k, v in res["roofline_methods_gbs"].items()) + ")")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

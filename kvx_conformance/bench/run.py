@@ -196,6 +196,7 @@ def _device_case(state: dict, case: BenchCase) -> dict:
     rec["nsets"] = pr.nsets
     rec["working_set_bytes"] = pr.nsets * case.bytes_moved()
     rec["l2_bytes"] = l2
+    rec["l2_resident"] = l2_resident(rec)
     impls = [("provider", state["provider"])] + ([("reference", state["reference"])] if state["reference"] else [])
     for name, prov in impls:
         st = pr.call(prov, 0, timer.stream.cuda_stream)
@@ -227,6 +228,15 @@ def _device_case(state: dict, case: BenchCase) -> dict:
     return rec
 
 
+def l2_resident(rec: dict) -> bool:
+    """True when a case's working set (the bytes one round of its calls touches) fits in the
+    device's L2 (``working_set_bytes <= l2_bytes``): its calls may be served by the cache, so it
+    is not held to the DRAM copy roofline (left out of ``summary.large_*`` and of the targets'
+    verdicts; docs/benchmarks.md, "Working sets")."""
+    ws, l2 = rec.get("working_set_bytes"), rec.get("l2_bytes")
+    return bool(ws and l2 and ws <= l2)
+
+
 def _faulted_record(case: BenchCase, out: dict) -> dict:
     """The record of a case that left a device fault or whose process died (the rest ran on)."""
     rec: dict = {"case": case.to_dict(), "impls": {}}
@@ -256,7 +266,7 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
 
     t0 = time.monotonic()
     roof_start = device_copy_roofline()
-    _log(f"roofline (start): device-to-device copy {roof_start['bandwidth_Bps'] / 1e9:.0f} GB/s", quiet)
+    _log(f"roofline (start): {roofline_line(roof_start)}", quiet)
     roof = roof_start["bandwidth_Bps"]
     from .timing import DeviceTimer
 
@@ -294,7 +304,7 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
                  on_result=finished)
     results = [r if r is not None else _faulted_record(c, {}) for r, c in zip(results, cases)]
     roof_end = device_copy_roofline()
-    _log(f"roofline (end): {roof_end['bandwidth_Bps'] / 1e9:.0f} GB/s; run {time.monotonic() - t0:.0f} s", quiet)
+    _log(f"roofline (end): {roofline_line(roof_end)}; run {time.monotonic() - t0:.0f} s", quiet)
     floor = None
     if floor_start:
         floor_end = floor_timer.floor(replay)
@@ -303,7 +313,7 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
                  "start": floor_start, "end": floor_end,
                  "drift_pct": 100.0 * (floor_end["median_s"] - floor_s) / floor_s}
     return {"roofline": {"start": roof_start, "end": roof_end, "bandwidth_Bps": roof,
-                         "method": roof_start["method"],
+                         "method": roof_start["method"], "winner": roof_start.get("winner"),
                          "drift_pct": 100.0 * (roof_end["bandwidth_Bps"] - roof) / roof},
             "floor": floor,
             "cases": results, "elapsed_s": time.monotonic() - t0,
@@ -313,6 +323,14 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
                                    "preset: warm graph replay median (graph_warm), and its excess over the floor",
                        "isolation": "cases run in a child process; a case that leaves a device fault or crashes "
                                     "is recorded (device_fault / crash) and a fresh process runs the rest"}}
+
+
+def roofline_line(r: dict) -> str:
+    """One line for a roofline record: the winner's bandwidth and method, every method's figure, notes."""
+    ms = ", ".join(f"{m['id']} {m['bandwidth_Bps'] / 1e9:.0f}" if m.get("bandwidth_Bps") else f"{m['id']} -"
+                   for m in r.get("methods") or [])
+    return (f"{r['bandwidth_Bps'] / 1e9:.0f} GB/s, best of the device-to-device copies: {r.get('winner', r['method'])}"
+            + (f" (GB/s: {ms})" if ms else "") + "".join(f"; {n}" for n in r.get("notes") or []))
 
 
 def _ratios(impls: dict) -> dict:
@@ -514,7 +532,8 @@ def summarize(doc: dict) -> dict:
     served = {f for r in ok for f in BenchCase.from_dict(r["case"]).features()}
     refused = [x for x in (refusal(r, claimed, served) for r in cases) if x]
     refused_ids = {x["id"] for x in refused}
-    big = [r for r in ok if r["case"]["bytes_moved"] >= 256e6]
+    resident = [r for r in ok if l2_resident(r)]
+    big = [r for r in ok if r["case"]["bytes_moved"] >= 256e6 and not l2_resident(r)]
     small = [r for r in ok if r["case"]["rows"] <= 256]
     pct = [r["impls"]["provider"].get("pct_roofline") for r in big if r["impls"]["provider"].get("pct_roofline")]
     excess = sorted(r["impls"]["provider"]["excess_over_floor_s"] * 1e6 for r in ok
@@ -527,6 +546,8 @@ def summarize(doc: dict) -> dict:
         "refused": refused,
         "refused_features": sorted({f for x in refused for f in x["features"]}),
         "verification_failures": failed_verify,
+        "l2_resident_cases": len(resident),
+        "large_l2_resident": [r["case"]["id"] for r in resident if r["case"]["bytes_moved"] >= 256e6],
         "large_cases": len(big),
         "large_pct_roofline_min": min(pct) if pct else None,
         "large_pct_roofline_median": sorted(pct)[len(pct) // 2] if pct else None,

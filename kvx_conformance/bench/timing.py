@@ -211,29 +211,93 @@ class EmptyKernel:
 
 
 def device_copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> dict:
-    """Device-to-device copy (``torch.Tensor.copy_``) of ``nbytes``; bandwidth counts read + write."""
+    """The best of several device-to-device copies of ``nbytes`` (:mod:`.copies`: ``copy_``,
+    ``cudaMemcpyAsync``, the copy kernel's variants), measured in the same rounds on the torch
+    current stream: each round times every method once between its own CUDA events, the order
+    rotating from round to round; ``repeats`` rounds. Bandwidth counts bytes read plus written.
+    Each method's copy is then verified (destination cleared, one copy, compared with the source).
+    Returns :func:`.copies.roofline`'s record: the winner's figures and every method's."""
     import torch
+
+    from . import copies
 
     gen = torch.Generator(device="cuda")  # its own generator: independent of any graph capture's RNG state
     gen.manual_seed(12345)
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda", generator=gen)
     dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    ok = bool(torch.equal(src, dst))
+    notes: list[str] = []
+    lib, why = copies.load_library()
+    if lib is None:
+        notes.append(f"cudaMemcpyAsync and the copy kernel not measured: {why}; the roofline is copy_ alone")
+    try:
+        lib_methods = copies.methods(lib, dst.data_ptr())
+    except RuntimeError as e:  # the library is there but cannot plan on this device
+        notes.append(f"{copies.LIBRARY} could not plan its kernel ({e}): copy_ alone")
+        lib_methods = []
+
+    def torch_copy(d: int, s_: int, n: int, st: int) -> int:
+        dst.copy_(src)  # on the current stream, as the library's calls
+        return 0
+
+    ms = [copies.Method("copy_", "copy_", copies.COPY_, torch_copy)] + lib_methods
+    errors: dict[str, str] = {}
+    stream = torch.cuda.current_stream()
+    sp, dp, h = src.data_ptr(), dst.data_ptr(), stream.cuda_stream
+
+    def call(m) -> None:
+        st = m.call(dp, sp, nbytes, h)
+        if st:
+            raise RuntimeError(f"{lib.error(st) if lib else st} (cudaError {st})")
+
+    live = []
+    for m in ms:  # warm-up; a method that fails is recorded and left out
+        try:
+            for _ in range(3):
+                call(m)
+            torch.cuda.synchronize()
+            live.append(m)
+        except Exception as e:
+            errors[m.id] = f"{type(e).__name__}: {e}"[:300]
+            torch.cuda.synchronize()
+    times: dict[str, list[float]] = {m.id: [] for m in live}
+    for r in range(repeats):
+        order = live[r % len(live):] + live[:r % len(live)] if live else []
+        evs = []
+        for m in order:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(stream)
+            try:
+                call(m)
+            except Exception as e:  # failed after its warm-up: recorded, left out from here on
+                errors[m.id] = f"{type(e).__name__}: {e}"[:300]
+                live.remove(m)
+                times.pop(m.id)
+                continue
+            b.record(stream)
+            evs.append((m.id, a, b))
+        torch.cuda.synchronize()
+        for mid, a, b in evs:
+            times[mid].append(a.elapsed_time(b) / 1e3)
+    verified: dict[str, bool] = {}
+    for m in live:
+        dst.zero_()
+        try:
+            call(m)
+        except Exception as e:
+            errors[m.id] = f"verification copy: {type(e).__name__}: {e}"[:300]
+            verified[m.id] = False
+            continue
+        torch.cuda.synchronize()
+        verified[m.id] = bool(torch.equal(src, dst))
     del src, dst
     torch.cuda.empty_cache()
-    st = stats(times)
-    return {"method": "torch.Tensor.copy_ device-to-device, CUDA events", "bytes_copied": nbytes,
-            "bytes_moved": 2 * nbytes, "bandwidth_Bps": 2 * nbytes / st["median_s"],
-            "bandwidth_p10_Bps": 2 * nbytes / st["p90_s"], "bandwidth_p90_Bps": 2 * nbytes / st["p10_s"],
-            "time": st, "verified": ok}
+    entries = [copies.figure(m.id, m.what, nbytes, stats(times[m.id]) if times.get(m.id) else None,
+                             verified.get(m.id), errors.get(m.id)) for m in ms]
+    for e, m in zip(entries, ms):
+        if m.variant:
+            e["variant"] = m.variant
+    out = [e for e, m in zip(entries, ms) if m.group != "copy_kernel"]
+    variants = [e for e, m in zip(entries, ms) if m.group == "copy_kernel"]
+    if variants:
+        out.append(copies.group_entry("copy_kernel", variants))
+    return copies.roofline(out, nbytes, notes, str(lib.path) if lib else None)
