@@ -385,6 +385,7 @@ class PagedKVStore:
             else:
                 c_scale = d.to_c_scale(None, 0)  # size-guarded, no scale
             setattr(desc, f"{side}_scale_desc", c_scale)
+        buffers.synchronize(self.memory)  # the tensor copies (and fills) are done before the provider reads
         code = self.provider.write_kv(self._cache[layer], desc)
         buffers.synchronize(self.memory)
         self.calls["write"] += 1
@@ -397,6 +398,7 @@ class PagedKVStore:
 
     def read(self, layer: int) -> list[tuple[np.ndarray, np.ndarray]]:
         st = self._step
+        buffers.synchronize(self.memory)
         code = self.provider.gather_kv(self._cache[layer], st.gather_desc)
         buffers.synchronize(self.memory)
         self.calls["gather"] += 1
