@@ -19,7 +19,7 @@ from kvx_conformance.model.threads import blas_threads
 
 _why = model_unavailable()
 REPRO = "repro: python -m pytest tests/test_model_cli.py -k {}"
-ISSUE_KEYS = ("cache", "perplexity", "delta", "top1_agreement")
+ISSUE_KEYS = ("format", "bits_per_value", "ppl", "delta_ppl", "delta_ppl_ci95", "kl", "top1_agreement", "tokens")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -39,13 +39,13 @@ def test_synthetic_json_rows_and_check(capsys):
     code, out, err = _run(capsys, "--synthetic", "--tokens", "12", "--json", "--check", "--formats", "BF16,FP8-E4M3,MXFP4")
     assert code == 0, f"expected exit 0, got {code}\n{err}\n{REPRO.format('synthetic_json')}"
     rows = json.loads(out)
-    assert [r["cache"] for r in rows] == ["BF16", "FP8-E4M3", "MXFP4"]
+    assert [r["format"] for r in rows] == ["BF16", "FP8-E4M3", "MXFP4"]
     for r in rows:
         for k in ISSUE_KEYS:
-            assert k in r, f"row {r['cache']} lacks {k}"
+            assert k in r, f"row {r['format']} lacks {k}"
         assert r["paged_equals_contiguous"] is True, r
         assert r["tokens"] == 12 and r["memory"] == "host" and "synthetic" in r["model"]
-    assert rows[0]["delta"] == 0.0 and rows[0]["top1_agreement"] == 1.0
+    assert rows[0]["delta_ppl"] == 0.0 and rows[0]["top1_agreement"] == 1.0
     # progress went to stderr, one line per format plus the model line and the total
     assert err.count("model-eval: [") == 3 and "done in" in err
 
@@ -53,9 +53,9 @@ def test_synthetic_json_rows_and_check(capsys):
 def test_output_dir_writes_json_and_html(capsys, tmp_path):
     code, out, err = _run(capsys, "--synthetic", "--tokens", "8", "--formats", "NVFP4", "--output-dir", str(tmp_path))
     assert code == 0, err
-    assert "NVFP4" in out and "perplexity" not in out  # the table, not JSON
+    assert "NVFP4" in out and "delta_ppl" not in out  # the table, not JSON
     data = json.loads((tmp_path / "model-eval.json").read_text())
-    assert [r["cache"] for r in data["rows"]] == ["NVFP4"]
+    assert [r["format"] for r in data["rows"]] == ["NVFP4"]
     page = (tmp_path / "model-eval.html").read_text()
     assert 'id="model-eval"' in page and "NVFP4" in page and data["rows"][0]["path"] in page
 
@@ -74,7 +74,7 @@ def test_add_to_puts_the_section_in_the_report(capsys, tmp_path):
     code, out, err = _run(capsys, "--synthetic", "--tokens", "8", "--formats", "FP8-E4M3,MXFP4", "--add-to", str(results))
     assert code == 0, err
     stored = json.loads(results.read_text())
-    assert [r["cache"] for r in stored["model_eval"]] == ["FP8-E4M3", "MXFP4"]
+    assert [r["format"] for r in stored["model_eval"]] == ["FP8-E4M3", "MXFP4"]
     report = (tmp_path / "report.html").read_text()
     assert 'id="model-eval"' in report and 'data-cache="MXFP4"' in report and 'data-cache="FP8-E4M3"' in report
     code, _, err = _run(capsys, "--synthetic", "--tokens", "8", "--formats", "BF16", "--add-to", str(tmp_path / "no.json"))
@@ -111,9 +111,9 @@ def test_real_model_table(capsys):
     code, out, err = _run(capsys, "--tokens", "24", "--formats", "BF16,MXFP4", "--fp4", "oracle")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].split()[:5] == ["cache", "path", "ppl", "delta", "top1"]
+    assert lines[0].split()[:6] == ["format", "path", "bits", "KiB/tok", "ppl", "delta"]
     assert lines[2].startswith("BF16") and lines[3].startswith("MXFP4") and "oracle-fp4" in lines[3]
-    assert "pydoc_data.topics" in out and "SmolLM2-135M" in out
+    assert "python-reference sha256:" in out and "SmolLM2-135M" in out
 
 
 @pytest.mark.parametrize("faulting", ["FP8-E4M3", "BF16"])
@@ -129,16 +129,16 @@ def test_device_fault_in_one_format_is_recorded_and_the_others_run(capsys, monke
                           "--output-dir", str(tmp_path))
     assert code == 1, f"expected exit 1, got {code}\n{err}\n{REPRO.format('device_fault')}"
     rows = json.loads(out)
-    assert [r["cache"] for r in rows] == ["BF16", "FP8-E4M3", "MXFP4"]
-    by = {r["cache"]: r for r in rows}
+    assert [r["format"] for r in rows] == ["BF16", "FP8-E4M3", "MXFP4"]
+    by = {r["format"]: r for r in rows}
     bad = by[faulting]
     assert bad["device_fault"]["entry"] == "kvx_gather_kv" and bad["device_fault"]["error"] == "cudaErrorIllegalAddress"
     assert bad["error"] == "device fault: cudaErrorIllegalAddress in kvx_gather_kv", bad
-    assert bad["perplexity"] is None and bad["top1_agreement"] is None, bad
+    assert bad["ppl"] is None and bad["top1_agreement"] is None, bad
     assert f"{faulting} cache: device fault: cudaErrorIllegalAddress in kvx_gather_kv" in err
     for r in rows:
         if r is not bad:
-            assert "error" not in r and r["perplexity"] > 0 and r["path"] in ("provider", "provider-fp4"), r
-            assert (r["delta"] is None) == (faulting == "BF16"), r
+            assert "error" not in r and r["ppl"] > 0 and r["path"] in ("provider", "provider-fp4"), r
+            assert (r["delta_ppl"] is None) == (faulting == "BF16"), r
     page = (tmp_path / "model-eval.html").read_text()
     assert "device fault: cudaErrorIllegalAddress in kvx_gather_kv" in page

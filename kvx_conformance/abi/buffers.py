@@ -24,8 +24,9 @@ DEFAULT_GUARD = 256
 DEFAULT_ALIGN = 256
 
 
-def guard_pattern(n: int, salt: int = 0) -> np.ndarray:
-    i = np.arange(n, dtype=np.uint32)
+def guard_pattern(n: int, salt: int = 0, start: int = 0) -> np.ndarray:
+    """Bytes ``start .. start + n`` of the position-dependent pattern."""
+    i = np.arange(start, start + n, dtype=np.uint32)
     return ((i * 37 + 0x5B + salt * 11) & 0xFF).astype(np.uint8)
 
 
@@ -47,10 +48,13 @@ class Buffer:
     def _all_bytes(self) -> np.ndarray:
         raise NotImplementedError
 
-    def violations(self) -> list[str]:
+    def _guard_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The guard regions before and after the data region."""
         whole = self._all_bytes()
-        pre = whole[: self._pre]
-        post = whole[self._pre + self.nbytes : self._pre + self.nbytes + self.guard]
+        return whole[: self._pre], whole[self._pre + self.nbytes : self._pre + self.nbytes + self.guard]
+
+    def violations(self) -> list[str]:
+        pre, post = self._guard_bytes()
         out = []
         for label, region, expect in (("before", pre, self._pre_pattern), ("after", post, self._post_pattern)):
             bad = np.nonzero(region != expect)[0]
@@ -206,14 +210,16 @@ class DeviceBuffer(Buffer):
         torch = _torch()
         self.name, self.nbytes, self.guard = name, int(nbytes), guard
         total = guard + align + self.nbytes + guard
-        pattern = guard_pattern(total, salt)
-        self._t = torch.from_numpy(pattern.copy()).to("cuda" if device is None else f"cuda:{int(device)}")
+        # the pattern is made on the device: a pool of gigabytes never crosses from the host
+        where = "cuda" if device is None else f"cuda:{int(device)}"
+        period = torch.from_numpy(guard_pattern(256, salt)).to(where)  # the pattern repeats every 256 bytes
+        self._t = period.repeat(-(-total // 256))[:total]
         self.device = self._t.device.index
         base = self._t.data_ptr()
         first = (-(base + guard)) % align + misalign % align
         self._pre = guard + first
-        self._pre_pattern = pattern[: self._pre].copy()
-        self._post_pattern = pattern[self._pre + self.nbytes : self._pre + self.nbytes + guard].copy()
+        self._pre_pattern = guard_pattern(self._pre, salt)
+        self._post_pattern = guard_pattern(guard, salt, start=self._pre + self.nbytes)
         self.ptr = base + self._pre
 
     def upload(self, data: np.ndarray) -> None:
@@ -231,6 +237,16 @@ class DeviceBuffer(Buffer):
     def _all_bytes(self) -> np.ndarray:
         _torch().cuda.synchronize(self.device)
         return self._t.cpu().numpy()
+
+    def _guard_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        # only the guards cross to the host (a pool of gigabytes is checked by its 512 guard bytes)
+        _torch().cuda.synchronize(self.device)
+        end = self._pre + self.nbytes
+        return self._t[: self._pre].cpu().numpy(), self._t[end : end + self.guard].cpu().numpy()
+
+    def data_tensor(self):
+        """The data region as a uint8 torch CUDA tensor (a view: writes land in the buffer)."""
+        return self._t[self._pre : self._pre + self.nbytes]
 
 
 class _Cudart:

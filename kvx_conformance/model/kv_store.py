@@ -8,7 +8,16 @@ A :class:`CacheFormat` says what a cache entry becomes after a write and a read:
   (16-value blocks along ``head_dim``). A provider with the KVX 1.2 FP4 extension holds
   the codes in its own FP4 cache (path "provider-fp4"); otherwise the round trip is
   applied before an F32 write (path "oracle-fp4"). Both give the same values when the
-  provider's codec is exact (the contiguous store below models both).
+  provider's codec is exact (the contiguous store below models both);
+- INT8 / INT4: integer quantization applied by the harness around the provider's BF16
+  cache (:mod:`.int_kv`): asymmetric per token and KV head (seed 002's TurboMind
+  ``quant_policy`` 8 / 4, BF16 scale and zero point), the codes written into the BF16
+  cache (exact: integers up to 256), the scales kept by the harness.
+
+:func:`bits_per_value` and :func:`kv_bytes_per_token` give what each format stores, scales
+counted: per-token and per-block scales are shared by their values, a per-tensor (per layer
+and side) scale is amortized to zero. For INT8 / INT4 that is what an engine holding the
+packed codes stores, not the BF16 container of the emulation.
 
 Static scales are calibrated on the first write into each layer, as engines that
 compute KV scales on their first forward pass do: FP8 ``amax / 448``, NVFP4's
@@ -34,6 +43,7 @@ class CacheFormat:
     name: str
     dtype: DType  # dtype of the cache tensors handed to the provider
     fp4: str | None = None  # "nvfp4" | "mxfp4": an FP4 cache (the provider's, or the oracle codec + F32)
+    int_bits: int | None = None  # 8 | 4: harness integer quantization, codes in the provider's ``dtype`` cache
 
     @property
     def gather_dtype(self) -> DType:
@@ -48,7 +58,47 @@ FORMATS: dict[str, CacheFormat] = {
     "FP8-E4M3": CacheFormat("FP8-E4M3", DType.F8_E4M3),
     "NVFP4": CacheFormat("NVFP4", DType.F32, fp4="nvfp4"),
     "MXFP4": CacheFormat("MXFP4", DType.F32, fp4="mxfp4"),
+    "INT8": CacheFormat("INT8", DType.BF16, int_bits=8),
+    "INT4": CacheFormat("INT4", DType.BF16, int_bits=4),
 }
+
+#: bits of a per-token (scale, zero) pair of the INT formats: two BF16 numbers
+INT_PARAM_BITS = 32
+FP4_BLOCK_VALUES = 16  # values per FP4 block scale (one byte)
+_DTYPE_BITS = {DType.F32: 32, DType.F16: 16, DType.BF16: 16, DType.F8_E4M3: 8, DType.F8_E5M2: 8}
+
+
+def bits_per_value(fmt: CacheFormat, head_dim: int) -> float:
+    """Stored bits per K or V value, scales included (per-tensor scales amortized to zero)."""
+    if fmt.int_bits is not None:
+        return fmt.int_bits + INT_PARAM_BITS / head_dim
+    if fmt.fp4 is not None:
+        return 4 + 8 / FP4_BLOCK_VALUES
+    return float(_DTYPE_BITS[fmt.dtype])
+
+
+def kv_bytes_per_token(fmt: CacheFormat, n_layers: int, n_kv_heads: int, head_dim: int) -> float:
+    """KV-cache bytes one token takes over the whole model: K and V of every layer and KV head."""
+    return n_layers * 2 * n_kv_heads * head_dim * bits_per_value(fmt, head_dim) / 8
+
+
+def is_tensor(x) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch)."""
+    return type(x).__module__.startswith("torch")
+
+
+def to_numpy(x) -> np.ndarray:
+    """A numpy copy of a torch tensor (any device), or the array itself."""
+    return x.detach().cpu().numpy() if is_tensor(x) else x
+
+
+def like(a: np.ndarray, ref):
+    """``a`` as a tensor on ``ref``'s device when ``ref`` is a torch tensor, else ``a``."""
+    if not is_tensor(ref):
+        return a
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)).to(ref.device)
 
 
 def _amax(x: np.ndarray) -> float:
@@ -108,6 +158,8 @@ def prepare_for_write(fmt: CacheFormat, x: np.ndarray, scale: np.float32) -> np.
 
 def cache_round_trip(fmt: CacheFormat, x: np.ndarray, scale: np.float32) -> np.ndarray:
     """What a cache of ``fmt`` gives back for ``x`` (float32): the contiguous model of a write + read."""
+    if fmt.int_bits is not None:
+        raise ValueError(f"{fmt.name} is applied around a BF16 cache by the harness (int_kv.IntKVStore)")
     x = prepare_for_write(fmt, np.asarray(x, dtype=np.float32), scale)
     if fmt.dtype == DType.F32:
         return np.array(x, dtype=np.float32)
@@ -141,7 +193,12 @@ class KVStore(Protocol):
 
 
 class ContiguousKVStore:
-    """A plain per-sequence, per-layer cache (numpy arrays): the comparison baseline."""
+    """A plain per-sequence, per-layer cache: the comparison baseline.
+
+    Takes and gives numpy arrays, or torch tensors (the torch decoder's): the rounding is
+    the numpy model's either way (a tensor goes through the host), so a paged cache and
+    this one hold the same values whichever decoder runs.
+    """
 
     def __init__(self, n_layers: int, fmt: CacheFormat):
         self.fmt = fmt
@@ -166,8 +223,9 @@ class ContiguousKVStore:
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         seq_ids, counts = self._step
+        ref, k, v = k, to_numpy(k), to_numpy(v)
         ks, vs = self.scales.for_layer(layer, k, v)
-        kq, vq = cache_round_trip(self.fmt, k, ks), cache_round_trip(self.fmt, v, vs)
+        kq, vq = like(cache_round_trip(self.fmt, k, ks), ref), like(cache_round_trip(self.fmt, v, vs), ref)
         at = 0
         for s, c in zip(seq_ids, counts):
             self._k[s][layer].append(kq[at:at + c])
@@ -176,7 +234,7 @@ class ContiguousKVStore:
 
     def read(self, layer: int) -> list[tuple[np.ndarray, np.ndarray]]:
         seq_ids, _ = self._step
-        return [(np.concatenate(self._k[s][layer]), np.concatenate(self._v[s][layer])) for s in seq_ids]
+        return [(concat(self._k[s][layer]), concat(self._v[s][layer])) for s in seq_ids]
 
     def end_step(self) -> None:
         for s, c in zip(*self._step):
@@ -186,3 +244,11 @@ class ContiguousKVStore:
     def free(self, seq_id: int) -> None:
         for d in (self._k, self._v, self._len):
             d.pop(seq_id, None)
+
+
+def concat(parts: list):
+    if parts and is_tensor(parts[0]):
+        import torch
+
+        return torch.cat(parts)
+    return np.concatenate(parts)

@@ -16,6 +16,13 @@ buffer of :mod:`kvx_conformance.abi.buffers` in one memory type: host (numpy) or
 bytes of the per-step buffers are checked after every step, those of the pools by
 :meth:`PagedKVStore.check_guards`.
 
+The store takes and gives numpy arrays (the numpy decoder) or, with ``tensors="torch"``,
+torch tensors (the torch decoder): on device memory the new K/V are copied from the
+decoder's tensors into the guarded IO buffers and the gathered context is read as
+tensors, GPU to GPU (only the guard bytes and each layer's first write, for the scale
+calibration, cross to the host); on host memory the tensors are CPU tensors over the
+same bytes.
+
 FP4 caches (NVFP4, MXFP4) take one of two paths, recorded in :attr:`PagedKVStore.path`:
 
 * ``provider-fp4``: the provider's KVX 1.2 FP4 cache (F4_E2M1 data pools plus a scale
@@ -32,7 +39,7 @@ from ..abi import header as abi, buffers, descriptors as d
 from ..abi.dtypes import np_dtype
 from ..abi.header import DType, Layout, Memory, Status
 from ..adapters.block_manager import BlockManager
-from .kv_store import CacheFormat, LayerScales, dequantize_fp8, prepare_for_write
+from .kv_store import CacheFormat, LayerScales, dequantize_fp8, is_tensor, like, prepare_for_write, to_numpy
 from .weights import LlamaConfig
 
 BLOCK_SIZE = 16
@@ -90,7 +97,22 @@ class _Buf:
         nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.buf = buffers.allocate(nbytes, memory, name)
         self.memory = memory
-        if fill is not None:
+        if fill is not None and memory == Memory.DEVICE:
+            self._fill_device(fill)
+        elif fill is not None:
+            self.set(np.full(self.shape, fill, dtype=self.dtype))
+
+    def _fill_device(self, fill) -> None:
+        """Fill on the GPU (a pool of gigabytes is not built on the host first)."""
+        import torch
+
+        raw = np.full(1, fill, dtype=self.dtype).view(np.uint8)
+        data = self.buf.data_tensor()
+        if np.all(raw == raw[0]):
+            data.fill_(int(raw[0]))
+        elif raw.size == 4:
+            data.view(torch.int32).fill_(int(raw.view(np.int32)[0]))
+        else:
             self.set(np.full(self.shape, fill, dtype=self.dtype))
 
     @classmethod
@@ -114,6 +136,22 @@ class _Buf:
         raw = self.buf.data_view() if self.memory == Memory.HOST else self.buf.download()
         return raw.view(self.dtype).reshape(self.shape)
 
+    def tensor(self):
+        """The data as a torch tensor over the buffer's bytes (a view: CUDA for device memory,
+        CPU for host memory); float32 buffers as float32, one-byte buffers (FP8 codes) as uint8."""
+        import torch
+
+        tdt = torch.float32 if self.dtype == np.dtype(np.float32) else torch.uint8
+        if self.dtype.itemsize != tdt.itemsize:
+            raise ValueError(f"no tensor view of a {self.dtype} buffer")
+        if self.memory == Memory.DEVICE:
+            raw = self.buf.data_tensor()
+        elif self.memory == Memory.HOST:
+            raw = torch.from_numpy(self.buf.data_view())
+        else:
+            raise ValueError(f"no tensor view of {self.memory.name} memory")
+        return raw.view(tdt).view(self.shape)
+
     def violations(self) -> list[str]:
         return self.buf.violations()
 
@@ -136,7 +174,8 @@ class PagedKVStore:
 
     ``memory``: where every buffer lives (HOST or DEVICE). ``fp4_path``: for FP4 formats,
     ``"auto"`` (the provider's FP4 cache when it validates one, else the oracle codec),
-    ``"provider"`` (required) or ``"oracle"``.
+    ``"provider"`` (required) or ``"oracle"``. ``tensors``: ``"numpy"`` (arrays in and out) or
+    ``"torch"`` (tensors in and out, on the buffers' device).
     """
 
     def __init__(
@@ -150,9 +189,15 @@ class PagedKVStore:
         block_manager: BlockManager | None = None,
         memory: Memory = Memory.HOST,
         fp4_path: str = "auto",
+        tensors: str = "numpy",
     ):
         if fp4_path not in ("auto", "provider", "oracle"):
             raise ValueError(f"fp4_path must be auto, provider or oracle, not {fp4_path!r}")
+        if tensors not in ("numpy", "torch"):
+            raise ValueError(f"tensors must be numpy or torch, not {tensors!r}")
+        self.tensors = tensors
+        if fmt.int_bits is not None:
+            raise ValueError(f"{fmt.name} is the harness's quantization around a BF16 cache: IntKVStore(PagedKVStore(BF16))")
         self.provider, self.cfg, self.fmt, self.memory = provider, cfg, fmt, Memory(memory)
         why = buffers.memory_available(self.memory)
         if why:
@@ -287,7 +332,10 @@ class PagedKVStore:
         g.block_table = d.to_c_table(table, st.table_buf.ptr, 0)
         g.seq_lens = d.to_c_seq_lens(seq_lens, st.lens_buf.ptr)
         st.gather_desc = g
-        st.bufs = [st.slots_buf, st.table_buf, st.lens_buf, st.out_k, st.out_v]
+        n_new = int(sum(counts))  # the step's new K/V rows, written by every layer in turn
+        st.k_rows = _Buf(mem, "k rows", (n_new, H, D), np.float32)
+        st.v_rows = _Buf(mem, "v rows", (n_new, H, D), np.float32)
+        st.bufs = [st.slots_buf, st.table_buf, st.lens_buf, st.out_k, st.out_v, st.k_rows, st.v_rows]
         self._step = st
         return starts
 
@@ -296,9 +344,9 @@ class PagedKVStore:
         """FP8 caches gather raw codes (v1.1), every other cache dequantizes to F32."""
         return self.fmt.gather_dtype if self.path == "provider" else DType.F32
 
-    def _layer_scales(self, layer: int, k: np.ndarray, v: np.ndarray):
+    def _layer_scales(self, layer: int, k, v):
         first = layer not in self.scales.k
-        ks, vs = self.scales.for_layer(layer, k, v)
+        ks, vs = self.scales.for_layer(layer, to_numpy(k), to_numpy(v)) if first else self.scales.for_layer(layer, k, v)
         if first and self.path == "provider-fp4" and self._globals is not None:
             g = self._globals.get().copy()
             g[layer] = (ks, vs)
@@ -314,9 +362,17 @@ class PagedKVStore:
         st = self._step
         ks, vs = self._layer_scales(layer, k, v)
         if self.path == "oracle-fp4":
-            k, v = prepare_for_write(self.fmt, k, ks), prepare_for_write(self.fmt, v, vs)
-        kin = _Buf.of(self.memory, "k rows", np.ascontiguousarray(k, dtype=np.float32))
-        vin = _Buf.of(self.memory, "v rows", np.ascontiguousarray(v, dtype=np.float32))
+            k = like(prepare_for_write(self.fmt, to_numpy(k), ks), k)
+            v = like(prepare_for_write(self.fmt, to_numpy(v), vs), v)
+        kin, vin = st.k_rows, st.v_rows
+        if tuple(k.shape) != kin.shape or tuple(v.shape) != vin.shape:
+            raise ValueError(f"layer {layer}: K/V rows {tuple(k.shape)} / {tuple(v.shape)}, the step has {kin.shape}")
+        if is_tensor(k):  # tensor to buffer, on the device for device memory
+            kin.tensor().copy_(k)
+            vin.tensor().copy_(v)
+        else:
+            kin.set(k)
+            vin.set(v)
         n, H, D = kin.shape
         io_layout = d.IOLayout.dense(DType.F32, n, H, D)
         desc = abi.kvx_write_desc_t.new()
@@ -329,6 +385,7 @@ class PagedKVStore:
             else:
                 c_scale = d.to_c_scale(None, 0)  # size-guarded, no scale
             setattr(desc, f"{side}_scale_desc", c_scale)
+        buffers.synchronize(self.memory)  # the tensor copies (and fills) are done before the provider reads
         code = self.provider.write_kv(self._cache[layer], desc)
         buffers.synchronize(self.memory)
         self.calls["write"] += 1
@@ -341,6 +398,7 @@ class PagedKVStore:
 
     def read(self, layer: int) -> list[tuple[np.ndarray, np.ndarray]]:
         st = self._step
+        buffers.synchronize(self.memory)
         code = self.provider.gather_kv(self._cache[layer], st.gather_desc)
         buffers.synchronize(self.memory)
         self.calls["gather"] += 1
@@ -350,6 +408,8 @@ class PagedKVStore:
                 f"lengths {st.lengths}, PACKED S32 table, {self.fmt.name} cache ({self.path}), {self.memory.name} memory)"
             )
         fp8 = self.gather_dtype != DType.F32
+        if self.tensors == "torch":
+            return self._read_tensors(layer, st, fp8)
         all_k, all_v = st.out_k.get(), st.out_v.get()
         out = []
         for i, n in enumerate(st.lengths):
@@ -359,6 +419,24 @@ class PagedKVStore:
                 k = dequantize_fp8(k, self.scales.k[layer])
                 v = dequantize_fp8(v, self.scales.v[layer])
             out.append((np.array(k, dtype=np.float32), np.array(v, dtype=np.float32)))
+        return out
+
+    def _read_tensors(self, layer: int, st, fp8: bool) -> list:
+        import torch
+
+        all_k, all_v = st.out_k.tensor(), st.out_v.tensor()
+        out = []
+        for i, n in enumerate(st.lengths):
+            rows = slice(i * st.max_len, i * st.max_len + n)
+            k, v = all_k[rows], all_v[rows]
+            if fp8:  # raw E4M3 codes (v1.1) times the layer's scale, as dequantize_fp8
+                k = k.view(torch.float8_e4m3fn).to(torch.float32) * torch.tensor(
+                    float(self.scales.k[layer]), dtype=torch.float32, device=k.device)
+                v = v.view(torch.float8_e4m3fn).to(torch.float32) * torch.tensor(
+                    float(self.scales.v[layer]), dtype=torch.float32, device=v.device)
+            else:  # a copy: the gather buffers are reused by the next layer
+                k, v = k.clone(), v.clone()
+            out.append((k, v))
         return out
 
     def end_step(self) -> None:

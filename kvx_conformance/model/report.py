@@ -36,7 +36,10 @@ def _environment():
 
 
 def render_section(rows: list[dict]) -> str:
-    return _environment().get_template("model_eval.html.j2").render(model_eval=section_view(rows))
+    import markupsafe
+
+    return _environment().get_template("model_eval.html.j2").render(model_eval=section_view(rows),
+                                                                    markup=markupsafe.Markup)
 
 
 def page_html(rows: list[dict], title: str = "kvx-conform model-eval") -> str:
