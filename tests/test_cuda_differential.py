@@ -330,3 +330,42 @@ def test_packed_write_over_cache_slots(provider, name):
     diff = compare(expected(case, Memory.DEVICE), got)
     assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"
                       f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")
+
+
+# DEVICE calls must capture into a CUDA graph (R-STREAM: the call enqueues its work on the stream
+# and never waits): on a host with several GPUs too, where the backend looks up the buffers' GPU
+# (R-PLACEMENT) but must ask the driver nothing on a stream being captured; and the large
+# HND_PACKED write whose scratch memory becomes a graph memory node.
+CAPTURED = {
+    # id: (op, layout, tokens, heads, head_dim, table or slots)
+    "write-nhd-16-tokens": ("write", "nhd", 16, 8, 128, "random"),
+    "gather-nhd-64-tokens": ("gather", "nhd", 64, 8, 128, "packed"),
+    "write-hnd_packed-16384-tokens-over-cache-slots": ("write", "hnd_packed", 16384, 2, 128, "random"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURED))
+def test_device_call_captures_into_a_cuda_graph(provider, name):
+    """A DEVICE call made inside torch.cuda.graph capture answers OK, the capture succeeds, and the
+    replayed graph leaves the oracle's result (R-STREAM; R-PLACEMENT with several GPUs visible)."""
+    import torch
+
+    from kvx_conformance.bench.prepare import backend, prepare
+    from kvx_conformance.bench.sweep import BenchCase
+
+    op, layout, tokens, heads, dim, table = CAPTURED[name]
+    case = BenchCase(op=op, layout=layout, tokens=tokens, heads=heads, head_dim=dim, seq_len=64 if op == "gather" else 2048,
+                     memory="device", table=table, cache_blocks=tokens // 16 if tokens >= 16384 else 0)
+    prep = prepare(case, backend("device"), seed=9, nsets=1)
+    s = torch.cuda.Stream()
+    s.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        inside = prep.call(provider, 0, s.cuda_stream)
+    g.replay()
+    torch.cuda.synchronize()
+    assert inside == Status.OK, (f"{name}: the call inside the capture answered {status_name(inside)}, expected OK "
+                                 f"({torch.cuda.device_count()} GPUs visible; R-STREAM)")
+    ver = prep.verify()
+    assert ver["ok"], (f"{name}: after the graph's replay the memory differs from the oracle: {ver}\n"
+                       f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")

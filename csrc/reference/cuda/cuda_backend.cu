@@ -73,6 +73,17 @@ class DeviceScope {
  public:
   kvx_status_t enter(int memory, const void* cache, const void* io, void* stream) {
     if (memory != KVX_MEMORY_DEVICE || device_count() < 2) return KVX_STATUS_OK;
+    /* A stream being captured into a CUDA graph: no pointer query (cudaPointerGetAttributes is
+     * not allowed there and would invalidate the capture); the work goes where the stream's
+     * device is, as captured work must. */
+    if (stream) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess) {
+        cudaGetLastError();
+        return KVX_STATUS_OK;
+      }
+      if (capture != cudaStreamCaptureStatusNone) return KVX_STATUS_OK;
+    }
     const int dev = device_of(cache);
     if (dev < 0) return KVX_STATUS_OK;
     const int io_dev = device_of(io);
