@@ -170,18 +170,8 @@ def plot(res: dict) -> str | None:
 
 
 def render(res: dict, label_a: str | None = None, label_b: str | None = None) -> str:
-    import jinja2
+    from .figures import jinja_env
 
-    from .figures import fmt_bytes
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.ChainableUndefined)
-    env.filters["f1"] = lambda x: "-" if x is None else f"{x:.1f}"
-    env.filters["f2"] = lambda x: "-" if x is None else f"{x:.2f}"
-    env.filters["f3"] = lambda x: "-" if x is None else f"{x:.3f}"
-    env.filters["gb"] = lambda x: "-" if x is None else f"{x / 1e9:.0f}"
-    env.filters["us"] = lambda x: "-" if x is None else f"{x * 1e6:.2f}"
-    env.filters["mb"] = lambda x: "-" if x is None else f"{x / 1e6:.1f}"
-    env.filters["bytes"] = fmt_bytes
+    env = jinja_env(TEMPLATES)
     return env.get_template("crossdevice.html.j2").render(res=res, a=res["a"], b=res["b"], s=res["summary"],
                                                           label_a=label_a, label_b=label_b, plot=plot(res))

@@ -34,3 +34,22 @@ def fmt_bytes(n) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000.0
     return str(n)
+
+
+def _num(fmt: str, scale: float = 1.0):
+    return lambda x: "-" if x is None else format(x * scale, fmt)
+
+
+def jinja_env(templates):
+    """A jinja2 environment over the folder ``templates`` with the number filters the bench's
+    pages share ("-" for a missing value): ``f1`` ``f2`` ``f3`` (decimals), ``pct`` (a fraction
+    as a percentage), ``gb`` (bytes/s as GB/s), ``us`` (seconds as microseconds), ``mb``,
+    ``mib``, ``bytes`` (:func:`fmt_bytes`)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), autoescape=True,
+                             undefined=jinja2.ChainableUndefined)
+    env.filters.update(f1=_num(".1f"), f2=_num(".2f"), f3=_num(".3f"), pct=lambda x: "-" if x is None else f"{100 * x:.1f}%",
+                       gb=_num(".0f", 1e-9), us=_num(".2f", 1e6), mb=_num(".1f", 1e-6), mib=_num(".0f", 2.0 ** -20),
+                       bytes=fmt_bytes)
+    return env

@@ -296,20 +296,12 @@ def all_rows(doc: dict) -> list[dict]:
 
 
 def render(doc: dict, second: dict | None = None, second_label: str | None = None) -> str:
-    import jinja2
-
     from .compare import agreement
 
     from .run import decode_table, rederive
 
     doc = rederive(json.loads(json.dumps(doc)))
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.ChainableUndefined)
-    env.filters["f1"] = lambda x: "-" if x is None else f"{x:.1f}"
-    env.filters["f2"] = lambda x: "-" if x is None else f"{x:.2f}"
-    env.filters["pct"] = lambda x: "-" if x is None else f"{100 * x:.1f}%"
-    env.filters["gb"] = lambda x: "-" if x is None else f"{x / 1e9:.0f}"
-    env.filters["mib"] = lambda x: "-" if x is None else f"{x / 2**20:.0f}"
+    env = figures.jinja_env(TEMPLATES)
     tpl = env.get_template("bench.html.j2")
     agree = agreement(doc, second) if second else None
     return tpl.render(

@@ -33,10 +33,12 @@ def rope_tables(cfg: LlamaConfig, positions: np.ndarray) -> tuple[np.ndarray, np
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
-    """Rotate ``x [n, heads, head_dim]``: pairs (i, i + D/2) when ``neox``, else (2i, 2i+1)."""
+def apply_rope(x, cos, sin, neox: bool):
+    """Rotate ``x [n, heads, head_dim]``: pairs (i, i + D/2) when ``neox``, else (2i, 2i+1).
+    numpy arrays or torch tensors alike (the torch decoder calls it too): slices and
+    elementwise products only."""
     c, s = cos[:, None, :], sin[:, None, :]
-    out = np.empty_like(x)
+    out = np.empty_like(x) if isinstance(x, np.ndarray) else x.clone()
     if neox:
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .decoder import StepOutput, rope_tables
+from .decoder import StepOutput, apply_rope, rope_tables
 from .weights import ModelWeights
 
 
@@ -71,18 +71,7 @@ class TorchDecoder:
         return x / (1.0 + (-x).exp())
 
     def apply_rope(self, x, cos, sin):
-        c, s = cos[:, None, :], sin[:, None, :]
-        out = x.clone()
-        if self.w.neox_rotary:
-            half = x.shape[-1] // 2
-            x1, x2 = x[..., :half], x[..., half:]
-            out[..., :half] = x1 * c - x2 * s
-            out[..., half:] = x2 * c + x1 * s
-        else:
-            x1, x2 = x[..., 0::2], x[..., 1::2]
-            out[..., 0::2] = x1 * c - x2 * s
-            out[..., 1::2] = x2 * c + x1 * s
-        return out
+        return apply_rope(x, cos, sin, self.w.neox_rotary)
 
     def attention(self, q, k, v, first_pos: int):
         """Causal GQA for one sequence (as :func:`~.decoder.attention`): ``q [n, Hq, D]``,
