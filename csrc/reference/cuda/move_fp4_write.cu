@@ -700,24 +700,6 @@ __global__ void __launch_bounds__(256) write_decode_kernel(const __grid_constant
   }
 }
 
-template <int B, int FMT>
-Kernel pick_decode_dt(int dt) {
-  switch (dt) {
-    case KVX_DTYPE_F16:
-      return write_decode_kernel<B, KVX_DTYPE_F16, FMT>;
-    case KVX_DTYPE_BF16:
-      return write_decode_kernel<B, KVX_DTYPE_BF16, FMT>;
-    default:
-      return write_decode_kernel<B, KVX_DTYPE_F32, FMT>;
-  }
-}
-
-Kernel pick_decode(const Params& P) {
-  if (P.B == 32) return pick_decode_dt<32, kvx_ref::FP4_MXFP4_OCP>(P.io_dtype);
-  return P.format == kvx_ref::FP4_NVFP4 ? pick_decode_dt<16, kvx_ref::FP4_NVFP4>(P.io_dtype)
-                                        : pick_decode_dt<16, kvx_ref::FP4_MXFP4>(P.io_dtype);
-}
-
 /* The kernel of a write: per-block (pick) or fast (pick_fast), by block size, IO dtype and format. */
 template <int B>
 Kernel pick_dt(int dt) {
@@ -738,23 +720,38 @@ Kernel pick(const Params& P) {
   return P.B == 32 ? pick_dt<32>(dt) : pick_dt<16>(dt);
 }
 
-template <int B, int FMT>
-Kernel pick_fast_dt(int dt) {
+/* The fast and the decode-sized write kernels share one dispatch: block size and format
+ * (16-value NVFP4 or MXFP4, 32-value OCP MXFP4), then the IO dtype (F16, BF16, F32). */
+template <int B, int DT, int FMT>
+struct FastKernel {
+  static constexpr Kernel k = write_fast_kernel<B, DT, FMT>;
+};
+template <int B, int DT, int FMT>
+struct DecodeKernel {
+  static constexpr Kernel k = write_decode_kernel<B, DT, FMT>;
+};
+
+template <template <int, int, int> class K, int B, int FMT>
+Kernel pick_io(int dt) {
   switch (dt) {
     case KVX_DTYPE_F16:
-      return write_fast_kernel<B, KVX_DTYPE_F16, FMT>;
+      return K<B, KVX_DTYPE_F16, FMT>::k;
     case KVX_DTYPE_BF16:
-      return write_fast_kernel<B, KVX_DTYPE_BF16, FMT>;
+      return K<B, KVX_DTYPE_BF16, FMT>::k;
     default:
-      return write_fast_kernel<B, KVX_DTYPE_F32, FMT>;
+      return K<B, KVX_DTYPE_F32, FMT>::k;
   }
 }
 
-Kernel pick_fast(const Params& P) {
-  if (P.B == 32) return pick_fast_dt<32, kvx_ref::FP4_MXFP4_OCP>(P.io_dtype);
-  return P.format == kvx_ref::FP4_NVFP4 ? pick_fast_dt<16, kvx_ref::FP4_NVFP4>(P.io_dtype)
-                                        : pick_fast_dt<16, kvx_ref::FP4_MXFP4>(P.io_dtype);
+template <template <int, int, int> class K>
+Kernel pick_format(const Params& P) {
+  if (P.B == 32) return pick_io<K, 32, kvx_ref::FP4_MXFP4_OCP>(P.io_dtype);
+  return P.format == kvx_ref::FP4_NVFP4 ? pick_io<K, 16, kvx_ref::FP4_NVFP4>(P.io_dtype)
+                                        : pick_io<K, 16, kvx_ref::FP4_MXFP4>(P.io_dtype);
 }
+
+Kernel pick_fast(const Params& P) { return pick_format<FastKernel>(P); }
+Kernel pick_decode(const Params& P) { return pick_format<DecodeKernel>(P); }
 
 /* Dynamic shared memory of the fast write: the ASYNC staging ring (16-bit IO; 64 bytes per lane per step). */
 int write_smem(const Params& P, unsigned threads) {
