@@ -348,6 +348,16 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_G32_NI
 #define KVX_FP4_G32_NI 4 /* gather into F32: 16-byte chunks per lane per batch (8: 2-3 % slower) */
 #endif
+#ifndef KVX_FP4_G_ROWS_16
+#define KVX_FP4_G_ROWS_16 2 /* fast gathers into F16/BF16: rows per warp, a power of two up to 32 (H100, % of copy:
+                               32: 85-86, 8: 88, 4: 89-90.5, 2: 91-92.4, 1: 90-91.5) */
+#endif
+#ifndef KVX_FP4_G_ROWS_32
+#define KVX_FP4_G_ROWS_32 1 /* ... into F32 (32: 86, 4: 89, 2: 91, 1: 93) */
+#endif
+#ifndef KVX_FP4_G_SMEM_HEADS
+#define KVX_FP4_G_SMEM_HEADS 256 /* fast gathers: NVFP4 global scales of up to this many heads held in shared memory */
+#endif
 #ifndef KVX_FP4_PREFETCH_W16
 #define KVX_FP4_PREFETCH_W16 1 /* write, 16-bit IO: the next row into L2 (+3-6 %; with F32 IO, or the
                                   gathers' codes, it cost 10-30 %) */
@@ -482,12 +492,13 @@ bool allow_smem(Kernel kernel, int bytes) {
   return true;
 }
 
-/* Fast kernels: 32 rows per warp, 256 rows per CTA, chunks of 2^30 rows. */
+/* Fast kernels: rows_per_cta rows per CTA (default: one per thread, 32 per warp), chunks of 2^30 rows. */
 #ifndef KVX_FP4_FAST_MIN_ROWS
 #define KVX_FP4_FAST_MIN_ROWS 256 /* FP4 writes of at most this many rows: the per-block kernel (launch) */
 #endif
 kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaStream_t stream, unsigned threads = 256,
-                         int smem = 0) {
+                         int smem = 0, unsigned rows_per_cta = 0) {
+  if (!rows_per_cta) rows_per_cta = threads;
   if (smem && !allow_smem(kernel, smem)) return KVX_STATUS_INTERNAL_ERROR;
   P.fd_j = make_div((unsigned)P.J);
   P.fd_bs = make_div(P.block_size);
@@ -496,7 +507,7 @@ kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaS
   for (unsigned long long r0 = 0; r0 < rows; r0 += max_rows) {
     P.row_begin = r0;
     P.rows = rows - r0 < max_rows ? rows - r0 : max_rows;
-    kernel<<<(unsigned)((P.rows + threads - 1) / threads), threads, smem, stream>>>(P);
+    kernel<<<(unsigned)((P.rows + rows_per_cta - 1) / rows_per_cta), threads, smem, stream>>>(P);
     if (cudaGetLastError() != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
   }
   return KVX_STATUS_OK;

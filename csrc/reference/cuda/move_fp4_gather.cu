@@ -120,20 +120,36 @@ __device__ __noinline__ void store_nan16(char* dst, float sf) {
   *(uint4*)dst = make_uint4(w, w, w, w);
 }
 
+/* Rows per warp of the fast gather into IO elements of `es` bytes. */
+__host__ __device__ constexpr unsigned gather_rows_per_warp(int es) { return es == 4 ? KVX_FP4_G_ROWS_32 : KVX_FP4_G_ROWS_16; }
+
 template <int B, int DT>
 __global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
   constexpr int ES = Es<DT>::value, VPC = 16 / ES, CPB = B / VPC, NI = VPC == 4 ? KVX_FP4_G32_NI : 4;
   __shared__ float e2m1[16];
   __shared__ float sdec[256];
+  /* Each side's NVFP4 global scale by head (the per-tensor value in every entry), read once per CTA: a
+   * per-head scale loaded from global memory beside its first use stalled the warp a round trip a chunk. */
+  __shared__ float sg[2][KVX_FP4_G_SMEM_HEADS > 0 ? KVX_FP4_G_SMEM_HEADS : 1];
+  const bool g_smem = KVX_FP4_G_SMEM_HEADS > 0 && P.H <= KVX_FP4_G_SMEM_HEADS;
   if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
   for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) sdec[k] = kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
+  if (g_smem)
+    for (unsigned k = threadIdx.x; k < 2u * (unsigned)P.H; k += blockDim.x) {
+      const Side& S = P.side[k >= (unsigned)P.H];
+      const unsigned h = k >= (unsigned)P.H ? k - (unsigned)P.H : k;
+      sg[k >= (unsigned)P.H][h] = S.g ? S.g[S.g_per_head ? h : 0u] : 1.0f;
+    }
   __syncthreads();
   const unsigned lane = threadIdx.x & 31u;
-  const unsigned long long r0 = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x - lane;
+  /* R rows per warp: many short-lived warps keep more code loads in flight than
+   * a warp that streams 32 rows with one batch loaded ahead (docs/fp4.md). */
+  constexpr unsigned R = gather_rows_per_warp(ES);
+  const unsigned long long r0 = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
   if (r0 >= P.rows) return;
-  const float g0 = P.side[0].g ? P.side[0].g[0] : 1.0f, g1 = P.side[1].g ? P.side[1].g[0] : 1.0f;
+  const float g0 = g_smem || !P.side[0].g ? 1.0f : P.side[0].g[0], g1 = g_smem || !P.side[1].g ? 1.0f : P.side[1].g[0];
   unsigned bl = kNoBlock, ol = 0;
-  if (r0 + lane < P.rows) {
+  if (lane < R && r0 + lane < P.rows) {
     const unsigned long long row = P.row_begin + r0 + lane;
     const unsigned long long s = row < 0x80000000ull ? divu(P.fd_msl, (unsigned)row) : row / P.max_seq_len;
     const unsigned long long t = row - s * P.max_seq_len;
@@ -155,7 +171,7 @@ __global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
       }
     }
   }
-  const unsigned n = P.rows - r0 < 32ull ? (unsigned)(P.rows - r0) : 32u;
+  const unsigned n = P.rows - r0 < (unsigned long long)R ? (unsigned)(P.rows - r0) : R;
   const unsigned NC = (unsigned)(P.H * P.J) * CPB, NQ = (NC + 32u * NI - 1u) / (32u * NI), T = n * 2u * NQ;
   /* The warp's work is a stream of T batches (row i, side, batch q of NI
    * chunks per lane); the codes and scale bytes of batch k + 1 are loaded
@@ -228,7 +244,7 @@ __global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
         unsigned h = 0;
         char* dst;
         if (P.lin) { /* chunk c: output bytes at c * 16 */
-          if (S.g_per_head) h = divu(P.fd_j, c / CPB);
+          if (S.g_per_head || g_smem) h = divu(P.fd_j, c / CPB);
           dst = io_row + (size_t)c * 16u;
         } else {
           const unsigned bi = c / CPB, p = c % CPB;
@@ -241,7 +257,7 @@ __global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
           store_nan16<DT>(dst, sf);
           continue;
         }
-        const float g = S.g_per_head ? S.g[h] : g_t;
+        const float g = g_smem ? sg[side][h] : S.g_per_head ? S.g[h] : g_t;
         float v[VPC];
         if (P.format == kvx_ref::FP4_NVFP4) {
 #pragma unroll
@@ -338,7 +354,7 @@ kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream) {
   P.num_blocks = plan.num_blocks;
   P.indices_count = plan.indices_count;
   P.vec_ok = vec_ok(P);
-  if (fast_ok(P)) return launch_fast(pick_fast(P), P, rows, (cudaStream_t)stream);
+  if (fast_ok(P)) return launch_fast(pick_fast(P), P, rows, (cudaStream_t)stream, 256, 0, 256 / 32 * gather_rows_per_warp(P.io_esize));
   return launch(pick(P), P, rows, (cudaStream_t)stream);
 }
 
