@@ -504,6 +504,8 @@ def test_copy_kernel_copies_unaligned_and_ragged_buffers(dst_off, src_off, n):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
     src = torch.randint(0, 255, (n + 64,), dtype=torch.uint8, device="cuda", generator=gen)
+    # a refused call first: the error it leaves in the runtime must not be reported by the copies below
+    assert lib.memcpy_async(0, 0, 16, 0) != 0
     for vecs, streaming in copies.KERNEL_VARIANTS:
         dst = torch.zeros(n + 64, dtype=torch.uint8, device="cuda")
         st = lib.copy_kernel(dst.data_ptr() + dst_off, src.data_ptr() + src_off, n, vecs, streaming,

@@ -28,3 +28,12 @@ def test_help_names_every_format(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert "nvfp4, mxfp4, mxfp4_ocp" in out and "--io LIST" in out, out
+
+
+@pytest.mark.parametrize("tokens", ["3000", "0", "-2048"])
+def test_token_count_that_cannot_fill_whole_blocks_is_a_usage_error(capsys, tokens):
+    with pytest.raises(SystemExit) as e:
+        fp4bench.main(["lib.so", "--tokens", tokens])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert f"--tokens {tokens}: must be a positive multiple of {fp4bench.TOKEN_QUANTUM}" in err, err

@@ -122,6 +122,10 @@ KVX_BENCH_EXPORT int kvx_bench_copy_plan(const void* dst, int vecs, int threads,
 KVX_BENCH_EXPORT int kvx_bench_copy_kernel(void* dst, const void* src, size_t n, int vecs, int threads,
                                            int flags, void* stream) {
   const bool streaming = (flags & KVX_BENCH_COPY_STREAMING) != 0;
+  // The launches below report through cudaGetLastError, which also returns an error that an
+  // earlier call of this thread left behind (a refused cudaMemcpyAsync, say): clear it first,
+  // or this copy would be reported as failed.
+  (void)cudaGetLastError();
   int grid = 0, sms = 0, per_sm = 0;
   cudaError_t e = plan(dst, vecs, threads, flags, &grid, &sms, &per_sm);
   if (e != cudaSuccess) return (int)e;

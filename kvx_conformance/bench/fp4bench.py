@@ -51,7 +51,12 @@ def _tensor(t, dtype, layout, shape):
     return fx._tensor(dtype, layout, Memory.DEVICE, shape, fx._dense_strides(shape), t.data_ptr())
 
 
-def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = 16, seed: int = 0,
+GATHER_SEQS = 128  # sequences of the gather's PACKED table
+BLOCK = 16  # tokens per cache block
+TOKEN_QUANTUM = GATHER_SEQS * BLOCK  # every sequence holds whole blocks
+
+
+def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = BLOCK, seed: int = 0,
         formats=None, ios=None) -> dict:
     import torch
 
@@ -65,7 +70,7 @@ def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = 16,
     nb = tokens // bs
     slots_np = rng.permutation(nb * bs).astype(np.int64)[:tokens]
     slots = torch.from_numpy(slots_np).cuda()
-    S = 128
+    S = GATHER_SEQS
     per = tokens // S
     table_np = rng.permutation(nb).astype(np.int32).reshape(S, per // bs)
     table = torch.from_numpy(table_np).cuda()
@@ -154,11 +159,15 @@ def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = 16,
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvx_conformance.bench.fp4bench", description=__doc__)
     ap.add_argument("provider")
-    ap.add_argument("--tokens", type=int, default=262144)
+    ap.add_argument("--tokens", type=int, default=262144,
+                    help=f"tokens per call, a positive multiple of {TOKEN_QUANTUM} ({GATHER_SEQS} sequences of whole "
+                         f"{BLOCK}-token blocks; default 262144)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--formats", metavar="LIST", help="comma-separated: " + ", ".join(fx.FORMATS) + " (default: all)")
     ap.add_argument("--io", metavar="LIST", help="comma-separated IO dtypes: f16, bf16, f32 (default: all)")
     a = ap.parse_args(argv)
+    if a.tokens <= 0 or a.tokens % TOKEN_QUANTUM:
+        ap.error(f"--tokens {a.tokens}: must be a positive multiple of {TOKEN_QUANTUM}")
     try:
         formats = [fx.FORMATS[f.strip().lower()] for f in a.formats.split(",")] if a.formats else None
         ios = [DType[d.strip().upper()] for d in a.io.split(",")] if a.io else None
