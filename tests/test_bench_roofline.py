@@ -304,6 +304,8 @@ def test_l2_resident_cases_leave_the_large_statistics_and_the_targets():
 
     doc = _h100()
     base = summarize(doc)
+    base_g = {x["what"]: x for x in targets(doc)}["gather, NHD/HND/HND_PACKED, F16/BF16/F32, ≥ 256 MB"]
+    assert base_g["worst_id"] != _large_baseline_gather(doc)["case"]["id"], base_g
     # a large baseline gather made slow: held to the roofline, it is the worst case and fails its target
     slow = copy.deepcopy(doc)
     r = _large_baseline_gather(slow)
@@ -322,7 +324,8 @@ def test_l2_resident_cases_leave_the_large_statistics_and_the_targets():
     assert s["l2_resident_cases"] == base["l2_resident_cases"] + 1 == 47
     t = {x["what"]: x for x in targets(slow)}
     g = t["gather, NHD/HND/HND_PACKED, F16/BF16/F32, ≥ 256 MB"]
-    assert g["worst_id"] != r["case"]["id"] and g["met"] is True and g["cases"] == held - 1, g
+    # ... so the target reads as on the published run: the same worst case and verdict
+    assert g["worst_id"] == base_g["worst_id"] and g["met"] is base_g["met"] and g["cases"] == held - 1, (g, base_g)
     # small calls stay held to the µs target whatever their working set
     us = t["calls of 1 to 256 tokens, device time under graph replay"]
     assert us["cases"] == 69, us
