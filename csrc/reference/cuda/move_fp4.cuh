@@ -348,6 +348,20 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_G32_NI
 #define KVX_FP4_G32_NI 4 /* gather into F32: 16-byte chunks per lane per batch (8: 2-3 % slower) */
 #endif
+#ifndef KVX_FP4_W_ROWS_B16
+#define KVX_FP4_W_ROWS_B16 32 /* fast writes of 16-value blocks (NVFP4, MXFP4) from F16/BF16: rows per warp, a power
+                                 of two up to 32 (H100, % of copy, NVFP4 F16: 32: 87.0-87.2, 8: 85.2, 4: 84.1-84.5,
+                                 2: 80.7, 1: 71.1) */
+#endif
+#ifndef KVX_FP4_W_ROWS_B32
+#define KVX_FP4_W_ROWS_B32 2 /* ... of 32-value blocks (OCP MXFP4) from F16/BF16, the shared-memory ring (F16 / BF16:
+                                32: 89.6 / 88.8-89.0, 8: 87.8-88.0 / 87.4, 4: 90.0-90.3 / 89.7-90.2,
+                                2: 96.0 / 94.7-95.0, 1: 86.7-87.0 / 83.6-83.7) */
+#endif
+#ifndef KVX_FP4_W_ROWS_F32
+#define KVX_FP4_W_ROWS_F32 32 /* ... from F32 (NVFP4 / MXFP4 / OCP, 32: 90.5 / 96.2-96.4 / 95.8-95.9,
+                                 2: 87.2 / 96.8-96.9 / 96.1-96.2) */
+#endif
 #ifndef KVX_FP4_G_ROWS_16
 #define KVX_FP4_G_ROWS_16 2 /* fast gathers into F16/BF16: rows per warp, a power of two up to 32 (H100, % of copy:
                                32: 85-86, 8: 88, 4: 89-90.5, 2: 91-92.4, 1: 90-91.5) */

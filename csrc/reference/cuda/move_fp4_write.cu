@@ -434,6 +434,11 @@ template <int DT>
 struct WThreads {
   static constexpr int value = DT == KVX_DTYPE_F32 ? 256 : KVX_FP4_W16_THREADS;
 };
+/* Rows per warp of the fast write of blocks of `b` values from IO elements of `es` bytes. */
+__host__ __device__ constexpr unsigned write_rows_per_warp(int b, int es) {
+  return es == 4 ? KVX_FP4_W_ROWS_F32 : b == 32 ? KVX_FP4_W_ROWS_B32 : KVX_FP4_W_ROWS_B16;
+}
+
 template <int B, int DT, int FMT> /* FMT: P.format, a template argument so each kernel keeps one format's path */
 __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYPE_F32
                                                           ? KVX_FP4_WRITE_MIN_BLOCKS_16
@@ -473,10 +478,11 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
     __syncthreads();
   }
   const unsigned lane = threadIdx.x & 31u;
-  const unsigned long long r0 = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x - lane;
+  constexpr unsigned R = write_rows_per_warp(B, ES); /* rows per warp */
+  const unsigned long long r0 = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
   if (r0 >= P.rows) return;
   unsigned bl = kNoBlock, tl = 0;
-  if (r0 + lane < P.rows) {
+  if (lane < R && r0 + lane < P.rows) {
     const long long slot = ld_index(P.slots, P.slot64, P.row_begin + r0 + lane);
     if (!(slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots)) {
       unsigned long long b, t;
@@ -485,7 +491,7 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
       tl = (unsigned)t;
     }
   }
-  const unsigned n = P.rows - r0 < 32ull ? (unsigned)(P.rows - r0) : 32u;
+  const unsigned n = P.rows - r0 < (unsigned long long)R ? (unsigned)(P.rows - r0) : R;
   const unsigned NB = (unsigned)(P.H * P.J), NS = NB * LB, NQ = (NS + 32u * NI - 1u) / (32u * NI);
   const unsigned row_bytes = NB * B * ES, T = n * NQ * (2 / SU);
   /* The warp's work is a stream of T steps (row i, batch q of NI sub-blocks
@@ -792,7 +798,8 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
    * (docs/cuda-reference.md, "Decode-sized calls") */
   if (fast_ok(P) && plan.num_tokens > (unsigned long long)KVX_FP4_FAST_MIN_ROWS) {
     const unsigned threads = P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS;
-    return launch_fast(pick_fast(P), P, plan.num_tokens, (cudaStream_t)stream, threads, write_smem(P, threads));
+    return launch_fast(pick_fast(P), P, plan.num_tokens, (cudaStream_t)stream, threads, write_smem(P, threads),
+                       threads / 32 * write_rows_per_warp(P.B, P.io_esize));
   }
   if (KVX_FP4_DECODE && fast_ok(P)) return launch(pick_decode(P), P, plan.num_tokens, (cudaStream_t)stream);
   return launch(pick(P), P, plan.num_tokens, (cudaStream_t)stream);
