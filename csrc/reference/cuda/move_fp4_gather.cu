@@ -121,7 +121,9 @@ __device__ __noinline__ void store_nan16(char* dst, float sf) {
 }
 
 /* Rows per warp of the fast gather into IO elements of `es` bytes. */
-__host__ __device__ constexpr unsigned gather_rows_per_warp(int es) { return es == 4 ? KVX_FP4_G_ROWS_32 : KVX_FP4_G_ROWS_16; }
+__host__ __device__ constexpr unsigned gather_rows_per_warp(int es) {
+  return es == 4 ? KVX_FP4_G_ROWS_32 : KVX_FP4_G_ROWS_16;
+}
 
 template <int B, int DT>
 __global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
@@ -354,7 +356,8 @@ kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream) {
   P.num_blocks = plan.num_blocks;
   P.indices_count = plan.indices_count;
   P.vec_ok = vec_ok(P);
-  if (fast_ok(P)) return launch_fast(pick_fast(P), P, rows, (cudaStream_t)stream, 256, 0, 256 / 32 * gather_rows_per_warp(P.io_esize));
+  if (fast_ok(P))
+    return launch_fast(pick_fast(P), P, rows, (cudaStream_t)stream, 256, 0, 256 / 32 * gather_rows_per_warp(P.io_esize));
   return launch(pick(P), P, rows, (cudaStream_t)stream);
 }
 
