@@ -113,10 +113,9 @@ struct Packed {
   uint32_t sbyte;
 };
 
-template <int B, int DT>
-__device__ __noinline__ Packed<B> encode_slow(int format, const uint4* src, float g) {
-  constexpr int NV = B * Es<DT>::value / 16;
-  uint32_t w[NV * 4];
+/* The 4 NV words of NV 16-byte vectors at `src` (read-only loads). */
+template <int NV>
+__device__ __forceinline__ void load_words(const uint4* src, uint32_t* w) {
 #pragma unroll
   for (int v = 0; v < NV; ++v) {
     const uint4 u = __ldg(src + v);
@@ -125,6 +124,13 @@ __device__ __noinline__ Packed<B> encode_slow(int format, const uint4* src, floa
     w[4 * v + 2] = u.z;
     w[4 * v + 3] = u.w;
   }
+}
+
+template <int B, int DT>
+__device__ __noinline__ Packed<B> encode_slow(int format, const uint4* src, float g) {
+  constexpr int NV = B * Es<DT>::value / 16;
+  uint32_t w[NV * 4];
+  load_words<NV>(src, w);
   float x[B];
   unpack<DT, NV * 4>(w, x);
   uint8_t codes[B];
@@ -672,14 +678,7 @@ __global__ void __launch_bounds__(256) write_decode_kernel(const __grid_constant
   const long long slot = P.slot64 ? __ldg((const long long*)P.slots + it.row) : (long long)__ldg((const int*)P.slots + it.row);
   const uint4* src = (const uint4*)(S.io + (it.row * S.io_token + it.h * S.io_head + (long long)it.j * B) * ES);
   uint32_t w[NV * 4];
-#pragma unroll
-  for (int v = 0; v < NV; ++v) {
-    const uint4 u = __ldg(src + v);
-    w[4 * v] = u.x;
-    w[4 * v + 1] = u.y;
-    w[4 * v + 2] = u.z;
-    w[4 * v + 3] = u.w;
-  }
+  load_words<NV>(src, w);
   const float g = FMT == kvx_ref::FP4_NVFP4 && S.g ? __ldg(S.g_per_head ? S.g + it.h : S.g) : 1.0f;
   WSide ws;
   ws.g = g;
