@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
         unsigned h = 0;
         char* dst;
         if (P.lin) { /* chunk c: output bytes at c * 16 */
-          if (S.g_per_head || g_smem) h = divu(P.fd_j, c / CPB);
+          if (S.g_per_head) h = divu(P.fd_j, c / CPB); /* else h = 0: sg[side][0] holds the per-tensor g */
           dst = io_row + (size_t)c * 16u;
         } else {
           const unsigned bi = c / CPB, p = c % CPB;
