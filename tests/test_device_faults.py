@@ -60,11 +60,13 @@ def test_fake_device_fault_charges_one_test_and_a_fresh_worker_runs_the_rest(tmp
 
 
 def test_fake_device_faults_trip_the_breaker_of_their_entry_point(tmp_path):
-    # every fresh worker faults on its first sentinel write: 3 device faults trip kvx_write_kv
+    # every fresh worker faults on its first sentinel write: 3 device faults trip kvx_write_kv; a test the
+    # other of the 2 workers had already started when the third was recorded may fault too (one more at most)
     p, doc = _run_with_fake(tmp_path, "kvx_write_kv:*test_invalid_slot_sentinel*", "-n", "2", "--id", SENTINEL)
     crashes = [t for t in doc["tests"] if t["outcome"] == "crash"]
-    assert len(crashes) == 3 and all(t["crash"]["kind"] == "device-fault" for t in crashes), explain(p)
+    assert len(crashes) in (3, 4) and all(t["crash"]["kind"] == "device-fault" for t in crashes), explain(p)
     assert doc["breaker"]["kvx_write_kv"]["tripped"], doc["breaker"]
+    assert doc["breaker"]["kvx_write_kv"]["count"] == len(crashes), doc["breaker"]
     assert doc["counts"]["error"] == 0
     skipped = [t for t in doc["tests"] if t["outcome"] == "skip"]
     assert skipped and all(t["breaker"] == "kvx_write_kv" for t in skipped)
