@@ -321,6 +321,20 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * the lanes' loads half unused: 2, 4 or 8 rows per task instead (lanes alternate rows). */
   if (fast && !packed && !tiles && !qtiles && p.fuse && p.lg_tg == 0)
     while (((uint64_t)H * chunks * n << p.lg_tg) < (uint64_t)KVX_CUDA_TASK_CHUNKS && p.lg_tg < 3) ++p.lg_tg;
+  /* A device with more DRAM bandwidth per SM (memory_depth() > 1) needs more bytes in flight per
+   * SM: a large call whose tasks are small (at most KVX_CUDA_DEEP_TASK_BYTES on the wider side)
+   * gives each warp `depth` times the tasks (writes `depth`, gathers KVX_CUDA_GATHER_TPW x depth,
+   * from KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP row groups on). Measured on an H200 (depth 2,
+   * docs/cuda-reference.md, "Memory depth"): 16-bit rows of 8 heads x 128 +3 to +5 points;
+   * tasks of 8 KB and more lose 1 point from it, so they keep one task per warp. */
+  const uint32_t depth = (uint32_t)memory_depth();
+  if (depth > 1 && fast && !packed && p.fuse && p.tpw >= 1 &&
+      ((uint64_t)H * chunks * n << p.lg_tg) * 16 <= (uint64_t)KVX_CUDA_DEEP_TASK_BYTES) {
+    if (p.kind == KIND_WRITE)
+      p.tpw = depth;
+    else if (p.kind == KIND_KV_OFFSETS || (rows >> p.lg_tg) >= (uint64_t)KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP)
+      p.tpw = (uint32_t)KVX_CUDA_GATHER_TPW * depth;
+  }
   /* Large random-slot tile writes over the cache's slots instead of the IO rows (move_packed.cu):
    * whole tiles stored instead of one 16-byte piece per token, dgroup and head */
   p.inv = nullptr;

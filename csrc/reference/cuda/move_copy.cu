@@ -132,6 +132,25 @@ int launch_threads(const MoveParams& p, unsigned long long warps, int threads) {
   return (int)(32 * wpb);
 }
 
+int memory_depth() {
+  static thread_local int cached_dev = -1, cached_depth = 1;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev != cached_dev) {
+    int sms = 0, khz = 0, bits = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev);
+    cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev);
+    const double per_sm = sms > 0 ? 2.0 * khz * 1e3 * (bits / 8.0) / sms : 0.0; /* bytes/s */
+    const double unit = (double)KVX_CUDA_DEPTH_GBPS_PER_SM * 1e9;
+    int d = 1;
+    while (d < 4 && per_sm > unit * d) ++d;
+    cached_depth = d;
+    cached_dev = dev;
+  }
+  return cached_depth;
+}
+
 /* SMs x resident blocks per SM of `kernel` with `threads` per block on the current device (cached). */
 static int resident_blocks(const void* kernel, int threads) {
   int dev = 0;
