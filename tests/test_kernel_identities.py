@@ -10,6 +10,11 @@ formulas with the host backend's (convert.h / fp4.h) operations; CI has no GPU,
 so this is where a change to one of them is caught on every run. The "quick"
 mode samples the exhaustive run (docs give its figures) and covers every
 rounding boundary densely.
+
+The launch tuning rule of cuda/tuning.h (memory depth from the device's memory
+clock, bus width and SM count, docs/cuda-reference.md "Eighth round") is plain
+C++ too, so csrc/tests/tuning_check.cpp checks it here on the parts it was
+measured on and on others.
 """
 from __future__ import annotations
 
@@ -52,3 +57,44 @@ def test_fp4_fast_encode_shortcuts(tmp_path):
     # all six parts ran, each with 0 mismatches; the packed F16 step (e2m1_h) over every input
     assert len(lines) == 6 and all(line.endswith(" 0 mismatches") for line in lines), out
     assert lines[5].startswith("e2m1_h: 9275520 "), out
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a C++ compiler (g++), as the package build does")
+@pytest.mark.parametrize("part, sms, khz, bits, per_sm, depth", [
+    # memory clock and bus width as cudaDeviceGetAttribute reads them (docs/cuda-reference.md, "Eighth round")
+    ("H100 SXM 80GB HBM3", 132, 2619000, 5120, 25.40, 1),
+    ("H200", 132, 3201000, 6016, 36.47, 2),
+    # other parts, from their vendors' figures: the rule needs no entry for them
+    ("H100 PCIe", 114, 1593000, 5120, 17.89, 1),
+    ("A100 SXM 80GB", 108, 1593000, 5120, 18.88, 1),
+    ("a part with 8 TB/s over 148 SMs", 148, 4000000, 8192, 55.35, 2),
+    ("a part with 10 TB/s over 66 SMs", 66, 5000000, 8192, 155.15, 4),  # ceil 5.2, capped at 4
+    ("properties unknown (attribute reads failed)", 0, 0, 0, 0.0, 1),
+])
+def test_memory_depth_follows_the_bandwidth_per_sm(tmp_path, part, sms, khz, bits, per_sm, depth):
+    exe = tmp_path / "tuning_check"
+    cmd = [CXX, "-O2", "-std=c++17", f"-I{ROOT / 'csrc/reference'}", str(ROOT / "csrc/tests/tuning_check.cpp"),
+           "-o", str(exe)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    run = subprocess.run([str(exe), str(sms), str(khz), str(bits)], capture_output=True, text=True, timeout=30)
+    words = run.stdout.split()
+    assert run.returncode == 0 and words[0] == "per_sm_gbps" and words[2] == "depth", run.stdout + run.stderr
+    got = (float(words[1]), int(words[3]))
+    assert got[0] == pytest.approx(per_sm, abs=0.01) and got[1] == depth, (
+        f"{part}: expected {per_sm} GB/s per SM and depth {depth}, got {got}\n"
+        f"repro: {' '.join(cmd)} && {exe} {sms} {khz} {bits}")
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a C++ compiler (g++), as the package build does")
+def test_memory_depth_steps_at_each_multiple_of_the_unit(tmp_path):
+    exe = tmp_path / "tuning_check"
+    subprocess.run([CXX, "-O2", "-std=c++17", f"-I{ROOT / 'csrc/reference'}",
+                    str(ROOT / "csrc/tests/tuning_check.cpp"), "-o", str(exe)], check=True, capture_output=True)
+
+    def depth(khz: int, unit: str) -> int:  # one SM, a 8-bit bus: 2 x khz x 1e3 bytes/s
+        return int(subprocess.run([str(exe), "1", str(khz), "8", unit], capture_output=True, text=True,
+                                  check=True).stdout.split()[3])
+
+    # 30 GB/s per SM is one unit: at or below it depth 1, just above it 2, ... at most 4
+    assert [depth(k, "30") for k in (15000000, 15000001, 30000000, 30000001, 45000001, 90000000)] == [1, 2, 2, 3, 4, 4]
+    assert depth(30000001, "1000") == 1  # a larger unit (the build knob) keeps every part at depth 1

@@ -325,7 +325,7 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * SM: a large call whose tasks are small (at most KVX_CUDA_DEEP_TASK_BYTES on the wider side)
    * gives each warp `depth` times the tasks (writes `depth`, gathers KVX_CUDA_GATHER_TPW x depth,
    * from KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP row groups on). Measured on an H200 (depth 2,
-   * docs/cuda-reference.md, "Memory depth"): 16-bit rows of 8 heads x 128 +3 to +5 points;
+   * docs/cuda-reference.md, "Eighth round"): 16-bit rows of 8 heads x 128 +3 to +5 points;
    * tasks of 8 KB and more lose 1 point from it, so they keep one task per warp. */
   const uint32_t depth = (uint32_t)memory_depth();
   if (depth > 1 && fast && !packed && p.fuse && p.tpw >= 1 &&

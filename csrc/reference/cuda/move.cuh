@@ -27,6 +27,7 @@
 
 #include "convert.h"
 #include "kvx/kvx_abi.h"
+#include "tuning.h"
 
 namespace kvx_cuda {
 
@@ -34,9 +35,6 @@ constexpr int kThreads = 256;
 
 #ifndef KVX_CUDA_GATHER_TPW
 #define KVX_CUDA_GATHER_TPW 4 /* fast-path gathers: tasks per warp */
-#endif
-#ifndef KVX_CUDA_DEPTH_GBPS_PER_SM
-#define KVX_CUDA_DEPTH_GBPS_PER_SM 30 /* DRAM GB/s per SM that one task per warp keeps fed (memory_depth) */
 #endif
 #ifndef KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP
 #define KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP 32768 /* KVX_CUDA_GATHER_TPW_MIN_GROUPS at memory depth 2 or more */
@@ -403,12 +401,8 @@ int grid_for(const void* kernel, unsigned long long total_items);
 /* The same for a kernel with one warp per task: the resident grid (warps
  * stride over tasks) when `persistent`, else one task per warp. */
 int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent, int threads = kThreads);
-/* Memory depth of the current device (cached per device): how many fast-path tasks a
- * warp must have in flight to keep DRAM busy, from the device's properties alone:
- * ceil(peak DRAM bandwidth per SM / KVX_CUDA_DEPTH_GBPS_PER_SM), at least 1 and at most 4.
- * Peak DRAM bandwidth is 2 x memory clock x bus width; with the same SM count and a
- * similar memory latency, a part with more bandwidth per SM needs more bytes in flight
- * per SM (Little's law). Hopper: H100 SXM 25 GB/s per SM (depth 1), H200 37 (depth 2). */
+/* memory_depth_for (tuning.h) of the current device, cached per device: H100 SXM
+ * 25 GB/s of DRAM bandwidth per SM (depth 1), H200 36.5 (depth 2). */
 int memory_depth();
 /* Threads per block for a launch of `warps` one-warp tasks: `threads` for a
  * large call; for a small (decode-sized) one (!p.fuse), as few warps per block

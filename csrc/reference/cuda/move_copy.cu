@@ -141,11 +141,7 @@ int memory_depth() {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev);
     cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev);
-    const double per_sm = sms > 0 ? 2.0 * khz * 1e3 * (bits / 8.0) / sms : 0.0; /* bytes/s */
-    const double unit = (double)KVX_CUDA_DEPTH_GBPS_PER_SM * 1e9;
-    int d = 1;
-    while (d < 4 && per_sm > unit * d) ++d;
-    cached_depth = d;
+    cached_depth = memory_depth_for(sms, khz, bits);
     cached_dev = dev;
   }
   return cached_depth;
