@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def agreement(a: dict, b: dict, min_bytes: float = LARGE_BYTES, tolerance_pct: f
     ra, rb = a.get("roofline", {}).get("bandwidth_Bps"), b.get("roofline", {}).get("bandwidth_Bps")
     worst = max((r["diff_pct"] for r in rows), default=None)
     return {"rows": sorted(rows, key=lambda r: -r["diff_pct"]), "max_diff_pct": worst,
-            "median_diff_pct": sorted(r["diff_pct"] for r in rows)[len(rows) // 2] if rows else None,
+            "median_diff_pct": statistics.median(r["diff_pct"] for r in rows) if rows else None,
             "within": bool(rows) and worst <= tolerance_pct, "tolerance_pct": tolerance_pct,
             "min_bytes": min_bytes, "cases": len(rows),
             "roofline_diff_pct": 100.0 * abs(ra - rb) / ((ra + rb) / 2) if ra and rb else None}

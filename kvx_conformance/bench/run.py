@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -550,13 +551,13 @@ def summarize(doc: dict) -> dict:
         "large_l2_resident": [r["case"]["id"] for r in resident if r["case"]["bytes_moved"] >= 256e6],
         "large_cases": len(big),
         "large_pct_roofline_min": min(pct) if pct else None,
-        "large_pct_roofline_median": sorted(pct)[len(pct) // 2] if pct else None,
+        "large_pct_roofline_median": statistics.median(pct) if pct else None,
         "small_time_us_max": max((r["impls"]["provider"]["time_s"] * 1e6 for r in small), default=None),
-        "small_time_us_median": (sorted(r["impls"]["provider"]["time_s"] * 1e6 for r in small)[len(small) // 2]
+        "small_time_us_median": (statistics.median(r["impls"]["provider"]["time_s"] * 1e6 for r in small)
                                  if small else None),
         "floor_us": floor["time_s"] * 1e6 if floor.get("time_s") else None,
         "decode_cases": len(excess),
-        "decode_excess_us_median": excess[len(excess) // 2] if excess else None,
+        "decode_excess_us_median": statistics.median(excess) if excess else None,
         "decode_excess_us_max": excess[-1] if excess else None,
     }
 
