@@ -4,8 +4,8 @@ does not hold, and the cross-device page of ``kvx-conform compare``.
 CPU: method selection and the roofline record on synthetic figures, the measurement's rounds,
 verification and choice on host buffers (a fake torch and copy library), the copy library's
 presence and its answers without a GPU, the L2 exclusion on synthetic results made from the
-published H100 run, and the side-by-side comparison of that run against a synthetic second
-device made from it. GPU (skipped without CUDA): the three methods measured and verified,
+published H100 run, the side-by-side comparison of that run against a synthetic second
+device made from it, and of the published H100 and H200 runs. GPU (skipped without CUDA): the three methods measured and verified,
 the copy kernel on unaligned and ragged buffers.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from browser import chromium, open_headless  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "reports" / "h100-reference" / "results.json"
+H200 = ROOT / "reports" / "h200-reference" / "results.json"
 N = 1 << 30
 
 
@@ -458,6 +459,35 @@ def test_compare_cli_renders_two_devices_side_by_side(tmp_path, capsys):
     # the gates still apply across devices
     assert cli_main(["compare", str(H100), str(bpath), "--fail-below", "99"]) == cmp.EXIT_GATE
     assert "BELOW 99% of roofline" in capsys.readouterr().out
+
+
+def test_the_published_h100_and_h200_runs_side_by_side():
+    """The two published reports: two real devices, each case against its own device's roofline,
+    every case verified on both, and the bench's own summary agreeing with the comparison's."""
+    a, b = _h100(), json.loads(H200.read_text(encoding="utf-8"))
+    res = crossdevice.side_by_side(a, b)
+    assert (res["a"]["name"], res["b"]["name"]) == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    assert crossdevice.different_devices(a, b)
+    assert len(res["rows"]) == 170 and not res["only_a"] and not res["only_b"]
+    ra, rb = a["roofline"]["bandwidth_Bps"], b["roofline"]["bandwidth_Bps"]
+    s = res["summary"]
+    assert s["roofline_b_over_a"] == pytest.approx(rb / ra) and 1.3 < rb / ra < 1.5, (ra, rb)
+    for r in res["rows"]:
+        assert r["a"]["verified"] and r["b"]["verified"], r["id"]
+        for side, roof in (("a", ra), ("b", rb)):
+            x = r[side]
+            assert x["pct_roofline"] == pytest.approx(100 * x["bandwidth_Bps"] / roof, rel=1e-9), (r["id"], side)
+    # the bench's summary of each run and the comparison give the same medians (the statistical median)
+    for doc, side in ((a, "a"), (b, "b")):
+        own = summarize(doc)
+        assert own == doc["summary"], f"the published summary of the {side} run is stale"
+        assert own["large_cases"] == s["large_cases"] == 70
+        assert own["large_pct_roofline_median"] == pytest.approx(s[f"large_pct_{side}_median"])
+        assert own["large_pct_roofline_min"] == pytest.approx(s[f"large_pct_{side}_min"])
+        assert own["small_time_us_median"] == pytest.approx(s[f"small_us_{side}_median"])
+    page = (ROOT / "reports" / "h100-vs-h200.html").read_text(encoding="utf-8")
+    for want in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "write-nhd-f16-t262144-h8-d128-bs16-random-device"):
+        assert want in page, f"expected {want!r} in reports/h100-vs-h200.html"
 
 
 @pytest.mark.browser
