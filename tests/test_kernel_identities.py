@@ -59,7 +59,25 @@ def test_fp4_fast_encode_shortcuts(tmp_path):
     assert lines[5].startswith("e2m1_h: 9275520 "), out
 
 
-@pytest.mark.skipif(CXX is None, reason="needs a C++ compiler (g++), as the package build does")
+@pytest.fixture(scope="module")
+def tuning_check(tmp_path_factory) -> tuple[Path, list[str]]:
+    """csrc/tests/tuning_check.cpp built once: (the executable, the command that built it)."""
+    if CXX is None:
+        pytest.skip("needs a C++ compiler (g++), as the package build does")
+    exe = tmp_path_factory.mktemp("tuning") / "tuning_check"
+    cmd = [CXX, "-O2", "-std=c++17", f"-I{ROOT / 'csrc/reference'}", str(ROOT / "csrc/tests/tuning_check.cpp"),
+           "-o", str(exe)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return exe, cmd
+
+
+def _depth(exe: Path, *args: object) -> tuple[float, int]:
+    run = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=30)
+    words = run.stdout.split()
+    assert run.returncode == 0 and words[0] == "per_sm_gbps" and words[2] == "depth", run.stdout + run.stderr
+    return float(words[1]), int(words[3])
+
+
 @pytest.mark.parametrize("part, sms, khz, bits, per_sm, depth", [
     # memory clock and bus width as cudaDeviceGetAttribute reads them (docs/cuda-reference.md, "Eighth round")
     ("H100 SXM 80GB HBM3", 132, 2619000, 5120, 25.40, 1),
@@ -71,30 +89,18 @@ def test_fp4_fast_encode_shortcuts(tmp_path):
     ("a part with 10 TB/s over 66 SMs", 66, 5000000, 8192, 155.15, 4),  # ceil 5.2, capped at 4
     ("properties unknown (attribute reads failed)", 0, 0, 0, 0.0, 1),
 ])
-def test_memory_depth_follows_the_bandwidth_per_sm(tmp_path, part, sms, khz, bits, per_sm, depth):
-    exe = tmp_path / "tuning_check"
-    cmd = [CXX, "-O2", "-std=c++17", f"-I{ROOT / 'csrc/reference'}", str(ROOT / "csrc/tests/tuning_check.cpp"),
-           "-o", str(exe)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    run = subprocess.run([str(exe), str(sms), str(khz), str(bits)], capture_output=True, text=True, timeout=30)
-    words = run.stdout.split()
-    assert run.returncode == 0 and words[0] == "per_sm_gbps" and words[2] == "depth", run.stdout + run.stderr
-    got = (float(words[1]), int(words[3]))
+def test_memory_depth_follows_the_bandwidth_per_sm(tuning_check, part, sms, khz, bits, per_sm, depth):
+    exe, cmd = tuning_check
+    got = _depth(exe, sms, khz, bits)
     assert got[0] == pytest.approx(per_sm, abs=0.01) and got[1] == depth, (
         f"{part}: expected {per_sm} GB/s per SM and depth {depth}, got {got}\n"
         f"repro: {' '.join(cmd)} && {exe} {sms} {khz} {bits}")
 
 
-@pytest.mark.skipif(CXX is None, reason="needs a C++ compiler (g++), as the package build does")
-def test_memory_depth_steps_at_each_multiple_of_the_unit(tmp_path):
-    exe = tmp_path / "tuning_check"
-    subprocess.run([CXX, "-O2", "-std=c++17", f"-I{ROOT / 'csrc/reference'}",
-                    str(ROOT / "csrc/tests/tuning_check.cpp"), "-o", str(exe)], check=True, capture_output=True)
-
-    def depth(khz: int, unit: str) -> int:  # one SM, a 8-bit bus: 2 x khz x 1e3 bytes/s
-        return int(subprocess.run([str(exe), "1", str(khz), "8", unit], capture_output=True, text=True,
-                                  check=True).stdout.split()[3])
-
-    # 30 GB/s per SM is one unit: at or below it depth 1, just above it 2, ... at most 4
-    assert [depth(k, "30") for k in (15000000, 15000001, 30000000, 30000001, 45000001, 90000000)] == [1, 2, 2, 3, 4, 4]
-    assert depth(30000001, "1000") == 1  # a larger unit (the build knob) keeps every part at depth 1
+def test_memory_depth_steps_at_each_multiple_of_the_unit(tuning_check):
+    exe, _ = tuning_check
+    # one SM and an 8-bit bus move 2 x khz x 1e3 bytes/s; 30 GB/s per SM is one unit: at or
+    # below it depth 1, just above it 2, ... at most 4
+    depths = [_depth(exe, 1, k, 8, 30)[1] for k in (15000000, 15000001, 30000000, 30000001, 45000001, 90000000)]
+    assert depths == [1, 2, 2, 3, 4, 4], depths
+    assert _depth(exe, 1, 30000001, 8, 1000)[1] == 1  # a larger unit (the build knob) keeps every part at depth 1
