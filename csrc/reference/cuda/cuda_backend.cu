@@ -327,13 +327,15 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * from KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP row groups on). Measured on an H200 (depth 2,
    * docs/cuda-reference.md, "Eighth round"): 16-bit rows of 8 heads x 128 +3 to +5 points;
    * tasks of 8 KB and more lose 1 point from it, so they keep one task per warp. */
-  const uint32_t depth = (uint32_t)memory_depth();
-  if (depth > 1 && fast && !packed && p.fuse && p.tpw >= 1 &&
+  if (fast && !packed && p.fuse && p.tpw >= 1 &&
       ((uint64_t)H * chunks * n << p.lg_tg) * 16 <= (uint64_t)KVX_CUDA_DEEP_TASK_BYTES) {
-    if (p.kind == KIND_WRITE)
-      p.tpw = depth;
-    else if (p.kind == KIND_KV_OFFSETS || (rows >> p.lg_tg) >= (uint64_t)KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP)
-      p.tpw = (uint32_t)KVX_CUDA_GATHER_TPW * depth;
+    const uint32_t depth = (uint32_t)memory_depth(); /* looked up by large calls only */
+    if (depth > 1) {
+      if (p.kind == KIND_WRITE)
+        p.tpw = depth;
+      else if (p.kind == KIND_KV_OFFSETS || (rows >> p.lg_tg) >= (uint64_t)KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP)
+        p.tpw = (uint32_t)KVX_CUDA_GATHER_TPW * depth;
+    }
   }
   /* Large random-slot tile writes over the cache's slots instead of the IO rows (move_packed.cu):
    * whole tiles stored instead of one 16-byte piece per token, dgroup and head */
