@@ -5,8 +5,8 @@ CPU: method selection and the roofline record on synthetic figures, the measurem
 verification and choice on host buffers (a fake torch and copy library), the copy library's
 presence and its answers without a GPU, the L2 exclusion on synthetic results made from the
 published H100 run, the side-by-side comparison of that run against a synthetic second
-device made from it, and of the published H100 and H200 runs. GPU (skipped without CUDA): the three methods measured and verified,
-the copy kernel on unaligned and ragged buffers.
+device made from it, and of the published H100 and H200 runs. GPU (skipped without CUDA):
+the three methods measured and verified, the copy kernel on unaligned and ragged buffers.
 """
 from __future__ import annotations
 

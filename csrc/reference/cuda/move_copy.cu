@@ -114,26 +114,14 @@ int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent
   return (int)(want < cap ? (want ? want : 1) : cap);
 }
 
-int launch_threads(const MoveParams& p, unsigned long long warps, int threads) {
-  if (p.fuse || !KVX_CUDA_SPREAD_SMALL) return threads;
-  static thread_local int cached_dev = -1, cached_sms = 0;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev != cached_dev) {
-    cached_sms = 0;
-    cudaDeviceGetAttribute(&cached_sms, cudaDevAttrMultiProcessorCount, dev);
-    cached_dev = dev;
-  }
-  const unsigned long long sms = cached_sms > 0 ? (unsigned long long)cached_sms : 1ull;
-  const unsigned long long most = (unsigned long long)(threads / 32);
-  unsigned long long wpb = (warps + sms - 1) / sms;
-  if (wpb < 1) wpb = 1;
-  if (wpb > most) wpb = most;
-  return (int)(32 * wpb);
-}
-
-int memory_depth() {
-  static thread_local int cached_dev = -1, cached_depth = 1;
+/* The current device's properties the planner reads, looked up once per device and thread. */
+struct DeviceTraits {
+  int sms;   /* SM count (1 when unknown) */
+  int depth; /* memory_depth_for (tuning.h) */
+};
+static const DeviceTraits& device_traits() {
+  static thread_local int cached_dev = -1;
+  static thread_local DeviceTraits cached{1, 1};
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev != cached_dev) {
@@ -141,11 +129,23 @@ int memory_depth() {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev);
     cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev);
-    cached_depth = memory_depth_for(sms, khz, bits);
+    cached = DeviceTraits{sms > 0 ? sms : 1, memory_depth_for(sms, khz, bits)};
     cached_dev = dev;
   }
-  return cached_depth;
+  return cached;
 }
+
+int launch_threads(const MoveParams& p, unsigned long long warps, int threads) {
+  if (p.fuse || !KVX_CUDA_SPREAD_SMALL) return threads;
+  const unsigned long long sms = (unsigned long long)device_traits().sms;
+  const unsigned long long most = (unsigned long long)(threads / 32);
+  unsigned long long wpb = (warps + sms - 1) / sms;
+  if (wpb < 1) wpb = 1;
+  if (wpb > most) wpb = most;
+  return (int)(32 * wpb);
+}
+
+int memory_depth() { return device_traits().depth; }
 
 /* SMs x resident blocks per SM of `kernel` with `threads` per block on the current device (cached). */
 static int resident_blocks(const void* kernel, int threads) {
