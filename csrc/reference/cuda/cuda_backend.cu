@@ -337,6 +337,16 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
         p.tpw = (uint32_t)KVX_CUDA_GATHER_TPW * depth;
     }
   }
+  /* Large calls into or out of NHD/HND caches: the lean kernel where its Op serves them
+   * (move_rows, move_kernels.cuh: one task per warp and more resident warps than move_fast:
+   * same-dtype copies four blocks per SM where move_fast fits two, FP8 quantizing writes six).
+   * On a device with more DRAM bandwidth per SM (memory_depth() > 1) every such call (H200:
+   * copies +2 to +7.5 points at 65536 rows, FP8 writes +6 to +9); at depth 1 only RAGGED and
+   * KV_OFFSETS gathers, whose lookups the extra warps hide (H100: +0.8 and +3 points; its
+   * writes lost 0.5 to 1). docs/cuda-reference.md, "Ninth round". */
+  p.rows = 0;
+  if (fast && !packed && !tiles && !qtiles && p.fuse && !p.decode)
+    p.rows = memory_depth() > 1 || p.kind == KIND_RAGGED || p.kind == KIND_KV_OFFSETS;
   /* Large random-slot tile writes over the cache's slots instead of the IO rows (move_packed.cu):
    * whole tiles stored instead of one 16-byte piece per token, dgroup and head */
   p.inv = nullptr;

@@ -77,6 +77,31 @@ namespace kvx_cuda {
 #define KVX_CUDA_FP8_MIN_BLOCKS 1 /* BF16 -> FP8 (capped at 64 with 4 loads in flight: -6 to -8 points) */
 #endif
 
+#ifndef KVX_CUDA_ROWS
+#define KVX_CUDA_ROWS 1 /* large calls moving K and V with one same-dtype copy, NHD/HND caches: move_rows \
+                           (where the planner sets p.rows, cuda_backend.cu) */
+#endif
+#ifndef KVX_CUDA_ROWS_UNROLL
+#define KVX_CUDA_ROWS_UNROLL 8 /* move_rows: 16-byte loads in flight per lane */
+#endif
+#ifndef KVX_CUDA_ROWS_MIN_BLOCKS
+#define KVX_CUDA_ROWS_MIN_BLOCKS 4 /* move_rows: at most 64 registers, four 256-thread blocks per SM */
+#endif
+#ifndef KVX_CUDA_ROWS_MAX_TASK_BYTES
+#define KVX_CUDA_ROWS_MAX_TASK_BYTES 16384 /* ... for tasks (K and V of the task's rows) of at most this many bytes \
+                                               (0: any; 32 KB tasks lost 1.1 points on both parts) */
+#endif
+#ifndef KVX_CUDA_ROWS_FP8
+#define KVX_CUDA_ROWS_FP8 1 /* large FP8 quantizing writes into NHD/HND caches: move_rows too (where the planner \
+                               sets p.rows) */
+#endif
+#ifndef KVX_CUDA_ROWS_FP8_UNROLL
+#define KVX_CUDA_ROWS_FP8_UNROLL 2 /* (4 loads in flight and four blocks per SM: -5 to -6 points on an H200) */
+#endif
+#ifndef KVX_CUDA_ROWS_FP8_MIN_BLOCKS
+#define KVX_CUDA_ROWS_FP8_MIN_BLOCKS 6 /* at most 40 registers, six blocks per SM, no spill (4: -10 points) */
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Vector storage of N bytes. */
 template <int N> struct VecOf;
@@ -96,6 +121,12 @@ struct TF16 {
     return f;
   }
   static __device__ __forceinline__ bool special(S v) { return (v & 0x7FFFu) > 0x7C00u; }
+  /* special() of either half of any of n words: the largest magnitude is a NaN */
+  static __device__ __forceinline__ bool special_words(const uint32_t* w, int n) {
+    uint32_t mx = 0;
+    for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
+    return __vmaxu2(mx, 0x7C007C00u) != 0x7C007C00u;
+  }
   static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::f16_to_f32(v); }
   /* finite: zero or within [2^-24, 65504], inside exact_div_range */
   static __device__ __forceinline__ bool div_ok(S v) { return (v & 0x7FFFu) < 0x7C00u; }
@@ -111,6 +142,11 @@ struct TBF16 {
   static constexpr kvx_dtype_t dt = KVX_DTYPE_BF16;
   static __device__ __forceinline__ float hw_f32(S v) { return __uint_as_float((uint32_t)v << 16); }
   static __device__ __forceinline__ bool special(S v) { return (v & 0x7FFFu) > 0x7F80u; }
+  static __device__ __forceinline__ bool special_words(const uint32_t* w, int n) {
+    uint32_t mx = 0;
+    for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
+    return __vmaxu2(mx, 0x7F807F80u) != 0x7F807F80u;
+  }
   static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::bf16_to_f32(v); }
   /* zero, or |v| in [2^-60, 2^60) (exact_div_range on the widened bits) */
   static __device__ __forceinline__ bool div_ok(S v) {
@@ -260,8 +296,12 @@ struct ConvOp {
 #pragma unroll
         for (int i = 0; i < V; ++i) x[i] = fp8_div(x[i], scale, rcp);
       } else {
+        if constexpr (KVX_CUDA_FP8_PACKED_CHECK && kIn == 2 && (V * kIn) % 4 == 0) {
+          special = In::special_words(a.w, (V * kIn) / 4);
+        } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) special |= In::special(a.e[i]);
+          for (int i = 0; i < V; ++i) special |= In::special(a.e[i]);
+        }
         if (scale != 1.0f) { /* x / 1 is x: no division for unscaled caches */
 #pragma unroll
           for (int i = 0; i < V; ++i) {
@@ -537,6 +577,132 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
 }
 
 /* ------------------------------------------------------------------------ */
+/* Large calls that move K and V with one Op into or out of NHD/HND caches (one
+ * contiguous run of head_dim per head, no pack groups): the lean form of
+ * move_fast. One task per warp (TG rows, K and V), the whole grid launched; each
+ * lane resolves its row's two cache rows once, then sweeps the task's chunks U
+ * loads at a time. No per-chunk pointer is kept across the loads (the store
+ * recomputes its address from the chunk index) and no next task is prefetched,
+ * so the kernel fits MINB blocks of 256 threads per SM: on a device with more
+ * DRAM bandwidth per SM the bytes in flight come from more warps, not from more
+ * tasks per warp (docs/cuda-reference.md, "Ninth round"). FP8 destinations (write
+ * only): per-head scales and reciprocals in a per-block table. */
+template <class Op, int U, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constant__ MoveParams p) {
+  __shared__ float2 sh_scale[Op::kScaled ? 2 * kScaleTable : 1];
+  const uint32_t H = p.fd_h.div;
+  if constexpr (Op::kScaled) {
+    if (H <= (uint32_t)kScaleTable) { /* uniform over the block, before any thread leaves */
+      for (uint32_t i = threadIdx.x; i < 2 * H; i += blockDim.x) {
+        const uint32_t j = i >= H ? 1u : 0u, h = i - j * H;
+        const float sc = load_scale(p, p.job[j], h);
+        sh_scale[j * kScaleTable + h] = make_float2(sc, fp8_rcp(sc));
+      }
+      __syncthreads();
+    }
+  }
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t task = blockIdx.x * (kThreads / 32u) + (threadIdx.x >> 5);
+  const uint32_t r = (task << p.lg_tg) + (lane & ((1u << p.lg_tg) - 1u));
+  if (r >= p.row_count) return; /* no barrier or shuffle below */
+  const bool gather = !Op::kScaled && p.kind != KIND_WRITE;
+  Item it;
+  it.job = &p.job[0];
+  it.live = true;
+  it.row = p.row_begin + r;
+  it.h = it.c = 0;
+  char* crow0;
+  char* crow1;
+  if (gather) {
+    const GatherMeta m0 = gather_meta_load(p, it);
+    GatherMeta m1 = m0;
+    if (p.kind == KIND_KV_OFFSETS) {
+      it.job = &p.job[1];
+      m1 = gather_meta_load(p, it);
+    }
+    crow0 = gather_cache_row(p, p.job[0], m0);
+    crow1 = gather_cache_row(p, p.job[1], m1);
+  } else {
+    const long long slot = write_slot_load(p, it);
+    crow0 = write_cache_row(p, p.job[0], slot);
+    crow1 = write_cache_row(p, p.job[1], slot);
+  }
+  if (!crow0 && !crow1) return;
+  char* const io0 = p.job[0].io + (long long)p.job[0].io_esize * ((long long)it.row * p.job[0].io_token);
+  char* const io1 = p.job[1].io + (long long)p.job[1].io_esize * ((long long)it.row * p.job[1].io_token);
+  const uint32_t C = p.fd_c.div, HC = H * C, span = 2 * HC;
+  const uint32_t q_step = 32u >> p.lg_tg;
+  /* chunk q of the task: its job (the V half from HC on), head and chunk; the byte offsets
+   * of its cache and IO vectors within their rows */
+  /* (rows_ok: every offset within a row fits 32 bits) */
+  auto where = [&](uint32_t q, uint32_t& jj, uint32_t& h, uint32_t& coff, uint32_t& ioff) {
+    jj = q >= HC ? 1u : 0u;
+    q -= jj * HC;
+    h = fdiv(q, p.fd_c);
+    const uint32_t c = q - h * C;
+    const Job& jb = jj ? p.job[1] : p.job[0];
+    coff = h * (uint32_t)(jb.c_head * jb.cache_esize) + c * (uint32_t)(Op::V * Op::kOut);
+    ioff = h * (uint32_t)(jb.io_head * jb.io_esize) + c * (uint32_t)(Op::V * Op::kIn);
+  };
+  for (uint32_t base = lane >> p.lg_tg; base < span; base += q_step * U) {
+    typename Op::InVec v[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const uint32_t q = base + k * q_step;
+      if (q < span) {
+        uint32_t jj, h, coff, ioff;
+        where(q, jj, h, coff, ioff);
+        const char* crow = jj ? crow1 : crow0;
+        if (crow) v[k] = ld_vec<typename Op::InVec>(gather ? crow + coff : (jj ? io1 : io0) + ioff);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const uint32_t q = base + k * q_step;
+      if (q < span) {
+        uint32_t jj, h, coff, ioff;
+        where(q, jj, h, coff, ioff);
+        char* crow = jj ? crow1 : crow0;
+        if (crow) {
+          float s = 1.0f, rc = 0.0f;
+          if constexpr (Op::kScaled) {
+            if (H <= (uint32_t)kScaleTable) {
+              const float2 sr = sh_scale[jj * kScaleTable + h];
+              s = sr.x;
+              rc = sr.y;
+            } else {
+              s = load_scale(p, p.job[jj], h);
+              rc = fp8_rcp(s);
+            }
+          }
+          st_vec<typename Op::OutVec>(gather ? (jj ? io1 : io0) + ioff : crow + coff, Op::run(v[k], s, rc, p.default_nan));
+        }
+      }
+    }
+  }
+}
+
+/* Whether launch_fast_op takes move_rows for `p`: the planner chose it (p.rows: a large call),
+ * K and V move in one launch, no pack groups on either job, whole vectors, tasks of at most
+ * KVX_CUDA_ROWS_MAX_TASK_BYTES, and an Op it serves (same-dtype copies; FP8 quantization with
+ * KVX_CUDA_ROWS_FP8). */
+template <class Op>
+__host__ bool rows_ok(const MoveParams& p) {
+  const bool served = Op::kScaled ? KVX_CUDA_ROWS_FP8 : (KVX_CUDA_ROWS && Op::kIn == Op::kOut && Op::kIn == 16 / Op::V);
+  const unsigned long long task_bytes = (2ull * p.fd_h.div * p.fd_c.div * 16u) << p.lg_tg;
+  bool fits = true; /* non-negative head strides, a row's bytes (every head) within 32-bit offsets */
+  for (int j = 0; j < 2; ++j) {
+    const Job& jb = p.job[j];
+    fits = fits && jb.c_head >= 0 && jb.io_head >= 0 &&
+           (unsigned long long)p.fd_h.div * (unsigned long long)jb.c_head * (unsigned long long)jb.cache_esize < (1ull << 31) &&
+           (unsigned long long)p.fd_h.div * (unsigned long long)jb.io_head * (unsigned long long)jb.io_esize < (1ull << 31);
+  }
+  return served && fits && p.rows && p.njobs == 2 && p.fuse && !p.decode && !p.bytewise && p.job[0].grp.div == p.fd_c.div &&
+         p.job[1].grp.div == p.fd_c.div &&
+         (KVX_CUDA_ROWS_MAX_TASK_BYTES == 0 || task_bytes <= (unsigned long long)KVX_CUDA_ROWS_MAX_TASK_BYTES);
+}
+
+/* ------------------------------------------------------------------------ */
 /* General path: one element per item, any strides and dtypes. */
 
 __device__ __forceinline__ long long elem_cache_off(const Job& jb, uint32_t h, uint32_t d) {
@@ -752,6 +918,16 @@ cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
 template <class Op>
 cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
   if (p.decode) return launch_decode<Op>(p, stream);
+  if (rows_ok<Op>(p)) {
+    constexpr int U = Op::kScaled ? KVX_CUDA_ROWS_FP8_UNROLL : KVX_CUDA_ROWS_UNROLL;
+    constexpr int MINB = Op::kScaled ? KVX_CUDA_ROWS_FP8_MIN_BLOCKS : KVX_CUDA_ROWS_MIN_BLOCKS;
+    MoveParams q = p;
+    q.lg_split = 0;
+    const unsigned long long tasks = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
+    const unsigned long long grid = (tasks + kThreads / 32 - 1) / (kThreads / 32);
+    move_rows<Op, U, MINB><<<(unsigned)grid, kThreads, 0, stream>>>(q);
+    return cudaGetLastError();
+  }
   /* one warp per (job, row group) task, or per row group when K and V are fused */
   const unsigned long long groups = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
   const bool fused = Op::kFuse && p.njobs == 2 && p.fuse;

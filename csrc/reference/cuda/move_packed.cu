@@ -35,6 +35,12 @@
 
 #include "move_kernels.cuh"
 
+#ifndef KVX_CUDA_PACKED_MIN_BLOCKS
+#define KVX_CUDA_PACKED_MIN_BLOCKS 4 /* same-dtype tiles: four resident 256-thread blocks per SM (64 registers, no spill; 1: three, -11 points on an H200 for 262144 random-slot rows) */
+#endif
+#ifndef KVX_CUDA_PACKED_FP8_MIN_BLOCKS
+#define KVX_CUDA_PACKED_FP8_MIN_BLOCKS 1 /* quantizing FP8 tiles: the same */
+#endif
 #ifndef KVX_CUDA_PACKED_LOADS_FIRST
 #define KVX_CUDA_PACKED_LOADS_FIRST 1 /* tile write: IO loads before the slot's (0: the slot first) */
 #endif
@@ -79,7 +85,7 @@ __device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t
  * cache side: lane L moves token L % 16, dgroups L / 16 + 2 k (k < ND / 2). Shared
  * memory holds the tile as [token][dgroup], dgroup XOR (token mod ND). */
 template <int ND>
-__global__ void __launch_bounds__(kThreads) move_packed(const __grid_constant__ MoveParams p) {
+__global__ void __launch_bounds__(kThreads, KVX_CUDA_PACKED_MIN_BLOCKS) move_packed(const __grid_constant__ MoveParams p) {
   constexpr int kPer = kTile * ND / 32; /* pieces per lane */
   constexpr uint32_t kRows = 32 / ND;   /* IO rows per instruction */
   __shared__ uint4 tile[kWarps][kTile * ND];
@@ -208,7 +214,7 @@ cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
 namespace kvx_cuda {
 
 template <class Op>
-__global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constant__ MoveParams p) {
+__global__ void __launch_bounds__(kThreads, KVX_CUDA_PACKED_FP8_MIN_BLOCKS) move_packed_fp8(const __grid_constant__ MoveParams p) {
   constexpr int kIn = Op::kIn;                    /* IO element bytes */
   constexpr int kEl = 16 / kIn;                   /* elements per 16-byte IO chunk */
   constexpr int kRowChunks = 128 / kEl;           /* IO chunks per tile row (128 elements) */
