@@ -104,3 +104,42 @@ def test_memory_depth_steps_at_each_multiple_of_the_unit(tuning_check):
     depths = [_depth(exe, 1, k, 8, 30)[1] for k in (15000000, 15000001, 30000000, 30000001, 45000001, 90000000)]
     assert depths == [1, 2, 2, 3, 4, 4], depths
     assert _depth(exe, 1, 30000001, 8, 1000)[1] == 1  # a larger unit (the build knob) keeps every part at depth 1
+
+
+def _word(exe: Path, key: str, *args: object) -> int:
+    run = subprocess.run([str(exe), key, *map(str, args)], capture_output=True, text=True, timeout=30)
+    words = run.stdout.split()
+    assert run.returncode == 0 and words[:1] == [key], run.stdout + run.stderr
+    return int(words[1])
+
+
+@pytest.mark.parametrize("depth, lookup, lean", [
+    (1, False, False),  # H100: writes and PACKED gathers keep move_fast (its writes lost 0.5 to 1 point to move_rows)
+    (1, True, True),    # ... RAGGED / KV_OFFSETS gathers take move_rows (+0.8 and +3 points)
+    (2, False, True),   # H200: every large NHD/HND call (+2 to +7.5 points, FP8 writes +6 to +9)
+    (2, True, True),
+    (4, False, True),
+])
+def test_the_lean_kernel_follows_the_memory_depth(tuning_check, depth, lookup, lean):
+    exe, cmd = tuning_check
+    got = _word(exe, "lean", depth, int(lookup))
+    assert got == int(lean), (f"memory depth {depth}, lookup gather {lookup}: expected lean {int(lean)}, got {got}\n"
+                              f"repro: {' '.join(cmd)} && {exe} lean {depth} {int(lookup)}")
+
+
+@pytest.mark.parametrize("what, args, fits", [
+    ("NHD F16 row of 8 x 128 (cache and IO head stride 128)", (8, 128, 128, 2, 128, 2), True),
+    ("HND F16, 16-token blocks (cache head stride 16 x 128)", (8, 128, 2048, 2, 128, 2), True),
+    ("the last head ends at exactly 2^31 bytes", (2, 1 << 29, 1 << 29, 2, 0, 2), True),
+    ("... one element further", (2, (1 << 29) + 1, 1 << 29, 2, 0, 2), False),
+    ("head stride x heads past 2^31 on the cache side", (64, 128, 1 << 25, 2, 128, 2), False),
+    ("... on the IO side", (64, 128, 128, 2, 1 << 25, 2), False),
+    ("a negative head stride", (8, 128, -128, 2, 128, 2), False),
+    ("a stride so large that heads x stride overflows 64 bits", (3, 128, (1 << 62), 4, 128, 4), False),
+    ("one head, stride 0", (1, 128, 0, 4, 0, 4), True),
+])
+def test_the_lean_kernel_takes_rows_its_32_bit_offsets_reach(tuning_check, what, args, fits):
+    exe, cmd = tuning_check
+    got = _word(exe, "fit32", *args)
+    assert got == int(fits), (f"{what}: expected fit32 {int(fits)}, got {got}\n"
+                              f"repro: {' '.join(cmd)} && {exe} fit32 {' '.join(map(str, args))}")

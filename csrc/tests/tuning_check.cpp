@@ -1,14 +1,30 @@
-// tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM]: the memory depth (cuda/tuning.h) of a device
-// with these properties, as the CUDA backend computes it at its first launch on that device.
-// Prints "per_sm_gbps X depth N". tests/test_kernel_identities.py runs it on the host in CI.
+// The launch tuning of cuda/tuning.h, computed on the host as the CUDA backend computes it on
+// the device. tests/test_kernel_identities.py runs it in CI.
+//   tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM]   "per_sm_gbps X depth N": the memory depth
+//   tuning_check lean DEPTH LOOKUP_GATHER              "lean 0|1": lean_rows_for
+//   tuning_check fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE   "fit32 0|1": row_offsets_fit32
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "cuda/tuning.h"
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "lean") == 0) {
+    std::printf("lean %d\n", kvx_cuda::lean_rows_for(std::atoi(argv[2]), std::atoi(argv[3]) != 0) ? 1 : 0);
+    return 0;
+  }
+  if (argc == 8 && std::strcmp(argv[1], "fit32") == 0) {
+    const bool f = kvx_cuda::row_offsets_fit32(std::strtoull(argv[2], nullptr, 10), std::strtoull(argv[3], nullptr, 10),
+                                               std::atoll(argv[4]), std::atoi(argv[5]), std::atoll(argv[6]),
+                                               std::atoi(argv[7]));
+    std::printf("fit32 %d\n", f ? 1 : 0);
+    return 0;
+  }
   if (argc != 4 && argc != 5) {
-    std::fprintf(stderr, "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM]\n");
+    std::fprintf(stderr,
+                 "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM] | lean DEPTH LOOKUP_GATHER |"
+                 " fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE\n");
     return 2;
   }
   const int sms = std::atoi(argv[1]), khz = std::atoi(argv[2]), bits = std::atoi(argv[3]);

@@ -346,7 +346,7 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * writes lost 0.5 to 1). docs/cuda-reference.md, "Ninth round". */
   p.rows = 0;
   if (fast && !packed && !tiles && !qtiles && p.fuse && !p.decode)
-    p.rows = memory_depth() > 1 || p.kind == KIND_RAGGED || p.kind == KIND_KV_OFFSETS;
+    p.rows = lean_rows_for(memory_depth(), p.kind == KIND_RAGGED || p.kind == KIND_KV_OFFSETS);
   /* Large random-slot tile writes over the cache's slots instead of the IO rows (move_packed.cu):
    * whole tiles stored instead of one 16-byte piece per token, dgroup and head */
   p.inv = nullptr;

@@ -256,7 +256,11 @@ struct ConvOp {
       : In::dt == KVX_DTYPE_F32   ? KVX_CUDA_FP8_F32_MIN_BLOCKS
                                   : KVX_CUDA_FP8_MIN_BLOCKS;
 
-  /* rcp: fp8_rcp(scale) (move.cuh), 0: IEEE division. */
+  /* rcp: fp8_rcp(scale) (move.cuh), 0: IEEE division. kNanWords: an unscaled FP8
+   * quantization of 16-bit inputs tests them for NaN two at a time (special_words);
+   * false: one at a time (the FP8 tile kernel, whose register allocation the word test
+   * changes: 64 registers to 71, a block per SM fewer). */
+  template <bool kNanWords = true>
   static __device__ __forceinline__ OutVec run(InVec iv, float scale, float rcp, uint32_t dnan) {
     union {
       InVec v;
@@ -296,7 +300,7 @@ struct ConvOp {
 #pragma unroll
         for (int i = 0; i < V; ++i) x[i] = fp8_div(x[i], scale, rcp);
       } else {
-        if constexpr (KVX_CUDA_FP8_PACKED_CHECK && kIn == 2 && (V * kIn) % 4 == 0) {
+        if constexpr (kNanWords && KVX_CUDA_FP8_PACKED_CHECK && kIn == 2 && (V * kIn) % 4 == 0) {
           special = In::special_words(a.w, (V * kIn) / 4);
         } else {
 #pragma unroll
@@ -634,7 +638,7 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
   const uint32_t q_step = 32u >> p.lg_tg;
   /* chunk q of the task: its job (the V half from HC on), head and chunk; the byte offsets
    * of its cache and IO vectors within their rows */
-  /* (rows_ok: every offset within a row fits 32 bits) */
+  /* (rows_ok: every offset within a row fits 32 bits, row_offsets_fit32) */
   auto where = [&](uint32_t q, uint32_t& jj, uint32_t& h, uint32_t& coff, uint32_t& ioff) {
     jj = q >= HC ? 1u : 0u;
     q -= jj * HC;
@@ -690,13 +694,10 @@ template <class Op>
 __host__ bool rows_ok(const MoveParams& p) {
   const bool served = Op::kScaled ? KVX_CUDA_ROWS_FP8 : (KVX_CUDA_ROWS && Op::kIn == Op::kOut && Op::kIn == 16 / Op::V);
   const unsigned long long task_bytes = (2ull * p.fd_h.div * p.fd_c.div * 16u) << p.lg_tg;
-  bool fits = true; /* non-negative head strides, a row's bytes (every head) within 32-bit offsets */
-  for (int j = 0; j < 2; ++j) {
-    const Job& jb = p.job[j];
-    fits = fits && jb.c_head >= 0 && jb.io_head >= 0 &&
-           (unsigned long long)p.fd_h.div * (unsigned long long)jb.c_head * (unsigned long long)jb.cache_esize < (1ull << 31) &&
-           (unsigned long long)p.fd_h.div * (unsigned long long)jb.io_head * (unsigned long long)jb.io_esize < (1ull << 31);
-  }
+  const unsigned long long dim = (unsigned long long)p.fd_c.div * Op::V;
+  const bool fits =
+      row_offsets_fit32(p.fd_h.div, dim, p.job[0].c_head, p.job[0].cache_esize, p.job[0].io_head, p.job[0].io_esize) &&
+      row_offsets_fit32(p.fd_h.div, dim, p.job[1].c_head, p.job[1].cache_esize, p.job[1].io_head, p.job[1].io_esize);
   return served && fits && p.rows && p.njobs == 2 && p.fuse && !p.decode && !p.bytewise && p.job[0].grp.div == p.fd_c.div &&
          p.job[1].grp.div == p.fd_c.div &&
          (KVX_CUDA_ROWS_MAX_TASK_BYTES == 0 || task_bytes <= (unsigned long long)KVX_CUDA_ROWS_MAX_TASK_BYTES);

@@ -38,9 +38,6 @@
 #ifndef KVX_CUDA_PACKED_MIN_BLOCKS
 #define KVX_CUDA_PACKED_MIN_BLOCKS 4 /* same-dtype tiles: four resident 256-thread blocks per SM (64 registers, no spill; 1: three, -11 points on an H200 for 262144 random-slot rows) */
 #endif
-#ifndef KVX_CUDA_PACKED_FP8_MIN_BLOCKS
-#define KVX_CUDA_PACKED_FP8_MIN_BLOCKS 1 /* quantizing FP8 tiles: the same */
-#endif
 #ifndef KVX_CUDA_PACKED_LOADS_FIRST
 #define KVX_CUDA_PACKED_LOADS_FIRST 1 /* tile write: IO loads before the slot's (0: the slot first) */
 #endif
@@ -214,7 +211,7 @@ cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
 namespace kvx_cuda {
 
 template <class Op>
-__global__ void __launch_bounds__(kThreads, KVX_CUDA_PACKED_FP8_MIN_BLOCKS) move_packed_fp8(const __grid_constant__ MoveParams p) {
+__global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constant__ MoveParams p) {
   constexpr int kIn = Op::kIn;                    /* IO element bytes */
   constexpr int kEl = 16 / kIn;                   /* elements per 16-byte IO chunk */
   constexpr int kRowChunks = 128 / kEl;           /* IO chunks per tile row (128 elements) */
@@ -284,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, KVX_CUDA_PACKED_FP8_MIN_BLOCKS) move
       const uint32_t L = (uint32_t)(b0 + k) * 32u + lane, row = L / kRowChunks, c = L % kRowChunks;
       const uint32_t e0 = c * kEl, d = e0 / 16u;
       if (ok[k])
-        st_vec<typename Op::OutVec>(sb + (row * 8u + (d ^ (row & 7u))) * 16u + (e0 % 16u), Op::run(v[k], s, rc, p.default_nan));
+        st_vec<typename Op::OutVec>(sb + (row * 8u + (d ^ (row & 7u))) * 16u + (e0 % 16u), Op::template run<false>(v[k], s, rc, p.default_nan));
     }
   }
   if (KVX_CUDA_PACKED_LOADS_FIRST) resolve();

@@ -30,6 +30,28 @@ inline int memory_depth_for(int sms, int mem_khz, int bus_bits, double gbps_per_
   return d;
 }
 
+/* Whether a large call into or out of NHD/HND caches takes the lean kernel (move_rows,
+ * move_kernels.cuh), which keeps more warps resident than move_fast: on a device of memory
+ * depth 2 or more every such call; at depth 1 only the gathers whose rows are found
+ * through a lookup per token (RAGGED indices, KV_OFFSETS entries), whose latency the extra
+ * warps hide (docs/cuda-reference.md, "Ninth round"). */
+inline bool lean_rows_for(int depth, bool lookup_gather) { return depth > 1 || lookup_gather; }
+
+/* Whether the lean kernel's 32-bit offsets reach every vector of a row of `heads` heads of
+ * `dim` elements: head strides (elements) not negative and the end of the last head,
+ * ((heads - 1) x head stride + dim) x element size, at most 2^31 bytes from the row's start,
+ * on the cache and the IO side. */
+inline bool row_offsets_fit32(unsigned long long heads, unsigned long long dim, long long c_head, int c_esize,
+                              long long io_head, int io_esize) {
+  const unsigned long long lim = 1ull << 31;
+  if (heads == 0 || c_head < 0 || io_head < 0 || c_esize <= 0 || io_esize <= 0 || dim >= lim) return false;
+  auto fits = [&](unsigned long long stride, unsigned long long es) {
+    if (heads > 1 && stride > (lim - dim) / (heads - 1)) return false; /* (heads - 1) stride + dim > lim */
+    return ((heads - 1) * stride + dim) * es <= lim;
+  };
+  return fits((unsigned long long)c_head, (unsigned long long)c_esize) && fits((unsigned long long)io_head, (unsigned long long)io_esize);
+}
+
 }  // namespace kvx_cuda
 
 #endif /* KVX_REFERENCE_CUDA_TUNING_H */
