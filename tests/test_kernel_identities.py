@@ -14,7 +14,8 @@ rounding boundary densely.
 The launch tuning rule of cuda/tuning.h (memory depth from the device's memory
 clock, bus width and SM count, docs/cuda-reference.md "Eighth round") is plain
 C++ too, so csrc/tests/tuning_check.cpp checks it here on the parts it was
-measured on and on others.
+measured on and on others, with the lean kernel's choice and its 32-bit offset
+bound ("Ninth round").
 """
 from __future__ import annotations
 
@@ -71,10 +72,16 @@ def tuning_check(tmp_path_factory) -> tuple[Path, list[str]]:
     return exe, cmd
 
 
-def _depth(exe: Path, *args: object) -> tuple[float, int]:
+def _tuning(exe: Path, *args: object) -> list[str]:
+    """The words tuning_check prints for ``args`` (it must exit 0)."""
     run = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=30)
-    words = run.stdout.split()
-    assert run.returncode == 0 and words[0] == "per_sm_gbps" and words[2] == "depth", run.stdout + run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout.split()
+
+
+def _depth(exe: Path, *args: object) -> tuple[float, int]:
+    words = _tuning(exe, *args)
+    assert words[0] == "per_sm_gbps" and words[2] == "depth", words
     return float(words[1]), int(words[3])
 
 
@@ -107,9 +114,8 @@ def test_memory_depth_steps_at_each_multiple_of_the_unit(tuning_check):
 
 
 def _word(exe: Path, key: str, *args: object) -> int:
-    run = subprocess.run([str(exe), key, *map(str, args)], capture_output=True, text=True, timeout=30)
-    words = run.stdout.split()
-    assert run.returncode == 0 and words[:1] == [key], run.stdout + run.stderr
+    words = _tuning(exe, key, *args)
+    assert words[:1] == [key], words
     return int(words[1])
 
 

@@ -38,27 +38,16 @@ __global__ void gs(uint4* __restrict__ d, const uint4* __restrict__ s, size_t n)
   }
 }
 
-// warp tasks of 4 KB (like the move kernels: one warp = one 4 KB row, 8 x 16 B per lane), whole grid
+// warp tasks of 4 KB (like the move kernels: one warp = one 4 KB row, 8 x 16 B per lane), whole grid.
+// INTERLEAVED false: warp w takes tasks w*tpw .. w*tpw + tpw-1; true: block b's warp w takes tasks
+// b*8*tpw + w + 8*t (the reference's order)
+template <bool INTERLEAVED>
 __global__ void warptask(uint4* __restrict__ d, const uint4* __restrict__ s, size_t n, int tpw) {
-  const size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  for (int t = 0; t < tpw; ++t) {
-    const size_t task = warp * tpw + t;
-    const size_t b = task * 256;
-    if (b >= n) return;
-    uint4 r[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) r[k] = s[b + lane + 32 * k];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) d[b + lane + 32 * k] = r[k];
-  }
-}
-// same, block-interleaved task order (block b warp w takes tasks b*8*tpw + w + 8*t)
-__global__ void warptask2(uint4* __restrict__ d, const uint4* __restrict__ s, size_t n, int tpw) {
   const int wib = threadIdx.x >> 5, wpb = blockDim.x >> 5;
   const int lane = threadIdx.x & 31;
+  const size_t warp = (size_t)blockIdx.x * wpb + wib;
   for (int t = 0; t < tpw; ++t) {
-    const size_t task = (size_t)blockIdx.x * wpb * tpw + wib + (size_t)t * wpb;
+    const size_t task = INTERLEAVED ? (size_t)blockIdx.x * wpb * tpw + wib + (size_t)t * wpb : warp * tpw + t;
     const size_t b = task * 256;
     if (b >= n) return;
     uint4 r[8];
@@ -147,8 +136,8 @@ int main(int argc, char** argv) {
   GS(2, 2, 256) GS(4, 2, 256) GS(4, 3, 256) GS(4, 4, 256)
   for (int tpw : {1, 2, 4, 8}) {
     const size_t tasks = nv / 256; const int blocks = (int)((tasks + 8 * tpw - 1) / (8 * tpw));
-    snprintf(nm, sizeof nm, "warptask tpw %d", tpw); run(nm, [&] { warptask<<<blocks, 256>>>((uint4*)b, (const uint4*)a, nv, tpw); });
-    snprintf(nm, sizeof nm, "warptask2 tpw %d", tpw); run(nm, [&] { warptask2<<<blocks, 256>>>((uint4*)b, (const uint4*)a, nv, tpw); });
+    snprintf(nm, sizeof nm, "warptask tpw %d", tpw); run(nm, [&] { warptask<false><<<blocks, 256>>>((uint4*)b, (const uint4*)a, nv, tpw); });
+    snprintf(nm, sizeof nm, "warptask2 tpw %d", tpw); run(nm, [&] { warptask<true><<<blocks, 256>>>((uint4*)b, (const uint4*)a, nv, tpw); });
   }
   for (int CH : {8192, 16384, 32768})
     for (int S : {2, 4, 6})

@@ -327,9 +327,9 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * from KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP row groups on). Measured on an H200 (depth 2,
    * docs/cuda-reference.md, "Eighth round"): 16-bit rows of 8 heads x 128 +3 to +5 points;
    * tasks of 8 KB and more lose 1 point from it, so they keep one task per warp. */
-  if (fast && !packed && p.fuse && p.tpw >= 1 &&
-      ((uint64_t)H * chunks * n << p.lg_tg) * 16 <= (uint64_t)KVX_CUDA_DEEP_TASK_BYTES) {
-    const uint32_t depth = (uint32_t)memory_depth(); /* looked up by large calls only */
+  const uint32_t depth = fast && p.fuse ? (uint32_t)memory_depth() : 1u; /* looked up by large calls only */
+  const uint64_t task_bytes = ((uint64_t)H * chunks * n << p.lg_tg) * 16;  /* wider side */
+  if (fast && !packed && p.fuse && p.tpw >= 1 && task_bytes <= (uint64_t)KVX_CUDA_DEEP_TASK_BYTES) {
     if (depth > 1) {
       if (p.kind == KIND_WRITE)
         p.tpw = depth;
@@ -343,10 +343,20 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * On a device with more DRAM bandwidth per SM (memory_depth() > 1) every such call (H200:
    * copies +2 to +7.5 points at 65536 rows, FP8 writes +6 to +9); at depth 1 only RAGGED and
    * KV_OFFSETS gathers, whose lookups the extra warps hide (H100: +0.8 and +3 points; its
-   * writes lost 0.5 to 1). docs/cuda-reference.md, "Ninth round". */
+   * writes lost 0.5 to 1). docs/cuda-reference.md, "Ninth round". Only K and V in one launch,
+   * whole vectors, one run of head_dim per head, tasks of at most KVX_CUDA_ROWS_MAX_TASK_BYTES,
+   * and rows whose every vector a 32-bit offset reaches (row_offsets_fit32). */
   p.rows = 0;
-  if (fast && !packed && !tiles && !qtiles && p.fuse && !p.decode)
-    p.rows = lean_rows_for(memory_depth(), p.kind == KIND_RAGGED || p.kind == KIND_KV_OFFSETS);
+  if (fast && !packed && !tiles && !qtiles && p.fuse && !p.decode && n == 2 && !p.bytewise &&
+      (KVX_CUDA_ROWS_MAX_TASK_BYTES == 0 || task_bytes <= (uint64_t)KVX_CUDA_ROWS_MAX_TASK_BYTES) &&
+      lean_rows_for((int)depth, p.kind == KIND_RAGGED || p.kind == KIND_KV_OFFSETS)) {
+    bool ok = true;
+    for (uint32_t i = 0; i < n; ++i) {
+      const Job& j = p.job[i];
+      ok = ok && j.grp.div == chunks && row_offsets_fit32(H, D, j.c_head, j.cache_esize, j.io_head, j.io_esize);
+    }
+    p.rows = ok;
+  }
   /* Large random-slot tile writes over the cache's slots instead of the IO rows (move_packed.cu):
    * whole tiles stored instead of one 16-byte piece per token, dgroup and head */
   p.inv = nullptr;

@@ -42,6 +42,11 @@ constexpr int kThreads = 256;
 #ifndef KVX_CUDA_DEEP_TASK_BYTES
 #define KVX_CUDA_DEEP_TASK_BYTES 4096 /* ... for tasks of at most this many bytes (K and V, wider side) */
 #endif
+#ifndef KVX_CUDA_ROWS_MAX_TASK_BYTES
+#define KVX_CUDA_ROWS_MAX_TASK_BYTES 16384 /* the lean kernel (move_rows) for tasks (K and V of the task's rows) \
+                                               of at most this many bytes (0: any; 32 KB tasks lost 1.1 points \
+                                               on both parts) */
+#endif
 #ifndef KVX_CUDA_GATHER_TPW_MIN_GROUPS
 #define KVX_CUDA_GATHER_TPW_MIN_GROUPS 262144 /* ... from this many row groups on (below: one; 65536: -1 to -2 points at 65536 rows, 0: -1.5 to -6 below 262144 rows) */
 #endif

@@ -78,18 +78,14 @@ namespace kvx_cuda {
 #endif
 
 #ifndef KVX_CUDA_ROWS
-#define KVX_CUDA_ROWS 1 /* large calls moving K and V with one same-dtype copy, NHD/HND caches: move_rows \
-                           (where the planner sets p.rows, cuda_backend.cu) */
+#define KVX_CUDA_ROWS 1 /* large calls moving K and V with one copy (or F16 <-> BF16), NHD/HND caches: \
+                           move_rows (where the planner sets p.rows, cuda_backend.cu) */
 #endif
 #ifndef KVX_CUDA_ROWS_UNROLL
 #define KVX_CUDA_ROWS_UNROLL 8 /* move_rows: 16-byte loads in flight per lane */
 #endif
 #ifndef KVX_CUDA_ROWS_MIN_BLOCKS
 #define KVX_CUDA_ROWS_MIN_BLOCKS 4 /* move_rows: at most 64 registers, four 256-thread blocks per SM */
-#endif
-#ifndef KVX_CUDA_ROWS_MAX_TASK_BYTES
-#define KVX_CUDA_ROWS_MAX_TASK_BYTES 16384 /* ... for tasks (K and V of the task's rows) of at most this many bytes \
-                                               (0: any; 32 KB tasks lost 1.1 points on both parts) */
 #endif
 #ifndef KVX_CUDA_ROWS_FP8
 #define KVX_CUDA_ROWS_FP8 1 /* large FP8 quantizing writes into NHD/HND caches: move_rows too (where the planner \
@@ -110,6 +106,14 @@ template <> struct VecOf<4> { using T = uint32_t; };
 template <> struct VecOf<8> { using T = uint2; };
 template <> struct VecOf<16> { using T = uint4; };
 
+/* The largest magnitude of each 16-bit half position over n words (16x2 unsigned max of
+ * the words with their sign bits cleared): the range and NaN tests of 16-bit inputs below. */
+__device__ __forceinline__ uint32_t max_mag16x2(const uint32_t* w, int n) {
+  uint32_t mx = 0;
+  for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
+  return mx;
+}
+
 /* Dtype traits: storage, exact hardware widening where one exists, and which
  * inputs must take the software path (whose NaN bits the hardware would not keep). */
 struct TF16 {
@@ -123,18 +127,14 @@ struct TF16 {
   static __device__ __forceinline__ bool special(S v) { return (v & 0x7FFFu) > 0x7C00u; }
   /* special() of either half of any of n words: the largest magnitude is a NaN */
   static __device__ __forceinline__ bool special_words(const uint32_t* w, int n) {
-    uint32_t mx = 0;
-    for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
-    return __vmaxu2(mx, 0x7C007C00u) != 0x7C007C00u;
+    return __vmaxu2(max_mag16x2(w, n), 0x7C007C00u) != 0x7C007C00u;
   }
   static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::f16_to_f32(v); }
   /* finite: zero or within [2^-24, 65504], inside exact_div_range */
   static __device__ __forceinline__ bool div_ok(S v) { return (v & 0x7FFFu) < 0x7C00u; }
   /* div_ok of both halves of each of n words: the largest magnitude is finite */
   static __device__ __forceinline__ bool div_ok_words(const uint32_t* w, int n) {
-    uint32_t mx = 0;
-    for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
-    return __vmaxu2(mx, 0x7BFF7BFFu) == 0x7BFF7BFFu;
+    return __vmaxu2(max_mag16x2(w, n), 0x7BFF7BFFu) == 0x7BFF7BFFu;
   }
 };
 struct TBF16 {
@@ -143,9 +143,7 @@ struct TBF16 {
   static __device__ __forceinline__ float hw_f32(S v) { return __uint_as_float((uint32_t)v << 16); }
   static __device__ __forceinline__ bool special(S v) { return (v & 0x7FFFu) > 0x7F80u; }
   static __device__ __forceinline__ bool special_words(const uint32_t* w, int n) {
-    uint32_t mx = 0;
-    for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
-    return __vmaxu2(mx, 0x7F807F80u) != 0x7F807F80u;
+    return __vmaxu2(max_mag16x2(w, n), 0x7F807F80u) != 0x7F807F80u;
   }
   static __device__ __forceinline__ float sw_f32(S v) { return kvx_ref::bf16_to_f32(v); }
   /* zero, or |v| in [2^-60, 2^60) (exact_div_range on the widened bits) */
@@ -173,9 +171,7 @@ struct TBF16 {
    * below 2^-19 with x's sign, so both give the FP8 zero of x's sign
    * (fp_identities_check.cpp part 4, every such BF16 x). */
   static __device__ __forceinline__ bool div_hi_words(const uint32_t* w, int n) {
-    uint32_t mx = 0;
-    for (int i = 0; i < n; ++i) mx = __vmaxu2(mx, w[i] & 0x7FFF7FFFu);
-    return __vmaxu2(mx, 0x5D7F5D7Fu) == 0x5D7F5D7Fu;
+    return __vmaxu2(max_mag16x2(w, n), 0x5D7F5D7Fu) == 0x5D7F5D7Fu;
   }
   static __device__ __forceinline__ bool scale_big(float s) { return (__float_as_uint(s) & 0x7FFFFFFFu) >= 0x2B800000u; }
 };
@@ -688,21 +684,13 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
   }
 }
 
-/* Whether launch_fast_op takes move_rows for `p`: the planner chose it (p.rows: a large call),
- * K and V move in one launch, no pack groups on either job, whole vectors, tasks of at most
- * KVX_CUDA_ROWS_MAX_TASK_BYTES, and an Op it serves (same-dtype copies; FP8 quantization with
- * KVX_CUDA_ROWS_FP8). */
+/* Whether launch_fast_op takes move_rows for `p`: the planner chose it (p.rows, cuda_backend.cu:
+ * a large call moving K and V in one launch, NHD/HND, rows its 32-bit offsets reach) and the
+ * kernel serves the Op: same-width input and output (copies, F16 <-> BF16) with KVX_CUDA_ROWS,
+ * FP8 quantization with KVX_CUDA_ROWS_FP8. */
 template <class Op>
 __host__ bool rows_ok(const MoveParams& p) {
-  const bool served = Op::kScaled ? KVX_CUDA_ROWS_FP8 : (KVX_CUDA_ROWS && Op::kIn == Op::kOut && Op::kIn == 16 / Op::V);
-  const unsigned long long task_bytes = (2ull * p.fd_h.div * p.fd_c.div * 16u) << p.lg_tg;
-  const unsigned long long dim = (unsigned long long)p.fd_c.div * Op::V;
-  const bool fits =
-      row_offsets_fit32(p.fd_h.div, dim, p.job[0].c_head, p.job[0].cache_esize, p.job[0].io_head, p.job[0].io_esize) &&
-      row_offsets_fit32(p.fd_h.div, dim, p.job[1].c_head, p.job[1].cache_esize, p.job[1].io_head, p.job[1].io_esize);
-  return served && fits && p.rows && p.njobs == 2 && p.fuse && !p.decode && !p.bytewise && p.job[0].grp.div == p.fd_c.div &&
-         p.job[1].grp.div == p.fd_c.div &&
-         (KVX_CUDA_ROWS_MAX_TASK_BYTES == 0 || task_bytes <= (unsigned long long)KVX_CUDA_ROWS_MAX_TASK_BYTES);
+  return p.rows && (Op::kScaled ? KVX_CUDA_ROWS_FP8 : KVX_CUDA_ROWS && Op::kIn == Op::kOut);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -924,11 +912,9 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
   if (rows_ok<Op>(p)) {
     constexpr int U = Op::kScaled ? KVX_CUDA_ROWS_FP8_UNROLL : KVX_CUDA_ROWS_UNROLL;
     constexpr int MINB = Op::kScaled ? KVX_CUDA_ROWS_FP8_MIN_BLOCKS : KVX_CUDA_ROWS_MIN_BLOCKS;
-    MoveParams q = p;
-    q.lg_split = 0;
     const unsigned long long tasks = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
     const unsigned long long grid = (tasks + kThreads / 32 - 1) / (kThreads / 32);
-    move_rows<Op, U, MINB><<<(unsigned)grid, kThreads, 0, stream>>>(q);
+    move_rows<Op, U, MINB><<<(unsigned)grid, kThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }
   /* one warp per (job, row group) task, or per row group when K and V are fused */

@@ -36,7 +36,8 @@
 #include "move_kernels.cuh"
 
 #ifndef KVX_CUDA_PACKED_MIN_BLOCKS
-#define KVX_CUDA_PACKED_MIN_BLOCKS 4 /* same-dtype tiles: four resident 256-thread blocks per SM (64 registers, no spill; 1: three, -11 points on an H200 for 262144 random-slot rows) */
+#define KVX_CUDA_PACKED_MIN_BLOCKS 4 /* same-dtype tiles: four resident 256-thread blocks per SM (64 registers, \
+                                        no spill; 1: three, -11 points on an H200 for 262144 random-slot rows) */
 #endif
 #ifndef KVX_CUDA_PACKED_LOADS_FIRST
 #define KVX_CUDA_PACKED_LOADS_FIRST 1 /* tile write: IO loads before the slot's (0: the slot first) */
