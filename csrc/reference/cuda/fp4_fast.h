@@ -37,6 +37,11 @@
 
 #include <stdint.h>
 
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
 #include "convert.h"
 
 #if defined(__CUDA_ARCH__)
@@ -106,6 +111,67 @@ KVX_HD inline uint32_t e4m3_sat(float w) {
 #else
   return e4m3_pos(w < 448.0f ? w : 448.0f);
 #endif
+}
+
+/* E2M1 thresholds: the code magnitude of a non-negative 16-bit (F16 or BF16)
+ * value v in a block of divisor d > 0 (NVFP4: float(s) g; MXFP4: 2^e) is
+ * f32_to_e2m1(RN(v / d)) & 7, monotone in v, so it is the number of k in 1..7
+ * with v >= B_k, B_k the least 16-bit value whose code is k or more. The code
+ * reaches k when RN(v / d) passes the midpoint M_k (0.25 0.75 1.25 1.75 2.5 3.5
+ * 5): `>` where the code below M_k is even, `>=` where odd (fp4.h
+ * f32_to_e2m1). Every M_k has an even FP32 significand, so a tie of the FP32
+ * rounding goes to M_k: RN(y) >= M_k iff y >= M_k - u/2 (u the FP32 ulp below
+ * M_k), RN(y) > M_k iff y > M_k + u'/2 (u' the ulp above), for every real y.
+ * With y = v / d: v >= d c_k or v > d c_k, c_k below; d c_k is exact in
+ * double (24 + 27 significant bits) and never a 16-bit value (its significand
+ * is the product of d's odd one and c_k's, 25 to 27 bits long), so both are
+ * v >= B_k with B_k the 16-bit ceiling of d c_k. A B_k above the format's finite range, or
+ * above F16 inf for BF16, is 0x7C00: the kernels compare 16-bit magnitudes as
+ * F16 (their bits are ordered alike up to 0x7C00), and their fast-path values
+ * stay below it (NVFP4 / MXFP4 amax < 2^60, F16 at most 65504). */
+KVX_HD inline double e2m1_bound(int k) { /* c_k, k = 1..7 */
+  const double m[7] = {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0};
+  const double h[7] = {0x1p-26, -0x1p-25, 0x1p-24, -0x1p-24, 0x1p-23, -0x1p-23, 0x1p-22};
+  return m[k - 1] + h[k - 1];
+}
+
+/* The least 16-bit value (bits; BF: BF16, else F16) >= L, for a finite L > 0
+ * (0x7C00 when above the format's range). The GPU rounds up in hardware; the
+ * host by round-to-nearest and one step up when that fell below L. */
+template <bool BF>
+KVX_HD inline uint32_t ceil16(double L) {
+#if defined(__CUDA_ARCH__)
+  const float f = __double2float_ru(L);
+  uint32_t h;
+  if (BF) {
+    h = __bfloat16_as_ushort(__float2bfloat16_ru(f));
+  } else {
+    h = __half_as_ushort(__float2half_ru(f));
+  }
+#else
+  float f = (float)L;
+  if ((double)f < L) f = kvx_ref::bits_to_f32(kvx_ref::f32_to_bits(f) + 1u);
+  uint32_t h = BF ? kvx_ref::f32_to_bf16(f) : kvx_ref::f32_to_f16(f);
+  if ((BF ? kvx_ref::bf16_to_f32((uint16_t)h) : kvx_ref::f16_to_f32((uint16_t)h)) < f) ++h;
+#endif
+  return h < 0x7C00u ? h : 0x7C00u;
+}
+
+/* B_1..B_7 (above) for divisor d (finite, > 0), each in both halves of a word. */
+template <bool BF>
+KVX_HD inline void e2m1_thresholds(float d, uint32_t* t) {
+  for (int k = 1; k <= 7; ++k) {
+    const uint32_t h = ceil16<BF>((double)d * e2m1_bound(k));
+    t[k - 1] = h | (h << 16);
+  }
+}
+
+/* The code magnitude from the thresholds (the host's reading of the kernels'
+ * packed compares): the number of B_k <= a, a a 16-bit magnitude below 0x7C00. */
+KVX_HD inline uint32_t e2m1_count(uint32_t a, const uint32_t* t) {
+  uint32_t n = 0;
+  for (int k = 0; k < 7; ++k) n += a >= (t[k] & 0xFFFFu);
+  return n;
 }
 
 /* e2m1_h(s), six F16 operations (the checks: csrc/tests/fp4_fast_check.cpp,

@@ -337,6 +337,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_W32_STAGES
 #define KVX_FP4_W32_STAGES 3 /* ring steps per warp (2: OCP BF16 -1 to -2 points, 4: -2) */
 #endif
+#ifndef KVX_FP4_W16_STAGES
+#define KVX_FP4_W16_STAGES KVX_FP4_W32_STAGES /* the same for 16-value blocks (KVX_FP4_W16_ASYNC) */
+#endif
 
 #ifndef KVX_FP4_W16_NI
 #define KVX_FP4_W16_NI 1 /* write, 16-bit IO, 32-value blocks with KVX_FP4_W32_WHOLE=0: half-blocks per lane per
@@ -375,6 +378,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_PREFETCH_W16
 #define KVX_FP4_PREFETCH_W16 1 /* write, 16-bit IO: the next row into L2 (+3-6 %; with F32 IO, or the
                                   gathers' codes, it cost 10-30 %) */
+#endif
+#ifndef KVX_FP4_PREFETCH_MX16
+#define KVX_FP4_PREFETCH_MX16 0 /* ... for the 16-value MXFP4 blocks too */
 #endif
 #ifndef KVX_FP4_PREFETCH_AHEAD
 #define KVX_FP4_PREFETCH_AHEAD 1 /* ... that many rows ahead (2: -19 to -22 points, 4: -29 to -32, 8: -30 to -33) */

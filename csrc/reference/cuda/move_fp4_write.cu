@@ -262,6 +262,69 @@ struct H2Ops {
                            from BF16 +-0.1); 0 never (FP32, one value at a time) */
 #endif
 
+/* The 16-bit writes' codes by threshold compares (KVX_FP4_THR, fp4_fast.h
+ * e2m1_thresholds): a block's scale picks a row of B_1..B_7 from a shared table
+ * built once per CTA (NVFP4 with a per-tensor g: one row per side and scale
+ * byte; MXFP4: one per exponent), and the magnitude of each 16-bit value is the
+ * number of B_k at or below it, by packed F16 compares of the 16-bit magnitudes
+ * (F16 and BF16 bits alike: both order as their bits below 0x7C00) instead of
+ * the FP32 division and rounding: 1: a binary search of three compares per
+ * word (masks and selects); 2: seven compares summed in F16 (on 1024, so the
+ * count is the low bits of each half). */
+#ifndef KVX_FP4_THR
+#define KVX_FP4_THR 2
+#endif
+#ifndef KVX_FP4_THR_B32
+#define KVX_FP4_THR_B32 0 /* 1: the thresholds for the 32-value (OCP) blocks too */
+#endif
+#ifndef KVX_FP4_THR_MX16
+#define KVX_FP4_THR_MX16 1 /* 0: the 16-value MXFP4 blocks keep the FP32 codes */
+#endif
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel)); /* the default mode: bit 3 of a selector nibble replicates the byte's sign */
+  return r;
+}
+
+__device__ __forceinline__ __half2 as_h2(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+
+/* The code magnitudes of the two values of word w (B_1..B_7 in t) in bytes 0
+ * and 2 (the other bytes: 0 or 0x64). */
+__device__ __forceinline__ uint32_t thr_mag(uint32_t w, const uint32_t* t) {
+  const __half2 a = __habs2(as_h2(w));
+#if KVX_FP4_THR == 1
+  const uint32_t m2 = __hge2_mask(a, as_h2(t[3]));
+  const uint32_t t1 = (m2 & t[5]) | (~m2 & t[1]);
+  const uint32_t m1 = __hge2_mask(a, as_h2(t1));
+  const uint32_t hi = (m1 & t[6]) | (~m1 & t[4]), lo = (m1 & t[2]) | (~m1 & t[0]);
+  const uint32_t m0 = __hge2_mask(a, as_h2((m2 & hi) | (~m2 & lo)));
+  return (m2 & 0x00040004u) | (m1 & 0x00020002u) | (m0 & 0x00010001u);
+#else
+  const __half2 s0 = __hadd2(__float2half2_rn(1024.0f), __hge2(a, as_h2(t[0])));
+  const __half2 s1 = __hadd2(__hge2(a, as_h2(t[1])), __hge2(a, as_h2(t[2])));
+  const __half2 s2 = __hadd2(__hge2(a, as_h2(t[3])), __hge2(a, as_h2(t[4])));
+  const __half2 s3 = __hadd2(__hge2(a, as_h2(t[5])), __hge2(a, as_h2(t[6])));
+  const __half2 s = __hadd2(__hadd2(s0, s1), __hadd2(s2, s3));
+  uint32_t r;
+  memcpy(&r, &s, 4);
+  return r;
+#endif
+}
+
+/* The packed codes of 8 values from thr_mag of their 4 words `c` and the words
+ * (the signs): [n0 n2 n1 n3] and [n4 n6 n5 n7] with their signs (bit 3: the
+ * replicated sign byte), then the even and the odd elements, odd ones << 4. */
+__device__ __forceinline__ uint32_t thr_pack8(const uint32_t* c, const uint32_t* w) {
+  const uint32_t p = prmt(c[0], c[1], 0x6240u) | (prmt(w[0], w[1], 0xFBD9u) & 0x08080808u);
+  const uint32_t q = prmt(c[2], c[3], 0x6240u) | (prmt(w[2], w[3], 0xFBD9u) & 0x08080808u);
+  return prmt(p, q, 0x5410u) + (prmt(p, q, 0x7632u) << 4);
+}
+
 /* Per-side constants of the fast write. */
 struct WSide {
   float g, sixg, r6; /* NVFP4 per-tensor g (1.0 without), 6 g, RN(1 / (6 g)) (0: divide) */
@@ -283,9 +346,10 @@ struct WSide {
  *    Markstein with RN(1/6) when amax >= 2^-60): the exponent from the bits,
  *    codes of |x| * 2^(-e-14); amax == 0: byte 0, codes 0;
  *  - the code's sign is the input's (d, 2^-e > 0: RN(x / d) has x's sign). */
-template <int DT, bool PAIR, int format, int NG>
+template <int DT, bool PAIR, int format, int NG, bool THR = false>
 __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws, float g_head, bool use_tab,
-                                             const float2* tab, bool& slow, uint32_t* out) {
+                                             const float2* tab, bool& slow, uint32_t* out,
+                                             const uint4* thr = nullptr) {
   constexpr int WG = 16 * Es<DT>::value / 4; /* words per 16 values */
   float amax;
   if (DT == KVX_DTYPE_F32) {
@@ -316,6 +380,9 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
   int e = 0;     /* MXFP4: the scale exponent */
   int state = 0; /* 0 slow, 1 dead (codes 0), 2 NVFP4 live (d, r), 3 MXFP4 live (inv) */
   uint32_t sbyte = 0;
+  /* THR: the thresholds' row (NVFP4 with use_tab: the side's table at the scale byte; MXFP4: at e + 127) */
+  constexpr bool T16 = THR && DT != KVX_DTYPE_F32;
+  const uint4* trow = thr;
   if (format == kvx_ref::FP4_NVFP4) {
     const float g = use_tab ? ws.g : g_head;
     if ((use_tab ? ws.g_ok : pos_range(__float_as_uint(g))) && ab < 0x5D800000u) {
@@ -328,6 +395,12 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
       const uint32_t s8 = kvx_fp4_fast::e4m3_sat(wanted); /* wanted finite, >= 0 */
       if (s8 == 0) {
         state = 1;
+      } else if (T16 && use_tab) {
+        trow = thr + 2 * s8;
+        if (trow[1].w) { /* d > 0 */
+          sbyte = s8;
+          state = 2;
+        }
       } else {
         if (use_tab) {
           const float2 dr = tab[s8];
@@ -362,14 +435,29 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
       inv = __uint_as_float(e <= 112 ? (uint32_t)(113 - e) << 23 : 1u << (135 - e));
       sbyte = (uint32_t)(e + 127);
       state = 3;
+      if (T16) trow = thr + 2 * (e + 127);
     }
   }
   slow = state == 0;
+  if (T16 && state >= 2 && (format != kvx_ref::FP4_NVFP4 || use_tab)) {
+    const uint4 r0 = trow[0], r1 = trow[1];
+    const uint32_t t[7] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z};
+#pragma unroll
+    for (int gi = 0; gi < NG; ++gi) {
+      const uint32_t* wg = w + gi * WG;
+      uint32_t c[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) c[k] = thr_mag(wg[k], t);
+      out[2 * gi] = thr_pack8(c, wg);
+      out[2 * gi + 1] = thr_pack8(c + 4, wg + 4);
+    }
+    return sbyte;
+  }
   /* MXFP4 from F16 (2^-e a normal F16) or BF16: the codes in packed F16
    * arithmetic (fp4_fast.h e2m1_h), two values per instruction: s = |x| 2^-e
    * by one packed F16 product (F16) or by two FP32 products and one packed
    * conversion (BF16) */
-  if (state == 3 && DT != KVX_DTYPE_F32 && (KVX_FP4_MX_H2 == 2 || (KVX_FP4_MX_H2 == 1 && DT == KVX_DTYPE_F16 && NG == 2)) &&
+  if (!T16 && state == 3 && DT != KVX_DTYPE_F32 && (KVX_FP4_MX_H2 == 2 || (KVX_FP4_MX_H2 == 1 && DT == KVX_DTYPE_F16 && NG == 2)) &&
       (DT == KVX_DTYPE_BF16 || e >= -15)) {
     const uint32_t e16 = (uint32_t)(15 - e) << 10;
     const uint32_t sc2u = e16 | (e16 << 16); /* 2^-e in both halves (F16) */
@@ -463,6 +551,9 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
    * 32-value blocks spill */
   constexpr int SU = KVX_FP4_SIDE_UNROLL && B == 16 && FMT == kvx_ref::FP4_NVFP4 ? 2 : 1;
   __shared__ float2 tab[2][128];
+  constexpr bool THR = KVX_FP4_THR != 0 && ES == 2 && (B == 16 || KVX_FP4_THR_B32) &&
+                       (FMT != kvx_ref::FP4_MXFP4 || KVX_FP4_THR_MX16);
+  __shared__ uint4 thr_tab[THR ? 512 : 1]; /* 256 rows of B_1..B_7 and a live flag (d > 0) */
   WSide ws[2];
   const bool use_tab = FMT == kvx_ref::FP4_NVFP4 && !P.side[0].g_per_head && !P.side[1].g_per_head;
 #pragma unroll
@@ -473,7 +564,26 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
     ws[sd].sixg = __fmul_rn(6.0f, ws[sd].g);
     ws[sd].r6 = ws[sd].g_ok && pos_range(__float_as_uint(ws[sd].sixg)) ? __frcp_rn(ws[sd].sixg) : 0.0f;
   }
-  if (use_tab) {
+  if (THR && (FMT != kvx_ref::FP4_NVFP4 || use_tab)) {
+    /* rows: NVFP4 side * 128 + s8 (d = float(s8) g), MXFP4 e + 127 (d = 2^e) */
+    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
+      float d = 0.0f;
+      if (FMT == kvx_ref::FP4_NVFP4) {
+        const unsigned s8 = k & 127u;
+        if (s8 >= 1u && s8 <= 0x7Eu) d = __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), k >> 7 ? ws[1].g : ws[0].g);
+      } else if (k < 255u) {
+        d = kvx_ref::ue8m0_to_f32((uint8_t)k);
+      }
+      uint32_t t[8] = {0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0u};
+      if (d > 0.0f && d < INFINITY) {
+        kvx_fp4_fast::e2m1_thresholds<DT == KVX_DTYPE_BF16>(d, t);
+        t[7] = 1u;
+      }
+      thr_tab[2 * k] = make_uint4(t[0], t[1], t[2], t[3]);
+      thr_tab[2 * k + 1] = make_uint4(t[4], t[5], t[6], t[7]);
+    }
+    __syncthreads();
+  } else if (use_tab) {
     for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
       const unsigned sd = k >> 7, s8 = k & 127u;
       const float g = sd ? ws[1].g : ws[0].g;
@@ -530,7 +640,7 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
    * SU = 2 both sides of a step are consumed in turn, in the order issued). */
   constexpr bool ASYNC =
       ES == 2 && NI * NV == 4 && (WHOLE ? KVX_FP4_W32_ASYNC : B == 16 && KVX_FP4_W16_ASYNC);
-  constexpr int ST = KVX_FP4_W32_STAGES;
+  constexpr int ST = WHOLE ? KVX_FP4_W32_STAGES : KVX_FP4_W16_STAGES;
   uint4* const ring = fp4_stage + (threadIdx.x >> 5) * (ST * 32 * 4);
   unsigned ai = 0, aq = 0, as = 0, issued = 0, wst = 0, rst = 0;
   auto slot = [&](unsigned k) { return 4u * lane + ((k + (lane >> 1)) & 3u); };
@@ -580,7 +690,8 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
     const unsigned i = ni, q = nq, s0 = ns;
     advance(ni, nq, ns, SU == 1);
     const unsigned long long row = P.row_begin + r0 + i;
-    if (KVX_FP4_PREFETCH_W16 && ES == 2 && P.lin && s0 == 0 && q == 0) {
+    if (KVX_FP4_PREFETCH_W16 && ES == 2 && (FMT != kvx_ref::FP4_MXFP4 || KVX_FP4_PREFETCH_MX16) && P.lin && s0 == 0 &&
+        q == 0) {
       /* lane 2k + side: row i + A (the first row: rows 1..A) of that side */
       const unsigned k = lane >> 1, sd = lane & 1u;
       const unsigned ahead = i == 0 ? k + 1u : k == 0 ? (unsigned)KVX_FP4_PREFETCH_AHEAD : 0u;
@@ -632,8 +743,9 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
         const float g_head = !use_tab && S.g ? S.g[S.g_per_head ? h : 0u] : 1.0f;
         uint32_t out[2 * NG];
         bool slow;
-        uint32_t sbyte =
-            encode16<DT, (LB == 2), FMT, NG>((const uint32_t*)raw[m], wsd, g_head, use_tab, tabs, slow, out);
+        uint32_t sbyte = encode16<DT, (LB == 2), FMT, NG, THR>(
+            (const uint32_t*)raw[m], wsd, g_head, use_tab, tabs, slow, out,
+            FMT == kvx_ref::FP4_NVFP4 ? thr_tab + 256 * side : thr_tab);
         if (slow && sb < NS) {
           const long long boff = P.lin ? (long long)bi * B : (long long)h * S.io_head + (long long)j * B;
           const Packed<B> pk = encode_slow<B, DT>(FMT, (const uint4*)(io_row + boff * ES), use_tab ? wsd.g : g_head);
@@ -762,7 +874,7 @@ Kernel pick_decode(const Params& P) { return pick_format<DecodeKernel>(P); }
 int write_smem(const Params& P, unsigned threads) {
   if (P.io_dtype == KVX_DTYPE_F32) return 0;
   const bool async = P.B == 32 ? KVX_FP4_W32_ASYNC && KVX_FP4_W32_WHOLE : KVX_FP4_W16_ASYNC && KVX_FP4_W16_NI_16 == 2;
-  return async ? (int)(threads / 32) * KVX_FP4_W32_STAGES * 32 * 4 * 16 : 0;
+  return async ? (int)(threads / 32) * (P.B == 32 ? KVX_FP4_W32_STAGES : KVX_FP4_W16_STAGES) * 32 * 4 * 16 : 0;
 }
 
 }  // namespace
