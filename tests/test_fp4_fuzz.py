@@ -3,7 +3,8 @@
 Aimed at the CUDA backend's fast kernels (csrc/reference/cuda/move_fp4_*.cu): random head
 count, head_dim, block size, layout (NHD / HND: the packed and the strided paths), IO dtype
 (F32 / F16 / BF16), global scales (absent, per tensor, per head, and values that force the
-exact fallbacks), 1-199 tokens (several warps of 32 rows), rows full of edge values
+exact fallbacks), 1-199 tokens (the decode-sized kernels) and, in ``test_large_calls_bit_exact``,
+257-600 tokens (the row kernels, general and lean), rows full of edge values
 (``test_fp4_provider.nasty_rows``), an invalid slot; then PACKED gathers of the oracle's
 cache into F32, F16 and BF16 with random tables and lengths. The same cases run on HOST
 memory (the host backend) and, where torch sees a GPU, on DEVICE memory (these 60 cases
@@ -33,17 +34,21 @@ def provider():
     return load_provider(native.reference_provider())
 
 
-def _case(provider, seed: int, memory) -> list[str]:
-    rng = np.random.default_rng(50000 + seed)
+def _case(provider, seed: int, memory, large: bool = False) -> list[str]:
+    """One random case; ``large``: 257-600 tokens (beyond the decode-sized path, so the CUDA
+    backend's row kernels run), NHD for even seeds, F16 / BF16 / F32 IO and the global-scale kind by seed."""
+    rng = np.random.default_rng((60000 if large else 50000) + seed)
     fmt = [Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP][seed % 3]
     B = fx.block_values(fmt)
     H = int(rng.choice([1, 2, 3, 5, 8]))
     D = B * int(rng.integers(1, 9))
     bs = int(rng.choice([1, 3, 4, 16]))
-    layout = [Layout.BLOCK_NHD, Layout.BLOCK_HND][int(rng.integers(2))]
-    n = int(rng.integers(1, 200))
+    layout = [Layout.BLOCK_NHD, Layout.BLOCK_HND][seed % 2 if large else int(rng.integers(2))]
+    n = int(rng.integers(257, 601)) if large else int(rng.integers(1, 200))
     nb = (n + bs - 1) // bs + int(rng.integers(0, 4))
     gsel = int(rng.integers(5))
+    if large:  # every global-scale kind on the NVFP4 cases: NHD F16 without and per tensor, BF16 per head and extreme
+        gsel = seed // 3 % 5
     gvals = [None, np.float32(rng.choice([1.0, 2.0 ** -9, 0.01, 3.7])),
              rng.choice([0.004, 1.5, 2.0 ** -70, 2.0 ** 70, 0.3], H).astype(np.float32),
              np.float32(rng.choice([2.0 ** -65, 2.0 ** 66, 1e-30, 1e30, 2.0 ** -50, 2.0 ** 50, 2.0 ** -36, 2.0 ** 44])),
@@ -55,7 +60,7 @@ def _case(provider, seed: int, memory) -> list[str]:
     with np.errstate(over="ignore"):
         key = nasty_rows(rng, n, H, D, fmt, g1)
         value = nasty_rows(rng, n, H, D, fmt, 0.37 if gk is not None else 1.0)
-        io = ["f32", "f16", "bf16"][int(rng.integers(3))]
+        io = ["f16", "bf16", "f32"][seed // 6 % 3] if large else ["f32", "f16", "bf16"][int(rng.integers(3))]
         if io == "bf16":
             key, value = key.astype(ml_dtypes.bfloat16), value.astype(ml_dtypes.bfloat16)
         elif io == "f16":
@@ -102,3 +107,16 @@ def test_random_geometries_bit_exact(provider, chunk, memory):
     assert not problems, (f"{CLAUSE}: {len(problems)} problems; first: " + " | ".join(problems[:3]) +
                           f"; repro: pytest tests/test_fp4_fuzz.py -k '{memory.name.lower()} and "
                           f"cases{chunk * PER_CHUNK}'")
+
+
+@pytest.mark.parametrize("memory", MEMORIES)
+@pytest.mark.parametrize("third", range(3), ids=lambda t: f"large{t * 9}-{t * 9 + 8}")
+def test_large_calls_bit_exact(provider, third, memory):
+    """27 calls of 257-600 tokens (every format, NHD and HND, F16, BF16 and F32 IO, every global-scale
+    kind, edge-value rows): on DEVICE memory the CUDA backend's row kernels (general and lean),
+    which the decode-sized calls above never reach."""
+    problems = []
+    for seed in range(third * 9, third * 9 + 9):
+        problems += _case(provider, seed, memory, large=True)
+    assert not problems, (f"{CLAUSE}: {len(problems)} problems; first: " + " | ".join(problems[:3]) +
+                          f"; repro: pytest tests/test_fp4_fuzz.py -k '{memory.name.lower()} and large{third * 9}-'")

@@ -15,8 +15,9 @@
  *      RN16(RN32(|x| 2^-e)) for every finite BF16 x and e in [-127, 127]
  *      (both whole in quick mode too: 9.3e6 inputs);
  *   7. e2m1_thresholds / e2m1_count (the 16-bit writes' code by packed compares)
- *      give f32_to_e2m1(|x| / d) & 7 for every F16 |x| and every BF16 |x| below
- *      2^60, NVFP4 divisors float(s) g (every s, 12 g) and MXFP4 2^e (every e).
+ *      give f32_to_e2m1(|x| / d) & 7 for every F16 |x| and every BF16 |x| of the
+ *      kernels' fast path (below 2^60 for NVFP4, up to 2^121 for MXFP4), NVFP4
+ *      divisors float(s) g (every s, 12 g) and MXFP4 2^e (every e).
  * Build and run (about 50 s):
  *   g++ -O2 -ffp-contract=off -std=c++17 -Icsrc/reference -Icsrc/include \
  *       csrc/tests/fp4_fast_check.cpp -o /tmp/fp4fast && /tmp/fp4fast
@@ -121,14 +122,14 @@ int main(int argc, char** argv) {
   bad1 += bad6;
   /* 7. the thresholds of the 16-bit writes: e2m1_count(|x|, e2m1_thresholds(d)) is
    * f32_to_e2m1(|x| / d) & 7 (NVFP4: d = float(s) g, every s and a spread of g) and
-   * f32_to_e2m1(|x| 2^-e) & 7 (MXFP4: d = 2^e, every e), for every F16 |x| and every
-   * BF16 |x| below 2^60 (the kernels' fast path); quick: every 61st |x| and the five
-   * around each threshold. */
+   * f32_to_e2m1(|x| 2^-e) & 7 (MXFP4: d = 2^e, every e), for every |x| of the kernels'
+   * fast path: every finite F16, BF16 below 2^60 (NVFP4) or up to 2^121 (bits 0x7C00,
+   * MXFP4); quick: every 61st |x| and the five around each threshold. */
   long long bad7 = 0, n7 = 0;
   const float gs[] = {1.0f, 0.5f, 3.0f, 1.0f / 3.0f, 0.1f, 7.3e-5f, 1234.5f, 0x1.8p-60f, 0x1.fffffep59f,
                       0.0123f, 1.0f / 2688.0f, 0x1p-40f};
   for (int bf = 0; bf < 2; ++bf) {
-    const uint32_t a_hi = bf ? 0x5D7Fu : 0x7BFFu;
+    uint32_t a_hi = 0;
     auto val = [&](uint32_t a) { return bf ? bf16_to_f32((uint16_t)a) : f16_to_f32((uint16_t)a); };
     auto check = [&](float d, auto&& want) {
       uint32_t t[7];
@@ -152,11 +153,13 @@ int main(int argc, char** argv) {
       for (int k = 0; k < 7; ++k)
         for (int o = -2; o <= 2; ++o) one((t[k] & 0xFFFFu) + (uint32_t)o);
     };
+    a_hi = bf ? 0x5D7Fu : 0x7BFFu;
     for (const float g : gs)
       for (uint32_t s8 = 1; s8 <= 0x7Eu; ++s8) {
         const float d = e4m3_to_f32((uint8_t)s8) * g; /* fp4_block_scale's denom */
         if (d > 0.0f) check(d, [&](float x) { return f32_to_e2m1(x / d) & 7u; });
       }
+    a_hi = bf ? 0x7C00u : 0x7BFFu;
     for (int e = -127; e <= 127; ++e) {
       const float inv = ue8m0_to_f32((uint8_t)(127 - e));
       check(ue8m0_to_f32((uint8_t)(e + 127)), [&](float x) { return f32_to_e2m1(x * inv) & 7u; });

@@ -125,10 +125,13 @@ KVX_HD inline uint32_t e4m3_sat(float w) {
  * With y = v / d: v >= d c_k or v > d c_k, c_k below; d c_k is exact in
  * double (24 + 27 significant bits) and never a 16-bit value (its significand
  * is the product of d's odd one and c_k's, 25 to 27 bits long), so both are
- * v >= B_k with B_k the 16-bit ceiling of d c_k. A B_k above the format's finite range, or
- * above F16 inf for BF16, is 0x7C00: the kernels compare 16-bit magnitudes as
- * F16 (their bits are ordered alike up to 0x7C00), and their fast-path values
- * stay below it (NVFP4 / MXFP4 amax < 2^60, F16 at most 65504). */
+ * v >= B_k with B_k the 16-bit ceiling of d c_k. The kernels compare 16-bit
+ * magnitudes as F16 (the bits of both formats are ordered alike up to 0x7C00,
+ * F16 inf), and their fast-path magnitudes are at most 0x7C00 (F16: finite;
+ * BF16: NVFP4 amax < 2^60, MXFP4 through the F16 max, which sends any block
+ * with a magnitude above 0x7C00 to the slow path), so a B_k above 0x7C00 (above
+ * the F16 range, or a BF16 beyond 2^121) is 0x7FFF, an F16 NaN, which no
+ * compare passes. */
 KVX_HD inline double e2m1_bound(int k) { /* c_k, k = 1..7 */
   const double m[7] = {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0};
   const double h[7] = {0x1p-26, -0x1p-25, 0x1p-24, -0x1p-24, 0x1p-23, -0x1p-23, 0x1p-22};
@@ -136,8 +139,8 @@ KVX_HD inline double e2m1_bound(int k) { /* c_k, k = 1..7 */
 }
 
 /* The least 16-bit value (bits; BF: BF16, else F16) >= L, for a finite L > 0
- * (0x7C00 when above the format's range). The GPU rounds up in hardware; the
- * host by round-to-nearest and one step up when that fell below L. */
+ * (0x7FFF when above 0x7C00, above). The GPU rounds up in hardware; the host by
+ * round-to-nearest and one step up when that fell below L. */
 template <bool BF>
 KVX_HD inline uint32_t ceil16(double L) {
 #if defined(__CUDA_ARCH__)
@@ -154,7 +157,7 @@ KVX_HD inline uint32_t ceil16(double L) {
   uint32_t h = BF ? kvx_ref::f32_to_bf16(f) : kvx_ref::f32_to_f16(f);
   if ((BF ? kvx_ref::bf16_to_f32((uint16_t)h) : kvx_ref::f16_to_f32((uint16_t)h)) < f) ++h;
 #endif
-  return h < 0x7C00u ? h : 0x7C00u;
+  return h <= 0x7C00u ? h : 0x7FFFu;
 }
 
 /* B_1..B_7 (above) for divisor d (finite, > 0), each in both halves of a word. */
@@ -167,7 +170,7 @@ KVX_HD inline void e2m1_thresholds(float d, uint32_t* t) {
 }
 
 /* The code magnitude from the thresholds (the host's reading of the kernels'
- * packed compares): the number of B_k <= a, a a 16-bit magnitude below 0x7C00. */
+ * packed compares): the number of B_k <= a, a a 16-bit magnitude up to 0x7C00. */
 KVX_HD inline uint32_t e2m1_count(uint32_t a, const uint32_t* t) {
   uint32_t n = 0;
   for (int k = 0; k < 7; ++k) n += a >= (t[k] & 0xFFFFu);

@@ -523,6 +523,41 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
   return sbyte;
 }
 
+/* The thresholds' table of a CTA (KVX_FP4_THR): 256 rows of B_1..B_7 and a
+ * live flag (d > 0); NVFP4: row side * 128 + s8 (d = float(s8) g), MXFP4:
+ * row e + 127 (d = 2^e). The caller synchronizes. */
+template <int DT, int FMT>
+__device__ __forceinline__ void build_thr(uint4* thr_tab, const WSide* ws) {
+  for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
+    float d = 0.0f;
+    if (FMT == kvx_ref::FP4_NVFP4) {
+      const unsigned s8 = k & 127u;
+      if (s8 >= 1u && s8 <= 0x7Eu) d = __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), k >> 7 ? ws[1].g : ws[0].g);
+    } else if (k < 255u) {
+      d = kvx_ref::ue8m0_to_f32((uint8_t)k);
+    }
+    uint32_t t[8] = {0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0u};
+    if (d > 0.0f && d < INFINITY) {
+      kvx_fp4_fast::e2m1_thresholds<DT == KVX_DTYPE_BF16>(d, t);
+      t[7] = 1u;
+    }
+    thr_tab[2 * k] = make_uint4(t[0], t[1], t[2], t[3]);
+    thr_tab[2 * k + 1] = make_uint4(t[4], t[5], t[6], t[7]);
+  }
+}
+
+/* The per-side constants of the fast writes (NVFP4 g from a per-tensor scale, 1.0 without). */
+__device__ __forceinline__ void load_wside(const Params& P, WSide* ws) {
+#pragma unroll
+  for (int sd = 0; sd < 2; ++sd) {
+    const Side& S = P.side[sd];
+    ws[sd].g = S.g && !S.g_per_head ? S.g[0] : 1.0f;
+    ws[sd].g_ok = pos_range(__float_as_uint(ws[sd].g));
+    ws[sd].sixg = __fmul_rn(6.0f, ws[sd].g);
+    ws[sd].r6 = ws[sd].g_ok && pos_range(__float_as_uint(ws[sd].sixg)) ? __frcp_rn(ws[sd].sixg) : 0.0f;
+  }
+}
+
 /* Threads per CTA of the fast write kernel (the launch reads it too). */
 template <int DT>
 struct WThreads {
@@ -556,32 +591,9 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
   __shared__ uint4 thr_tab[THR ? 512 : 1]; /* 256 rows of B_1..B_7 and a live flag (d > 0) */
   WSide ws[2];
   const bool use_tab = FMT == kvx_ref::FP4_NVFP4 && !P.side[0].g_per_head && !P.side[1].g_per_head;
-#pragma unroll
-  for (int sd = 0; sd < 2; ++sd) {
-    const Side& S = P.side[sd];
-    ws[sd].g = S.g && !S.g_per_head ? S.g[0] : 1.0f;
-    ws[sd].g_ok = pos_range(__float_as_uint(ws[sd].g));
-    ws[sd].sixg = __fmul_rn(6.0f, ws[sd].g);
-    ws[sd].r6 = ws[sd].g_ok && pos_range(__float_as_uint(ws[sd].sixg)) ? __frcp_rn(ws[sd].sixg) : 0.0f;
-  }
+  load_wside(P, ws);
   if (THR && (FMT != kvx_ref::FP4_NVFP4 || use_tab)) {
-    /* rows: NVFP4 side * 128 + s8 (d = float(s8) g), MXFP4 e + 127 (d = 2^e) */
-    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
-      float d = 0.0f;
-      if (FMT == kvx_ref::FP4_NVFP4) {
-        const unsigned s8 = k & 127u;
-        if (s8 >= 1u && s8 <= 0x7Eu) d = __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), k >> 7 ? ws[1].g : ws[0].g);
-      } else if (k < 255u) {
-        d = kvx_ref::ue8m0_to_f32((uint8_t)k);
-      }
-      uint32_t t[8] = {0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0x7C007C00u, 0u};
-      if (d > 0.0f && d < INFINITY) {
-        kvx_fp4_fast::e2m1_thresholds<DT == KVX_DTYPE_BF16>(d, t);
-        t[7] = 1u;
-      }
-      thr_tab[2 * k] = make_uint4(t[0], t[1], t[2], t[3]);
-      thr_tab[2 * k + 1] = make_uint4(t[4], t[5], t[6], t[7]);
-    }
+    build_thr<DT, FMT>(thr_tab, ws);
     __syncthreads();
   } else if (use_tab) {
     for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
@@ -774,6 +786,162 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
   }
 }
 
+/* The lean write (KVX_FP4_LEAN): 16-value blocks from F16/BF16 IO with heads packed in every
+ * row (P.lin) and the codes by thresholds (NVFP4 with a per-tensor g, MXFP4): the fast kernel's
+ * stream (R rows per warp; a step is one batch of NI sub-blocks per lane of both sides, side 1
+ * loaded while side 0 is encoded and the next step's side 0 while side 1 is) without its
+ * general cases, so no per-block branch but the rare slow block (encode_slow). */
+#ifndef KVX_FP4_LEAN
+#define KVX_FP4_LEAN 1
+#endif
+#ifndef KVX_FP4_LEAN_MIN_BLOCKS
+#define KVX_FP4_LEAN_MIN_BLOCKS 2
+#endif
+
+/* One sub-block of 16 values (8 words): its packed codes in out[0..1], its scale byte returned;
+ * the slow blocks by encode_slow from `src`. */
+template <int DT, int FMT>
+__device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& ws, const uint4* thr,
+                                                const char* src, uint32_t* out) {
+  const float amax = amax16<DT, 1>(w);
+  const uint32_t ab = __float_as_uint(amax);
+  int row = -1;   /* the thresholds' row; -1: slow */
+  uint32_t sbyte = 0;
+  if (FMT == kvx_ref::FP4_NVFP4) {
+    if (ws.g_ok && ab < 0x5D800000u) {
+      const float wanted = ws.r6 != 0.0f && (pos_range(ab) || ab == 0u) ? div_rcp(amax, ws.sixg, ws.r6)
+                                                                      : __fdiv_rn(amax, ws.sixg);
+      sbyte = kvx_fp4_fast::e4m3_sat(wanted);
+      row = sbyte == 0 ? 256 : (int)sbyte;
+    }
+  } else if (ab == 0) {
+    row = 256;
+  } else if (ab - 0x00800000u < 0x7F000000u) {
+    const float v6 = pos_range(ab) ? div_rcp(amax, 6.0f, 0.16666667163372039795f) : __fdiv_rn(amax, 6.0f);
+    const uint32_t v = __float_as_uint(v6);
+    if (v >= 0x00800000u) {
+      const int e = (int)(v >> 23) - 127 + ((v & 0x7FFFFFu) != 0u);
+      sbyte = (uint32_t)(e + 127);
+      row = (int)sbyte;
+    }
+  }
+  if (row == 256) { /* dead: codes 0 */
+    out[0] = out[1] = 0;
+    return sbyte;
+  }
+  uint4 r1 = make_uint4(0, 0, 0, 0), r0 = r1;
+  if (row >= 0) {
+    r0 = thr[2 * row];
+    r1 = thr[2 * row + 1];
+  }
+  if (!r1.w) { /* slow (or d == 0) */
+    const Packed<16> pk = encode_slow<16, DT>(FMT, (const uint4*)src, ws.g);
+    out[0] = pk.w[0];
+    out[1] = pk.w[1];
+    return pk.sbyte;
+  }
+  const uint32_t t[7] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z};
+  uint32_t c[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) c[k] = thr_mag(w[k], t);
+  out[0] = thr_pack8(c, w);
+  out[1] = thr_pack8(c + 4, w + 4);
+  return sbyte;
+}
+
+template <int DT, int FMT>
+__global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kernel(Params P) {
+  constexpr int NI = 2;
+  __shared__ uint4 thr_tab[512];
+  WSide ws[2];
+  load_wside(P, ws);
+  build_thr<DT, FMT>(thr_tab, ws);
+  __syncthreads();
+  const unsigned lane = threadIdx.x & 31u;
+  constexpr unsigned R = KVX_FP4_W_ROWS_B16;
+  const unsigned long long r0 = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
+  if (r0 >= P.rows) return;
+  unsigned bl = kNoBlock, tl = 0;
+  if (lane < R && r0 + lane < P.rows) {
+    const long long slot = ld_index(P.slots, P.slot64, P.row_begin + r0 + lane);
+    if (!(slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots)) {
+      unsigned long long b, t;
+      split_slot(P, slot, b, t);
+      bl = (unsigned)b;
+      tl = (unsigned)t;
+    }
+  }
+  const unsigned n = P.rows - r0 < (unsigned long long)R ? (unsigned)(P.rows - r0) : R;
+  const unsigned NS = (unsigned)(P.H * P.J), NQ = (NS + 32u * NI - 1u) / (32u * NI), T = n * NQ;
+  const unsigned row_bytes = NS * 32u;
+  uint4 nraw[NI][2];
+  /* side `sd` of step (row i, batch q) into nraw */
+  auto load = [&](unsigned i, unsigned sd, unsigned q) {
+    const char* io_row = P.side[sd].io + (long long)(P.row_begin + r0 + i) * P.side[sd].io_token * 2;
+#pragma unroll
+    for (int m = 0; m < NI; ++m) {
+      const unsigned sb = q * 32u * NI + lane + 32u * m;
+      nraw[m][0] = nraw[m][1] = make_uint4(0, 0, 0, 0);
+      if (sb < NS) {
+        const uint4* src = (const uint4*)(io_row + sb * 32u);
+        nraw[m][0] = __ldg(src);
+        nraw[m][1] = __ldg(src + 1);
+      }
+    }
+  };
+  load(0, 0, 0);
+  unsigned i = 0, q = 0;
+#pragma unroll 1
+  for (unsigned k = 0; k < T; ++k) {
+    const unsigned long long row = P.row_begin + r0 + i;
+    if (KVX_FP4_PREFETCH_W16 && q == 0) {
+      const unsigned k2 = lane >> 1, sd = lane & 1u;
+      const unsigned ahead = i == 0 ? k2 + 1u : k2 == 0 ? (unsigned)KVX_FP4_PREFETCH_AHEAD : 0u;
+      if (lane < 2u * KVX_FP4_PREFETCH_AHEAD && ahead && r0 + i + ahead < P.rows)
+        prefetch_l2(P.side[sd].io + (long long)(row + ahead) * P.side[sd].io_token * 2, row_bytes);
+    }
+    const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
+    unsigned ni = i, nq = q + 1;
+    if (nq == NQ) {
+      nq = 0;
+      ++ni;
+    }
+#pragma unroll
+    for (int sd = 0; sd < 2; ++sd) {
+      uint4 raw[NI][2];
+#pragma unroll
+      for (int m = 0; m < NI; ++m) {
+        raw[m][0] = nraw[m][0];
+        raw[m][1] = nraw[m][1];
+      }
+      if (sd == 0) {
+        load(i, 1, q);
+      } else if (k + 1 < T) {
+        load(ni, 0, nq);
+      }
+      if (b == kNoBlock) continue;
+      const Side& S = P.side[sd];
+      const char* io_row = S.io + (long long)row * S.io_token * 2;
+      char* code_row = S.codes + ((long long)b * S.c_block + (long long)t * S.c_token) / 2;
+      char* sc_row = S.scales + (long long)b * S.s_block + (long long)t * S.s_token;
+#pragma unroll
+      for (int m = 0; m < NI; ++m) {
+        const unsigned sb = q * 32u * NI + lane + 32u * m;
+        if (sb < NS) {
+          uint32_t out[2];
+          const uint32_t sbyte = encode_lean<DT, FMT>((const uint32_t*)raw[m], ws[sd],
+                                                      FMT == kvx_ref::FP4_NVFP4 ? thr_tab + 256 * sd : thr_tab,
+                                                      io_row + sb * 32u, out);
+          *(uint2*)(code_row + sb * 8u) = make_uint2(out[0], out[1]);
+          sc_row[sb] = (char)sbyte;
+        }
+      }
+    }
+    i = ni;
+    q = nq;
+  }
+}
+
 /* Decode-sized writes (at most KVX_FP4_FAST_MIN_ROWS rows, the fast kernels' layouts): one thread
  * per (row, side, head, scale block), as the per-block kernel, but every load known at entry is
  * issued at once (the slot, the block's IO words, the NVFP4 global scale), the block is encoded by
@@ -868,6 +1036,25 @@ Kernel pick_format(const Params& P) {
 }
 
 Kernel pick_fast(const Params& P) { return pick_format<FastKernel>(P); }
+
+/* The lean write's kernel, or nullptr where it does not apply (module comment above it): on a
+ * device of memory depth 2 or more (kvx_cuda::memory_depth, cuda/tuning.h), whose writes are
+ * bound by the latency the general kernel's per-block branches add (H200: NVFP4 from F16/BF16
+ * 67 -> 84 % of copy, MXFP4 71.5 -> 81 %); at depth 1 the general kernel is as fast or faster
+ * (H100: NVFP4 85-88.6 % against 86.3-87.1, MXFP4 84.3-86.4 against 86.6-87.7;
+ * docs/fp4.md, "CUDA figures (H200)"). */
+Kernel pick_lean(const Params& P) {
+  if (!KVX_FP4_LEAN || !KVX_FP4_THR || P.B != 16 || !lin_ok(P) || kvx_cuda::memory_depth() < 2) return nullptr;
+  if (P.io_dtype != KVX_DTYPE_F16 && P.io_dtype != KVX_DTYPE_BF16) return nullptr;
+  if (P.format == kvx_ref::FP4_NVFP4) {
+    if (P.side[0].g_per_head || P.side[1].g_per_head) return nullptr;
+    return P.io_dtype == KVX_DTYPE_F16 ? write_lean_kernel<KVX_DTYPE_F16, kvx_ref::FP4_NVFP4>
+                                       : write_lean_kernel<KVX_DTYPE_BF16, kvx_ref::FP4_NVFP4>;
+  }
+  if (P.format != kvx_ref::FP4_MXFP4 || !KVX_FP4_THR_MX16) return nullptr;
+  return P.io_dtype == KVX_DTYPE_F16 ? write_lean_kernel<KVX_DTYPE_F16, kvx_ref::FP4_MXFP4>
+                                     : write_lean_kernel<KVX_DTYPE_BF16, kvx_ref::FP4_MXFP4>;
+}
 Kernel pick_decode(const Params& P) { return pick_format<DecodeKernel>(P); }
 
 /* Dynamic shared memory of the fast write: the ASYNC staging ring (16-bit IO; 64 bytes per lane per step). */
@@ -908,6 +1095,8 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
    * kernel; write_decode_kernel where the fast kernels' layouts hold, else the per-block kernel
    * (docs/cuda-reference.md, "Decode-sized calls") */
   if (fast_ok(P) && plan.num_tokens > (unsigned long long)KVX_FP4_FAST_MIN_ROWS) {
+    if (const Kernel lean = pick_lean(P))
+      return launch_fast(lean, P, plan.num_tokens, (cudaStream_t)stream, 256, 0, 8 * KVX_FP4_W_ROWS_B16);
     const unsigned threads = P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS;
     return launch_fast(pick_fast(P), P, plan.num_tokens, (cudaStream_t)stream, threads, write_smem(P, threads),
                        threads / 32 * write_rows_per_warp(P.B, P.io_esize));
