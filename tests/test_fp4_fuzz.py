@@ -1,17 +1,17 @@
 """The reference provider's FP4 write and gather on random geometries, against the oracle, bit for bit.
 
-Aimed at the CUDA backend's fast kernels (csrc/reference/cuda/move_fp4_*.cu): random head
+Aimed at the CUDA backend's kernels (csrc/reference/cuda/move_fp4_*.cu): random head
 count, head_dim, block size, layout (NHD / HND: the packed and the strided paths), IO dtype
 (F32 / F16 / BF16), global scales (absent, per tensor, per head, and values that force the
-exact fallbacks), 1-199 tokens (the decode-sized kernels) and, in ``test_large_calls_bit_exact``,
-257-600 tokens (the row kernels, general and lean), rows full of edge values
-(``test_fp4_provider.nasty_rows``), an invalid slot; then PACKED gathers of the oracle's
-cache into F32, F16 and BF16 with random tables and lengths. The same cases run on HOST
-memory (the host backend) and, where torch sees a GPU, on DEVICE memory (these 60 cases
-are the first of the 250 that were run on the H100 against the fast kernels, 0
-mismatches; docs/fp4.md "CUDA figures"). Readings: "FP4
-extension" (docs/spec-readings.md), docs/fp4.md. Repro: the seed range is in the test id
-(``pytest tests/test_fp4_fuzz.py -k 'device and cases0'``); each failure names its case.
+exact fallbacks), 1-199 tokens (writes of that size take the decode-sized kernels) and, in
+``test_large_calls_bit_exact``, 257-600 tokens (the writes' row kernels, general and lean),
+rows full of edge values (``test_fp4_provider.nasty_rows``), an invalid slot; then PACKED
+gathers of the oracle's cache into F32, F16 and BF16 with random tables and lengths (the fast
+gather at every size). The same cases run on HOST memory (the host backend) and, where torch
+sees a GPU, on DEVICE memory (docs/fp4.md, "Tenth round", for the runs on an H100 and an
+H200). Readings: "FP4 extension" (docs/spec-readings.md), docs/fp4.md. Repro: the seed range
+is in the test id (``pytest tests/test_fp4_fuzz.py -k 'device and cases0'``); each failure
+names its case.
 """
 from __future__ import annotations
 

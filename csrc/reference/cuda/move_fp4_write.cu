@@ -267,7 +267,7 @@ struct H2Ops {
  * built once per CTA (NVFP4 with a per-tensor g: one row per side and scale
  * byte; MXFP4: one per exponent), and the magnitude of each 16-bit value is the
  * number of B_k at or below it, by packed F16 compares of the 16-bit magnitudes
- * (F16 and BF16 bits alike: both order as their bits below 0x7C00) instead of
+ * (F16 and BF16 bits alike: both order as their bits up to 0x7C00) instead of
  * the FP32 division and rounding: 1: a binary search of three compares per
  * word (masks and selects); 2: seven compares summed in F16 (on 1024, so the
  * count is the low bits of each half). */
@@ -283,7 +283,8 @@ struct H2Ops {
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel)); /* the default mode: bit 3 of a selector nibble replicates the byte's sign */
+  /* the default mode: bit 3 of a selector nibble replicates the selected byte's sign */
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
   return r;
 }
 
@@ -323,6 +324,17 @@ __device__ __forceinline__ uint32_t thr_pack8(const uint32_t* c, const uint32_t*
   const uint32_t p = prmt(c[0], c[1], 0x6240u) | (prmt(w[0], w[1], 0xFBD9u) & 0x08080808u);
   const uint32_t q = prmt(c[2], c[3], 0x6240u) | (prmt(w[2], w[3], 0xFBD9u) & 0x08080808u);
   return prmt(p, q, 0x5410u) + (prmt(p, q, 0x7632u) << 4);
+}
+
+/* The two words of packed codes of 16 values (8 words w) from their thresholds' row. */
+__device__ __forceinline__ void thr_codes16(const uint32_t* w, const uint4* row, uint32_t* out) {
+  const uint4 r0 = row[0], r1 = row[1];
+  const uint32_t t[7] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z};
+  uint32_t c[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) c[k] = thr_mag(w[k], t);
+  out[0] = thr_pack8(c, w);
+  out[1] = thr_pack8(c + 4, w + 4);
 }
 
 /* Per-side constants of the fast write. */
@@ -440,17 +452,8 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
   }
   slow = state == 0;
   if (T16 && state >= 2 && (format != kvx_ref::FP4_NVFP4 || use_tab)) {
-    const uint4 r0 = trow[0], r1 = trow[1];
-    const uint32_t t[7] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z};
 #pragma unroll
-    for (int gi = 0; gi < NG; ++gi) {
-      const uint32_t* wg = w + gi * WG;
-      uint32_t c[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) c[k] = thr_mag(wg[k], t);
-      out[2 * gi] = thr_pack8(c, wg);
-      out[2 * gi + 1] = thr_pack8(c + 4, wg + 4);
-    }
+    for (int gi = 0; gi < NG; ++gi) thr_codes16(w + gi * WG, trow, out + 2 * gi);
     return sbyte;
   }
   /* MXFP4 from F16 (2^-e a normal F16) or BF16: the codes in packed F16
@@ -546,6 +549,23 @@ __device__ __forceinline__ void build_thr(uint4* thr_tab, const WSide* ws) {
   }
 }
 
+/* The cache block and token of row r0 + lane of a warp's R rows (lane < R), kNoBlock for
+ * none (past the call's rows, or an invalid slot). */
+__device__ __forceinline__ void row_slot(const Params& P, unsigned long long r0, unsigned lane, unsigned R,
+                                         unsigned& bl, unsigned& tl) {
+  bl = kNoBlock;
+  tl = 0;
+  if (lane < R && r0 + lane < P.rows) {
+    const long long slot = ld_index(P.slots, P.slot64, P.row_begin + r0 + lane);
+    if (!(slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots)) {
+      unsigned long long b, t;
+      split_slot(P, slot, b, t);
+      bl = (unsigned)b;
+      tl = (unsigned)t;
+    }
+  }
+}
+
 /* The per-side constants of the fast writes (NVFP4 g from a per-tensor scale, 1.0 without). */
 __device__ __forceinline__ void load_wside(const Params& P, WSide* ws) {
 #pragma unroll
@@ -609,16 +629,8 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
   constexpr unsigned R = write_rows_per_warp(B, ES); /* rows per warp */
   const unsigned long long r0 = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
   if (r0 >= P.rows) return;
-  unsigned bl = kNoBlock, tl = 0;
-  if (lane < R && r0 + lane < P.rows) {
-    const long long slot = ld_index(P.slots, P.slot64, P.row_begin + r0 + lane);
-    if (!(slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots)) {
-      unsigned long long b, t;
-      split_slot(P, slot, b, t);
-      bl = (unsigned)b;
-      tl = (unsigned)t;
-    }
-  }
+  unsigned bl, tl;
+  row_slot(P, r0, lane, R, bl, tl);
   const unsigned n = P.rows - r0 < (unsigned long long)R ? (unsigned)(P.rows - r0) : R;
   const unsigned NB = (unsigned)(P.H * P.J), NS = NB * LB, NQ = (NS + 32u * NI - 1u) / (32u * NI);
   const unsigned row_bytes = NB * B * ES, T = n * NQ * (2 / SU);
@@ -829,23 +841,13 @@ __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& 
     out[0] = out[1] = 0;
     return sbyte;
   }
-  uint4 r1 = make_uint4(0, 0, 0, 0), r0 = r1;
-  if (row >= 0) {
-    r0 = thr[2 * row];
-    r1 = thr[2 * row + 1];
-  }
-  if (!r1.w) { /* slow (or d == 0) */
+  if (row < 0 || !thr[2 * row + 1].w) { /* slow (or d == 0) */
     const Packed<16> pk = encode_slow<16, DT>(FMT, (const uint4*)src, ws.g);
     out[0] = pk.w[0];
     out[1] = pk.w[1];
     return pk.sbyte;
   }
-  const uint32_t t[7] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z};
-  uint32_t c[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = thr_mag(w[k], t);
-  out[0] = thr_pack8(c, w);
-  out[1] = thr_pack8(c + 4, w + 4);
+  thr_codes16(w, thr + 2 * row, out);
   return sbyte;
 }
 
@@ -861,16 +863,8 @@ __global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kerne
   constexpr unsigned R = KVX_FP4_W_ROWS_B16;
   const unsigned long long r0 = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
   if (r0 >= P.rows) return;
-  unsigned bl = kNoBlock, tl = 0;
-  if (lane < R && r0 + lane < P.rows) {
-    const long long slot = ld_index(P.slots, P.slot64, P.row_begin + r0 + lane);
-    if (!(slot < 0 || slot == P.invalid_slot || (unsigned long long)slot >= P.num_slots)) {
-      unsigned long long b, t;
-      split_slot(P, slot, b, t);
-      bl = (unsigned)b;
-      tl = (unsigned)t;
-    }
-  }
+  unsigned bl, tl;
+  row_slot(P, r0, lane, R, bl, tl);
   const unsigned n = P.rows - r0 < (unsigned long long)R ? (unsigned)(P.rows - r0) : R;
   const unsigned NS = (unsigned)(P.H * P.J), NQ = (NS + 32u * NI - 1u) / (32u * NI), T = n * NQ;
   const unsigned row_bytes = NS * 32u;
