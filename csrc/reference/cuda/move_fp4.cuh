@@ -352,6 +352,17 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_WRITE_MIN_BLOCKS
 #define KVX_FP4_WRITE_MIN_BLOCKS 2 /* at most 128 registers: more CTAs spill */
 #endif
+#ifndef KVX_FP4_G16_NI
+#define KVX_FP4_G16_NI 4 /* gather into F16/BF16: 16-byte chunks per lane per batch */
+#endif
+#ifndef KVX_FP4_G_MIN_BLOCKS
+#define KVX_FP4_G_MIN_BLOCKS 0 /* fast gathers: CTAs of 256 threads per SM the launch bounds ask for (0: none) */
+#endif
+#if KVX_FP4_G_MIN_BLOCKS
+#define KVX_FP4_G_BOUNDS __launch_bounds__(256, KVX_FP4_G_MIN_BLOCKS)
+#else
+#define KVX_FP4_G_BOUNDS __launch_bounds__(256)
+#endif
 #ifndef KVX_FP4_G32_NI
 #define KVX_FP4_G32_NI 4 /* gather into F32: 16-byte chunks per lane per batch (8: 2-3 % slower) */
 #endif

@@ -126,8 +126,8 @@ __host__ __device__ constexpr unsigned gather_rows_per_warp(int es) {
 }
 
 template <int B, int DT>
-__global__ void __launch_bounds__(256) gather_fast_kernel(Params P) {
-  constexpr int ES = Es<DT>::value, VPC = 16 / ES, CPB = B / VPC, NI = VPC == 4 ? KVX_FP4_G32_NI : 4;
+__global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
+  constexpr int ES = Es<DT>::value, VPC = 16 / ES, CPB = B / VPC, NI = VPC == 4 ? KVX_FP4_G32_NI : KVX_FP4_G16_NI;
   __shared__ float e2m1[16];
   __shared__ float sdec[256];
   /* Each side's NVFP4 global scale by head (the per-tensor value in every entry), read once per CTA: a
