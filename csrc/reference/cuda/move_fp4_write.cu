@@ -566,6 +566,18 @@ __device__ __forceinline__ void row_slot(const Params& P, unsigned long long r0,
   }
 }
 
+/* The NVFP4 divisors of a CTA (per-tensor g): per side and scale byte, d 2^14 and its
+ * reciprocal (0 where Markstein's division does not hold: d_fast). The caller synchronizes. */
+__device__ __forceinline__ void build_dtab(float2 (*tab)[128], const WSide* ws) {
+  for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
+    const unsigned sd = k >> 7, s8 = k & 127u;
+    const float g = sd ? ws[1].g : ws[0].g;
+    const float d = s8 <= 0x7Eu ? __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), g) : 0.0f;
+    const float ds = __fmul_rn(d, 16384.0f);
+    tab[sd][s8] = make_float2(ds, d_fast(d) ? __frcp_rn(ds) : 0.0f);
+  }
+}
+
 /* The per-side constants of the fast writes (NVFP4 g from a per-tensor scale, 1.0 without). */
 __device__ __forceinline__ void load_wside(const Params& P, WSide* ws) {
 #pragma unroll
@@ -616,13 +628,7 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
     build_thr<DT, FMT>(thr_tab, ws);
     __syncthreads();
   } else if (use_tab) {
-    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
-      const unsigned sd = k >> 7, s8 = k & 127u;
-      const float g = sd ? ws[1].g : ws[0].g;
-      const float d = s8 <= 0x7Eu ? __fmul_rn(kvx_fp4_fast::e4m3_pos_f32(s8), g) : 0.0f;
-      const float ds = __fmul_rn(d, 16384.0f);
-      tab[sd][s8] = make_float2(ds, d_fast(d) ? __frcp_rn(ds) : 0.0f);
-    }
+    build_dtab(tab, ws);
     __syncthreads();
   }
   const unsigned lane = threadIdx.x & 31u;
@@ -798,13 +804,20 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
   }
 }
 
-/* The lean write (KVX_FP4_LEAN): 16-value blocks from F16/BF16 IO with heads packed in every
- * row (P.lin) and the codes by thresholds (NVFP4 with a per-tensor g, MXFP4): the fast kernel's
- * stream (R rows per warp; a step is one batch of NI sub-blocks per lane of both sides, side 1
- * loaded while side 0 is encoded and the next step's side 0 while side 1 is) without its
- * general cases, so no per-block branch but the rare slow block (encode_slow). */
+/* The lean write (KVX_FP4_LEAN): 16-value blocks (NVFP4 with a per-tensor or no g, MXFP4) with
+ * heads packed in every row (P.lin), from F16/BF16 (codes by thresholds) or F32 (encode16's FP32
+ * codes): the fast kernel's stream (R rows per warp; a step is one batch of NI sub-blocks per
+ * lane of both sides, side 1 loaded while side 0 is encoded and the next step's side 0 while
+ * side 1 is) without its general cases, so no per-block branch but the rare slow block
+ * (encode_slow). */
 #ifndef KVX_FP4_LEAN
 #define KVX_FP4_LEAN 1
+#endif
+#ifndef KVX_FP4_LEAN_MIN_DEPTH
+#define KVX_FP4_LEAN_MIN_DEPTH 2 /* ... from F16/BF16 on devices of at least this memory depth (cuda/tuning.h) */
+#endif
+#ifndef KVX_FP4_LEAN_F32
+#define KVX_FP4_LEAN_F32 3 /* ... from F32 IO too: 1 NVFP4, 2 MXFP4, 3 both */
 #endif
 #ifndef KVX_FP4_LEAN_MIN_BLOCKS
 #define KVX_FP4_LEAN_MIN_BLOCKS 2
@@ -853,11 +866,18 @@ __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& 
 
 template <int DT, int FMT>
 __global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kernel(Params P) {
-  constexpr int NI = 2;
-  __shared__ uint4 thr_tab[512];
+  /* 16-bit IO: the thresholds, two sub-blocks per lane per step; F32: encode16's FP32 codes (the
+   * NVFP4 divisors from a table), one sub-block of 4 vectors per lane */
+  constexpr int ES = Es<DT>::value, NV = ES, NI = ES == 4 ? 1 : 2;
+  __shared__ uint4 thr_tab[ES == 2 ? 512 : 1];
+  __shared__ float2 tab[ES == 4 && FMT == kvx_ref::FP4_NVFP4 ? 2 : 1][128];
   WSide ws[2];
   load_wside(P, ws);
-  build_thr<DT, FMT>(thr_tab, ws);
+  if (ES == 2) {
+    build_thr<DT, FMT>(thr_tab, ws);
+  } else if (FMT == kvx_ref::FP4_NVFP4) {
+    build_dtab(tab, ws);
+  }
   __syncthreads();
   const unsigned lane = threadIdx.x & 31u;
   constexpr unsigned R = KVX_FP4_W_ROWS_B16;
@@ -867,19 +887,20 @@ __global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kerne
   row_slot(P, r0, lane, R, bl, tl);
   const unsigned n = P.rows - r0 < (unsigned long long)R ? (unsigned)(P.rows - r0) : R;
   const unsigned NS = (unsigned)(P.H * P.J), NQ = (NS + 32u * NI - 1u) / (32u * NI), T = n * NQ;
-  const unsigned row_bytes = NS * 32u;
-  uint4 nraw[NI][2];
+  const unsigned row_bytes = NS * 16u * ES;
+  uint4 nraw[NI][NV];
   /* side `sd` of step (row i, batch q) into nraw */
   auto load = [&](unsigned i, unsigned sd, unsigned q) {
-    const char* io_row = P.side[sd].io + (long long)(P.row_begin + r0 + i) * P.side[sd].io_token * 2;
+    const char* io_row = P.side[sd].io + (long long)(P.row_begin + r0 + i) * P.side[sd].io_token * ES;
 #pragma unroll
     for (int m = 0; m < NI; ++m) {
       const unsigned sb = q * 32u * NI + lane + 32u * m;
-      nraw[m][0] = nraw[m][1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int v = 0; v < NV; ++v) nraw[m][v] = make_uint4(0, 0, 0, 0);
       if (sb < NS) {
-        const uint4* src = (const uint4*)(io_row + sb * 32u);
-        nraw[m][0] = __ldg(src);
-        nraw[m][1] = __ldg(src + 1);
+        const uint4* src = (const uint4*)(io_row + sb * 16u * ES);
+#pragma unroll
+        for (int v = 0; v < NV; ++v) nraw[m][v] = __ldg(src + v);
       }
     }
   };
@@ -888,11 +909,11 @@ __global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kerne
 #pragma unroll 1
   for (unsigned k = 0; k < T; ++k) {
     const unsigned long long row = P.row_begin + r0 + i;
-    if (KVX_FP4_PREFETCH_W16 && q == 0) {
+    if (KVX_FP4_PREFETCH_W16 && ES == 2 && q == 0) {
       const unsigned k2 = lane >> 1, sd = lane & 1u;
       const unsigned ahead = i == 0 ? k2 + 1u : k2 == 0 ? (unsigned)KVX_FP4_PREFETCH_AHEAD : 0u;
       if (lane < 2u * KVX_FP4_PREFETCH_AHEAD && ahead && r0 + i + ahead < P.rows)
-        prefetch_l2(P.side[sd].io + (long long)(row + ahead) * P.side[sd].io_token * 2, row_bytes);
+        prefetch_l2(P.side[sd].io + (long long)(row + ahead) * P.side[sd].io_token * ES, row_bytes);
     }
     const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
     unsigned ni = i, nq = q + 1;
@@ -902,11 +923,11 @@ __global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kerne
     }
 #pragma unroll
     for (int sd = 0; sd < 2; ++sd) {
-      uint4 raw[NI][2];
+      uint4 raw[NI][NV];
 #pragma unroll
       for (int m = 0; m < NI; ++m) {
-        raw[m][0] = nraw[m][0];
-        raw[m][1] = nraw[m][1];
+#pragma unroll
+        for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
       }
       if (sd == 0) {
         load(i, 1, q);
@@ -915,17 +936,29 @@ __global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kerne
       }
       if (b == kNoBlock) continue;
       const Side& S = P.side[sd];
-      const char* io_row = S.io + (long long)row * S.io_token * 2;
+      const char* io_row = S.io + (long long)row * S.io_token * ES;
       char* code_row = S.codes + ((long long)b * S.c_block + (long long)t * S.c_token) / 2;
       char* sc_row = S.scales + (long long)b * S.s_block + (long long)t * S.s_token;
 #pragma unroll
       for (int m = 0; m < NI; ++m) {
         const unsigned sb = q * 32u * NI + lane + 32u * m;
         if (sb < NS) {
-          uint32_t out[2];
-          const uint32_t sbyte = encode_lean<DT, FMT>((const uint32_t*)raw[m], ws[sd],
-                                                      FMT == kvx_ref::FP4_NVFP4 ? thr_tab + 256 * sd : thr_tab,
-                                                      io_row + sb * 32u, out);
+          uint32_t out[2], sbyte;
+          const char* src = io_row + sb * 16u * ES;
+          if constexpr (ES == 2) {
+            sbyte = encode_lean<DT, FMT>((const uint32_t*)raw[m], ws[sd],
+                                         FMT == kvx_ref::FP4_NVFP4 ? thr_tab + 256 * sd : thr_tab, src, out);
+          } else {
+            bool slow;
+            sbyte = encode16<DT, false, FMT, 1>((const uint32_t*)raw[m], ws[sd], 1.0f, FMT == kvx_ref::FP4_NVFP4,
+                                                tab[FMT == kvx_ref::FP4_NVFP4 ? sd : 0], slow, out);
+            if (slow) {
+              const Packed<16> pk = encode_slow<16, DT>(FMT, (const uint4*)src, ws[sd].g);
+              out[0] = pk.w[0];
+              out[1] = pk.w[1];
+              sbyte = pk.sbyte;
+            }
+          }
           *(uint2*)(code_row + sb * 8u) = make_uint2(out[0], out[1]);
           sc_row[sb] = (char)sbyte;
         }
@@ -1031,23 +1064,25 @@ Kernel pick_format(const Params& P) {
 
 Kernel pick_fast(const Params& P) { return pick_format<FastKernel>(P); }
 
-/* The lean write's kernel, or nullptr where it does not apply (module comment above it): on a
- * device of memory depth 2 or more (kvx_cuda::memory_depth, cuda/tuning.h), whose writes are
- * bound by the latency the general kernel's per-block branches add (H200: NVFP4 from F16/BF16
- * 67 -> 84 % of copy, MXFP4 71.5 -> 81 %); at depth 1 the general kernel is as fast or faster
- * (H100: NVFP4 85-88.6 % against 86.3-87.1, MXFP4 84.3-86.4 against 86.6-87.7;
- * docs/fp4.md, "CUDA figures (H200)"). */
+/* The lean write's kernel, or nullptr where it does not apply (module comment above it). From
+ * F32 IO on every device (NVFP4 74.9 -> 90.4-90.8 % of copy on the H200, 90.4-90.6 -> 96.4 % on
+ * the H100; MXFP4 +0.2 to +1.3 points); from F16/BF16 on a device of memory depth 2 or more
+ * (kvx_cuda::memory_depth, cuda/tuning.h), whose writes are bound by the latency the general
+ * kernel's per-block branches add (H200: NVFP4 67 -> 84 %, MXFP4 71.5 -> 81 %), where at depth 1
+ * the general kernel is as fast or faster (H100: NVFP4 85-88.6 % against 86.3-87.1, MXFP4
+ * 84.3-86.4 against 86.6-87.7). docs/fp4.md, "Tenth round". */
 Kernel pick_lean(const Params& P) {
-  if (!KVX_FP4_LEAN || !KVX_FP4_THR || P.B != 16 || !lin_ok(P) || kvx_cuda::memory_depth() < 2) return nullptr;
-  if (P.io_dtype != KVX_DTYPE_F16 && P.io_dtype != KVX_DTYPE_BF16) return nullptr;
-  if (P.format == kvx_ref::FP4_NVFP4) {
-    if (P.side[0].g_per_head || P.side[1].g_per_head) return nullptr;
-    return P.io_dtype == KVX_DTYPE_F16 ? write_lean_kernel<KVX_DTYPE_F16, kvx_ref::FP4_NVFP4>
-                                       : write_lean_kernel<KVX_DTYPE_BF16, kvx_ref::FP4_NVFP4>;
+  if (!KVX_FP4_LEAN || P.B != 16 || !lin_ok(P)) return nullptr;
+  const bool nv = P.format == kvx_ref::FP4_NVFP4;
+  if (nv && (P.side[0].g_per_head || P.side[1].g_per_head)) return nullptr;
+  if (P.io_dtype == KVX_DTYPE_F32) {
+    if (!(nv ? KVX_FP4_LEAN_F32 & 1 : KVX_FP4_LEAN_F32 & 2)) return nullptr;
+    return nv ? write_lean_kernel<KVX_DTYPE_F32, kvx_ref::FP4_NVFP4> : write_lean_kernel<KVX_DTYPE_F32, kvx_ref::FP4_MXFP4>;
   }
-  if (P.format != kvx_ref::FP4_MXFP4 || !KVX_FP4_THR_MX16) return nullptr;
-  return P.io_dtype == KVX_DTYPE_F16 ? write_lean_kernel<KVX_DTYPE_F16, kvx_ref::FP4_MXFP4>
-                                     : write_lean_kernel<KVX_DTYPE_BF16, kvx_ref::FP4_MXFP4>;
+  if (!KVX_FP4_THR || (!nv && !KVX_FP4_THR_MX16) || kvx_cuda::memory_depth() < KVX_FP4_LEAN_MIN_DEPTH) return nullptr;
+  if (P.io_dtype == KVX_DTYPE_F16)
+    return nv ? write_lean_kernel<KVX_DTYPE_F16, kvx_ref::FP4_NVFP4> : write_lean_kernel<KVX_DTYPE_F16, kvx_ref::FP4_MXFP4>;
+  return nv ? write_lean_kernel<KVX_DTYPE_BF16, kvx_ref::FP4_NVFP4> : write_lean_kernel<KVX_DTYPE_BF16, kvx_ref::FP4_MXFP4>;
 }
 Kernel pick_decode(const Params& P) { return pick_format<DecodeKernel>(P); }
 
