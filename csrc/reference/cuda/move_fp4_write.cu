@@ -1075,14 +1075,14 @@ Kernel pick_lean(const Params& P) {
   if (!KVX_FP4_LEAN || P.B != 16 || !lin_ok(P)) return nullptr;
   const bool nv = P.format == kvx_ref::FP4_NVFP4;
   if (nv && (P.side[0].g_per_head || P.side[1].g_per_head)) return nullptr;
+  constexpr int NV = kvx_ref::FP4_NVFP4, MX = kvx_ref::FP4_MXFP4;
   if (P.io_dtype == KVX_DTYPE_F32) {
     if (!(nv ? KVX_FP4_LEAN_F32 & 1 : KVX_FP4_LEAN_F32 & 2)) return nullptr;
-    return nv ? write_lean_kernel<KVX_DTYPE_F32, kvx_ref::FP4_NVFP4> : write_lean_kernel<KVX_DTYPE_F32, kvx_ref::FP4_MXFP4>;
+    return nv ? write_lean_kernel<KVX_DTYPE_F32, NV> : write_lean_kernel<KVX_DTYPE_F32, MX>;
   }
   if (!KVX_FP4_THR || (!nv && !KVX_FP4_THR_MX16) || kvx_cuda::memory_depth() < KVX_FP4_LEAN_MIN_DEPTH) return nullptr;
-  if (P.io_dtype == KVX_DTYPE_F16)
-    return nv ? write_lean_kernel<KVX_DTYPE_F16, kvx_ref::FP4_NVFP4> : write_lean_kernel<KVX_DTYPE_F16, kvx_ref::FP4_MXFP4>;
-  return nv ? write_lean_kernel<KVX_DTYPE_BF16, kvx_ref::FP4_NVFP4> : write_lean_kernel<KVX_DTYPE_BF16, kvx_ref::FP4_MXFP4>;
+  if (P.io_dtype == KVX_DTYPE_F16) return nv ? write_lean_kernel<KVX_DTYPE_F16, NV> : write_lean_kernel<KVX_DTYPE_F16, MX>;
+  return nv ? write_lean_kernel<KVX_DTYPE_BF16, NV> : write_lean_kernel<KVX_DTYPE_BF16, MX>;
 }
 Kernel pick_decode(const Params& P) { return pick_format<DecodeKernel>(P); }
 
