@@ -590,6 +590,25 @@ __device__ __forceinline__ void load_wside(const Params& P, WSide* ws) {
   }
 }
 
+/* A lane's batch q of NI sub-blocks (NV 16-byte vectors each) of one IO row into `dst`:
+ * sub-block lane + 32 m of the batch, at byte offset off(sub-block) of the row; zeros past the
+ * row's NS sub-blocks. */
+template <int NI, int NV, class Off>
+__device__ __forceinline__ void load_batch(uint4 (&dst)[NI][NV], const char* io_row, unsigned q, unsigned lane,
+                                           unsigned NS, Off off) {
+#pragma unroll
+  for (int m = 0; m < NI; ++m) {
+    const unsigned sb = q * 32u * NI + lane + 32u * m;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) dst[m][v] = make_uint4(0, 0, 0, 0);
+    if (sb < NS) {
+      const uint4* src = (const uint4*)(io_row + off(sb));
+#pragma unroll
+      for (int v = 0; v < NV; ++v) dst[m][v] = __ldg(src + v);
+    }
+  }
+}
+
 /* Threads per CTA of the fast write kernel (the launch reads it too). */
 template <int DT>
 struct WThreads {
@@ -696,18 +715,8 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
   };
   auto load = [&](unsigned i, unsigned side, unsigned q) {
     const Side& S = P.side[side];
-    const char* io_row = S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES;
-#pragma unroll
-    for (int m = 0; m < NI; ++m) {
-      const unsigned sb = q * 32u * NI + lane + 32u * m;
-#pragma unroll
-      for (int v = 0; v < NV; ++v) nraw[m][v] = make_uint4(0, 0, 0, 0);
-      if (sb < NS) {
-        const uint4* src = (const uint4*)(io_row + io_off(S, sb) * ES);
-#pragma unroll
-        for (int v = 0; v < NV; ++v) nraw[m][v] = __ldg(src + v);
-      }
-    }
+    load_batch(nraw, S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES, q, lane, NS,
+               [&](unsigned sb) { return io_off(S, sb) * ES; });
   };
   if constexpr (ASYNC) {
 #pragma unroll
@@ -891,18 +900,8 @@ __global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kerne
   uint4 nraw[NI][NV];
   /* side `sd` of step (row i, batch q) into nraw */
   auto load = [&](unsigned i, unsigned sd, unsigned q) {
-    const char* io_row = P.side[sd].io + (long long)(P.row_begin + r0 + i) * P.side[sd].io_token * ES;
-#pragma unroll
-    for (int m = 0; m < NI; ++m) {
-      const unsigned sb = q * 32u * NI + lane + 32u * m;
-#pragma unroll
-      for (int v = 0; v < NV; ++v) nraw[m][v] = make_uint4(0, 0, 0, 0);
-      if (sb < NS) {
-        const uint4* src = (const uint4*)(io_row + sb * 16u * ES);
-#pragma unroll
-        for (int v = 0; v < NV; ++v) nraw[m][v] = __ldg(src + v);
-      }
-    }
+    load_batch(nraw, P.side[sd].io + (long long)(P.row_begin + r0 + i) * P.side[sd].io_token * ES, q, lane, NS,
+               [](unsigned sb) { return (long long)(sb * 16u * ES); });
   };
   load(0, 0, 0);
   unsigned i = 0, q = 0;
