@@ -329,13 +329,11 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * tasks of 8 KB and more lose 1 point from it, so they keep one task per warp. */
   const uint32_t depth = fast && p.fuse ? (uint32_t)memory_depth() : 1u; /* looked up by large calls only */
   const uint64_t task_bytes = ((uint64_t)H * chunks * n << p.lg_tg) * 16;  /* wider side */
-  if (fast && !packed && p.fuse && p.tpw >= 1 && task_bytes <= (uint64_t)KVX_CUDA_DEEP_TASK_BYTES) {
-    if (depth > 1) {
-      if (p.kind == KIND_WRITE)
-        p.tpw = depth;
-      else if (p.kind == KIND_KV_OFFSETS || (rows >> p.lg_tg) >= (uint64_t)KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP)
-        p.tpw = (uint32_t)KVX_CUDA_GATHER_TPW * depth;
-    }
+  if (depth > 1 && fast && !packed && p.fuse && p.tpw >= 1 && task_bytes <= (uint64_t)KVX_CUDA_DEEP_TASK_BYTES) {
+    if (p.kind == KIND_WRITE)
+      p.tpw = depth;
+    else if (p.kind == KIND_KV_OFFSETS || (rows >> p.lg_tg) >= (uint64_t)KVX_CUDA_GATHER_TPW_MIN_GROUPS_DEEP)
+      p.tpw = (uint32_t)KVX_CUDA_GATHER_TPW * depth;
   }
   /* Large calls into or out of NHD/HND caches: the lean kernel where its Op serves them
    * (move_rows, move_kernels.cuh: one task per warp and more resident warps than move_fast:

@@ -37,10 +37,7 @@
 #include "fp4.h"
 #include "fp4_fast.h"
 #include "kvx_plan.h"
-
-namespace kvx_cuda {
-int memory_depth(); /* move_copy.cu: cuda/tuning.h memory_depth_for of the current device, cached */
-}  // namespace kvx_cuda
+#include "move.cuh" /* kvx_cuda::memory_depth */
 
 namespace kvx_fp4 {
 namespace {

@@ -343,6 +343,29 @@ struct WSide {
   int g_ok;          /* g in [2^-60, 2^60): else every NVFP4 block takes encode_slow */
 };
 
+/* NVFP4's wanted scale RN(amax / (6 g)) of a block, amax < 2^60 and g in [2^-60, 2^60):
+ * Markstein's division by 6 g with RN(1 / (6 g)) when that holds (ws.r6 != 0 and amax in
+ * range or 0; `per_tensor`: g is ws.g), else IEEE. */
+__device__ __forceinline__ float nv_wanted(float amax, uint32_t ab, const WSide& ws, bool per_tensor, float g) {
+  if (per_tensor && ws.r6 != 0.0f && (pos_range(ab) || ab == 0u)) return div_rcp(amax, ws.sixg, ws.r6);
+  return __fdiv_rn(amax, __fmul_rn(6.0f, g));
+}
+
+/* An MXFP4 block's scale exponent from its amax (a normal FP32, bits ab): MXFP4's ceil rule,
+ * ceil(log2(amax / 6)) (false when amax / 6 is not normal: encode_block's path), or OCP's
+ * floor rule, floor(log2(amax)) - 2, clamped at -127. */
+template <int format>
+__device__ __forceinline__ bool mx_exponent(float amax, uint32_t ab, int& e) {
+  if (format == kvx_ref::FP4_MXFP4) {
+    const float v6 = pos_range(ab) ? div_rcp(amax, 6.0f, 0.16666667163372039795f) : __fdiv_rn(amax, 6.0f);
+    const uint32_t v = __float_as_uint(v6);
+    e = (int)(v >> 23) - 127 + ((v & 0x7FFFFFu) != 0u);
+    return v >= 0x00800000u;
+  }
+  e = max((int)(ab >> 23) - 129, -127);
+  return true;
+}
+
 /* Encodes 16 NG values of a block of B (16, or 32: over a lane pair, PAIR,
  * or NG = 2 in one lane) given as their raw IO words `w`; returns the scale
  * byte and writes the 2 NG words of packed codes, or sets `slow` (then the
@@ -398,13 +421,7 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
   if (format == kvx_ref::FP4_NVFP4) {
     const float g = use_tab ? ws.g : g_head;
     if ((use_tab ? ws.g_ok : pos_range(__float_as_uint(g))) && ab < 0x5D800000u) {
-      float wanted;
-      if (use_tab && ws.r6 != 0.0f && (pos_range(ab) || ab == 0u)) {
-        wanted = div_rcp(amax, ws.sixg, ws.r6);
-      } else {
-        wanted = __fdiv_rn(amax, __fmul_rn(6.0f, g));
-      }
-      const uint32_t s8 = kvx_fp4_fast::e4m3_sat(wanted); /* wanted finite, >= 0 */
+      const uint32_t s8 = kvx_fp4_fast::e4m3_sat(nv_wanted(amax, ab, ws, use_tab, g)); /* wanted finite, >= 0 */
       if (s8 == 0) {
         state = 1;
       } else if (T16 && use_tab) {
@@ -434,16 +451,7 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
   } else if (ab == 0) {
     state = 1;
   } else if (ab - 0x00800000u < 0x7F000000u) { /* normal, finite */
-    bool ok = true;
-    if (format == kvx_ref::FP4_MXFP4) {
-      const float v6 = pos_range(ab) ? div_rcp(amax, 6.0f, 0.16666667163372039795f) : __fdiv_rn(amax, 6.0f);
-      const uint32_t v = __float_as_uint(v6);
-      ok = v >= 0x00800000u;
-      e = (int)(v >> 23) - 127 + ((v & 0x7FFFFFu) != 0u);
-    } else {
-      e = max((int)(ab >> 23) - 129, -127);
-    }
-    if (ok) { /* 2^(-e-14), subnormal for e > 112 */
+    if (mx_exponent<format>(amax, ab, e)) { /* 2^(-e-14), subnormal for e > 112 */
       inv = __uint_as_float(e <= 112 ? (uint32_t)(113 - e) << 23 : 1u << (135 - e));
       sbyte = (uint32_t)(e + 127);
       state = 3;
@@ -843,21 +851,14 @@ __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& 
   uint32_t sbyte = 0;
   if (FMT == kvx_ref::FP4_NVFP4) {
     if (ws.g_ok && ab < 0x5D800000u) {
-      const float wanted = ws.r6 != 0.0f && (pos_range(ab) || ab == 0u) ? div_rcp(amax, ws.sixg, ws.r6)
-                                                                      : __fdiv_rn(amax, ws.sixg);
-      sbyte = kvx_fp4_fast::e4m3_sat(wanted);
+      sbyte = kvx_fp4_fast::e4m3_sat(nv_wanted(amax, ab, ws, true, ws.g));
       row = sbyte == 0 ? 256 : (int)sbyte;
     }
   } else if (ab == 0) {
     row = 256;
-  } else if (ab - 0x00800000u < 0x7F000000u) {
-    const float v6 = pos_range(ab) ? div_rcp(amax, 6.0f, 0.16666667163372039795f) : __fdiv_rn(amax, 6.0f);
-    const uint32_t v = __float_as_uint(v6);
-    if (v >= 0x00800000u) {
-      const int e = (int)(v >> 23) - 127 + ((v & 0x7FFFFFu) != 0u);
-      sbyte = (uint32_t)(e + 127);
-      row = (int)sbyte;
-    }
+  } else if (int e; ab - 0x00800000u < 0x7F000000u && mx_exponent<FMT>(amax, ab, e)) {
+    sbyte = (uint32_t)(e + 127);
+    row = (int)sbyte;
   }
   if (row == 256) { /* dead: codes 0 */
     out[0] = out[1] = 0;
