@@ -120,3 +120,44 @@ def test_large_calls_bit_exact(provider, third, memory):
         problems += _case(provider, seed, memory, large=True)
     assert not problems, (f"{CLAUSE}: {len(problems)} problems; first: " + " | ".join(problems[:3]) +
                           f"; repro: pytest tests/test_fp4_fuzz.py -k '{memory.name.lower()} and large{third * 9}-'")
+
+
+@pytest.mark.parametrize("memory", MEMORIES)
+@pytest.mark.parametrize("fmt", [Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP], ids=lambda f: f.name.lower())
+def test_gather_every_scale_and_code_byte(provider, fmt, memory):
+    """Every scale byte with every code byte, gathered into F32, F16 and BF16: the MX gathers'
+    packed products into F16/BF16 (taken where the block's power of two is a normal value of the
+    output type) and the FP32 path they stand in for give the oracle's bytes at every exponent,
+    underflow and overflow included (docs/fp4.md, "Eleventh round")."""
+    H, D, bs = 2, 128, 16
+    cache = fx.new_cache(fmt, 32, bs, H, D, k_global=np.float32(0.37) if fmt == Fp4Format.NVFP4 else None)
+    B = cache.B
+    # rows 2s and 2s + 1 hold code bytes 0..255 (K; V a permutation of them) in blocks of scale byte s
+    codes = np.arange(256, dtype=np.uint8).reshape(2, H, D // 2)
+    for s in range(256):
+        for r in range(2):
+            b, t = divmod(2 * s + r, bs)
+            cache.k_codes[b, t] = codes[r]
+            cache.v_codes[b, t] = codes[1 - r] ^ 0x5A
+            cache.k_scales[b, t] = s
+            cache.v_scales[b, t] = 255 - s
+    assert cache.k_scales.shape[-1] == D // B
+    table = np.arange(32, dtype=np.int32).reshape(2, 16)
+    lens = np.array([256, 256])
+    problems = []
+    for od in (DType.F32, DType.F16, DType.BF16):
+        gr = fx.run_gather(provider, cache, table, lens, 256, od, memory=memory)
+        if gr.status != Status.OK or gr.violations:
+            problems.append(f"gather {od.name}: expected OK, got status {gr.status}, {gr.violations[:2]}")
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            exp = fx.expected_gather(cache, table, lens, 256, od, fx.out_init(cache, 512, od))
+        for k in exp:
+            g8, e8 = gr.out[k].view(np.uint8), exp[k].view(np.uint8)
+            if not np.array_equal(g8, e8):
+                bad = np.flatnonzero(g8 != e8)
+                problems.append(f"gather {od.name} {k}: expected the oracle's bytes, {bad.size} bytes differ, "
+                                f"first at byte {int(bad[0])}")
+    assert not problems, (f"{CLAUSE}: {fmt.name}: " + " | ".join(problems[:3]) +
+                          f"; repro: pytest tests/test_fp4_fuzz.py -k 'every_scale and {fmt.name.lower()} and "
+                          f"{memory.name.lower()}'")

@@ -2,6 +2,7 @@
 // the device. tests/test_kernel_identities.py runs it in CI.
 //   tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM]   "per_sm_gbps X depth N": the memory depth
 //   tuning_check lean DEPTH LOOKUP_GATHER              "lean 0|1": lean_rows_for
+//   tuning_check fp4deep DEPTH                         "fp4deep 0|1": fp4_lean_deep_for
 //   tuning_check fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE   "fit32 0|1": row_offsets_fit32
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,10 @@ int main(int argc, char** argv) {
     std::printf("lean %d\n", kvx_cuda::lean_rows_for(std::atoi(argv[2]), std::atoi(argv[3]) != 0) ? 1 : 0);
     return 0;
   }
+  if (argc == 3 && std::strcmp(argv[1], "fp4deep") == 0) {
+    std::printf("fp4deep %d\n", kvx_cuda::fp4_lean_deep_for(std::atoi(argv[2])) ? 1 : 0);
+    return 0;
+  }
   if (argc == 8 && std::strcmp(argv[1], "fit32") == 0) {
     const bool f = kvx_cuda::row_offsets_fit32(std::strtoull(argv[2], nullptr, 10), std::strtoull(argv[3], nullptr, 10),
                                                std::atoll(argv[4]), std::atoi(argv[5]), std::atoll(argv[6]),
@@ -23,7 +28,7 @@ int main(int argc, char** argv) {
   }
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr,
-                 "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM] | lean DEPTH LOOKUP_GATHER |"
+                 "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM] | lean DEPTH LOOKUP_GATHER | fp4deep DEPTH |"
                  " fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE\n");
     return 2;
   }

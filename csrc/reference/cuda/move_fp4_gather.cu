@@ -120,12 +120,25 @@ __device__ __noinline__ void store_nan16(char* dst, float sf) {
   *(uint4*)dst = make_uint4(w, w, w, w);
 }
 
+/* Two products of 16-bit values of type DT, each rounded once to nearest (subnormals kept; BF16 as
+ * a fused multiply-add of -0, which sm_80 has). */
+template <int DT>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  if (DT == KVX_DTYPE_F16) {
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  } else {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u)); /* + -0: a x b */
+  }
+  return r;
+}
+
 /* Rows per warp of the fast gather into IO elements of `es` bytes. */
 __host__ __device__ constexpr unsigned gather_rows_per_warp(int es) {
   return es == 4 ? KVX_FP4_G_ROWS_32 : KVX_FP4_G_ROWS_16;
 }
 
-template <int B, int DT>
+template <int B, int DT, bool NV> /* NV: NVFP4 (E4M3 scales, a global scale); else an MX format (E8M0) */
 __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
   constexpr int ES = Es<DT>::value, VPC = 16 / ES, CPB = B / VPC, NI = VPC == 4 ? KVX_FP4_G32_NI : KVX_FP4_G16_NI;
   __shared__ float e2m1[16];
@@ -133,10 +146,17 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
   /* Each side's NVFP4 global scale by head (the per-tensor value in every entry), read once per CTA: a
    * per-head scale loaded from global memory beside its first use stalled the warp a round trip a chunk. */
   __shared__ float sg[2][KVX_FP4_G_SMEM_HEADS > 0 ? KVX_FP4_G_SMEM_HEADS : 1];
+  /* MX formats into F16/BF16: a code byte's two E2M1 values in the output type, one word */
+  constexpr bool PAIRS = KVX_FP4_G_MX_PAIRS && ES == 2 && !NV;
+  __shared__ uint32_t pairs[PAIRS ? 256 : 1];
   const bool g_smem = KVX_FP4_G_SMEM_HEADS > 0 && P.H <= KVX_FP4_G_SMEM_HEADS;
   if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
+  if (PAIRS)
+    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x)
+      pairs[k] = (unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k & 15u)) |
+                 ((unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k >> 4)) << 16);
   for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) sdec[k] = kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
-  if (g_smem)
+  if (NV && g_smem)
     for (unsigned k = threadIdx.x; k < 2u * (unsigned)P.H; k += blockDim.x) {
       const Side& S = P.side[k >= (unsigned)P.H];
       const unsigned h = k >= (unsigned)P.H ? k - (unsigned)P.H : k;
@@ -259,9 +279,20 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
           store_nan16<DT>(dst, sf);
           continue;
         }
+        if (PAIRS && (DT == KVX_DTYPE_F16 ? sb[m] - 113u <= 29u : sb[m] - 1u <= 253u)) {
+          /* E2M1 x 2^e is exact in FP32, so the FP32 path rounds it once to the output type; with
+           * 2^e a normal value of that type (F16: e in [-14, 15], BF16: [-126, 127]) one packed
+           * product rounds the same exact value once (docs/fp4.md, "Eleventh round") */
+          const uint32_t sc = DT == KVX_DTYPE_F16 ? (sb[m] - 112u) << 10 : sb[m] << 7;
+          uint32_t o[4];
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) o[kk] = mul2<DT>(pairs[(cw[m] >> (8 * kk)) & 0xFFu], sc * 0x10001u);
+          *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
+          continue;
+        }
         const float g = g_smem ? sg[side][h] : S.g_per_head ? S.g[h] : g_t;
         float v[VPC];
-        if (P.format == kvx_ref::FP4_NVFP4) {
+        if (NV) {
 #pragma unroll
           for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(__fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf), g);
         } else {
@@ -307,20 +338,24 @@ Kernel pick(const Params& P) {
   return P.B == 32 ? pick_dt<32>(dt) : pick_dt<16>(dt);
 }
 
-template <int B>
+template <int B, bool NV>
 Kernel pick_fast_dt(int dt) {
   switch (dt) {
     case KVX_DTYPE_F16:
-      return gather_fast_kernel<B, KVX_DTYPE_F16>;
+      return gather_fast_kernel<B, KVX_DTYPE_F16, NV>;
     case KVX_DTYPE_BF16:
-      return gather_fast_kernel<B, KVX_DTYPE_BF16>;
+      return gather_fast_kernel<B, KVX_DTYPE_BF16, NV>;
     default:
-      return gather_fast_kernel<B, KVX_DTYPE_F32>;
+      return gather_fast_kernel<B, KVX_DTYPE_F32, NV>;
   }
 }
 
-/* the gathers take the format at run time: one instantiation serves both 16-value formats */
-Kernel pick_fast(const Params& P) { return P.B == 32 ? pick_fast_dt<32>(P.io_dtype) : pick_fast_dt<16>(P.io_dtype); }
+/* NVFP4 and the MX formats (MXFP4, and OCP MXFP4's 32-value blocks) in kernels of their own: the MX
+ * gathers into F16/BF16 take the packed products, whose table NVFP4's kernel does not build */
+Kernel pick_fast(const Params& P) {
+  if (P.B == 32) return pick_fast_dt<32, false>(P.io_dtype);
+  return P.format == kvx_ref::FP4_NVFP4 ? pick_fast_dt<16, true>(P.io_dtype) : pick_fast_dt<16, false>(P.io_dtype);
+}
 
 }  // namespace
 }  // namespace kvx_fp4
@@ -357,7 +392,8 @@ kvx_status_t cuda_fp4_gather(const GatherPlan& plan, void* stream) {
   P.indices_count = plan.indices_count;
   P.vec_ok = vec_ok(P);
   if (fast_ok(P))
-    return launch_fast(pick_fast(P), P, rows, (cudaStream_t)stream, 256, 0, 256 / 32 * gather_rows_per_warp(P.io_esize));
+    return launch_fast(pick_fast(P), P, rows, (cudaStream_t)stream, KVX_FP4_G_THREADS, 0,
+                       KVX_FP4_G_THREADS / 32 * gather_rows_per_warp(P.io_esize));
   return launch(pick(P), P, rows, (cudaStream_t)stream);
 }
 

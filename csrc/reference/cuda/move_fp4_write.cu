@@ -823,15 +823,16 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
 
 /* The lean write (KVX_FP4_LEAN): 16-value blocks (NVFP4 with a per-tensor or no g, MXFP4) with
  * heads packed in every row (P.lin), from F16/BF16 (codes by thresholds) or F32 (encode16's FP32
- * codes): the fast kernel's stream (R rows per warp; a step is one batch of NI sub-blocks per
- * lane of both sides, side 1 loaded while side 0 is encoded and the next step's side 0 while
- * side 1 is) without its general cases, so no per-block branch but the rare slow block
- * (encode_slow). */
+ * codes), and OCP MXFP4's 32-value blocks from F16/BF16 (thresholds): the fast kernel's stream
+ * (rows of a warp in turn; a step is one batch of NI blocks per lane of both sides, side 1 loaded
+ * while side 0 is encoded and the next step's side 0 while side 1 is) without its general cases,
+ * so no per-block branch but the rare slow block (encode_slow). Its deep form (pick_lean) adds
+ * the L2 prefetch of each next row and a grid of the resident CTAs. */
 #ifndef KVX_FP4_LEAN
 #define KVX_FP4_LEAN 1
 #endif
 #ifndef KVX_FP4_LEAN_MIN_DEPTH
-#define KVX_FP4_LEAN_MIN_DEPTH 2 /* ... from F16/BF16 on devices of at least this memory depth (cuda/tuning.h) */
+#define KVX_FP4_LEAN_MIN_DEPTH 1 /* ... from F16/BF16 on devices of at least this memory depth (cuda/tuning.h) */
 #endif
 #ifndef KVX_FP4_LEAN_F32
 #define KVX_FP4_LEAN_F32 3 /* ... from F32 IO too: 1 NVFP4, 2 MXFP4, 3 both */
@@ -839,13 +840,33 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
 #ifndef KVX_FP4_LEAN_MIN_BLOCKS
 #define KVX_FP4_LEAN_MIN_BLOCKS 2
 #endif
+#ifndef KVX_FP4_LEAN_OCP
+#define KVX_FP4_LEAN_OCP 1 /* ... for OCP MXFP4 (32-value blocks) at memory depth 2 or more: 0 never, \
+                              1 from BF16, 2 from F16 too (H200: BF16 75.6 -> 80.7 %, F16 86.0 -> 79.8 %: the \
+                              general kernel's F16 codes in packed F16 arithmetic are cheaper than the thresholds) */
+#endif
+#ifndef KVX_FP4_LEAN_THREADS
+#define KVX_FP4_LEAN_THREADS 256 /* threads per CTA (H200, 16-bit IO: 128 at 5 CTAs per SM, 96 registers, 20-36 \
+                                    bytes spilled: NVFP4 84 -> 78-79 %, MXFP4 80-81 % either way) */
+#endif
+#ifndef KVX_FP4_LEAN_NI16
+#define KVX_FP4_LEAN_NI16 2 /* sub-blocks per lane per step from 16-bit IO (1, the same occupancy: H200 NVFP4 84 -> \
+                               74 %, MXFP4 80 -> 72 %) */
+#endif
 
-/* One sub-block of 16 values (8 words): its packed codes in out[0..1], its scale byte returned;
- * the slow blocks by encode_slow from `src`. */
+/* The lean write's block size: 32 values for OCP MXFP4, else 16. */
+template <int FMT>
+struct LeanB {
+  static constexpr int value = FMT == kvx_ref::FP4_MXFP4_OCP ? 32 : 16;
+};
+
+/* One block of B = LeanB<FMT> values (B / 2 words): its packed codes in out[0 .. B / 8 - 1], its
+ * scale byte returned; the slow blocks by encode_slow from `src`. */
 template <int DT, int FMT>
 __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& ws, const uint4* thr,
                                                 const char* src, uint32_t* out) {
-  const float amax = amax16<DT, 1>(w);
+  constexpr int B = LeanB<FMT>::value, NG = B / 16;
+  const float amax = amax16<DT, NG>(w);
   const uint32_t ab = __float_as_uint(amax);
   int row = -1;   /* the thresholds' row; -1: slow */
   uint32_t sbyte = 0;
@@ -861,24 +882,30 @@ __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& 
     row = (int)sbyte;
   }
   if (row == 256) { /* dead: codes 0 */
-    out[0] = out[1] = 0;
+#pragma unroll
+    for (int o = 0; o < B / 8; ++o) out[o] = 0;
     return sbyte;
   }
   if (row < 0 || !thr[2 * row + 1].w) { /* slow (or d == 0) */
-    const Packed<16> pk = encode_slow<16, DT>(FMT, (const uint4*)src, ws.g);
-    out[0] = pk.w[0];
-    out[1] = pk.w[1];
+    const Packed<B> pk = encode_slow<B, DT>(FMT, (const uint4*)src, ws.g);
+#pragma unroll
+    for (int o = 0; o < B / 8; ++o) out[o] = pk.w[o];
     return pk.sbyte;
   }
-  thr_codes16(w, thr + 2 * row, out);
+#pragma unroll
+  for (int gi = 0; gi < NG; ++gi) thr_codes16(w + 8 * gi, thr + 2 * row, out + 2 * gi);
   return sbyte;
 }
 
-template <int DT, int FMT>
-__global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kernel(Params P) {
+/* DEEP (kvx_cuda::fp4_lean_deep_for): the next row prefetched into L2 (16-bit IO), and the rows split
+ * evenly over the warps of a grid of the resident CTAs (the launch caps it); else R rows per warp. */
+template <int DT, int FMT, bool DEEP>
+__global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kernel(Params P) {
   /* 16-bit IO: the thresholds, two sub-blocks per lane per step; F32: encode16's FP32 codes (the
    * NVFP4 divisors from a table), one sub-block of 4 vectors per lane */
-  constexpr int ES = Es<DT>::value, NV = ES, NI = ES == 4 ? 1 : 2;
+  /* B-value blocks (LeanB), NV vectors each; OCP's 32-value blocks one per lane per step */
+  constexpr int ES = Es<DT>::value, B = LeanB<FMT>::value, NV = B * ES / 16,
+                NI = ES == 4 || B == 32 ? 1 : KVX_FP4_LEAN_NI16;
   __shared__ uint4 thr_tab[ES == 2 ? 512 : 1];
   __shared__ float2 tab[ES == 4 && FMT == kvx_ref::FP4_NVFP4 ? 2 : 1][128];
   WSide ws[2];
@@ -891,81 +918,94 @@ __global__ void __launch_bounds__(256, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kerne
   __syncthreads();
   const unsigned lane = threadIdx.x & 31u;
   constexpr unsigned R = KVX_FP4_W_ROWS_B16;
-  const unsigned long long r0 = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
-  if (r0 >= P.rows) return;
-  unsigned bl, tl;
-  row_slot(P, r0, lane, R, bl, tl);
-  const unsigned n = P.rows - r0 < (unsigned long long)R ? (unsigned)(P.rows - r0) : R;
-  const unsigned NS = (unsigned)(P.H * P.J), NQ = (NS + 32u * NI - 1u) / (32u * NI), T = n * NQ;
-  const unsigned row_bytes = NS * 16u * ES;
-  uint4 nraw[NI][NV];
-  /* side `sd` of step (row i, batch q) into nraw */
-  auto load = [&](unsigned i, unsigned sd, unsigned q) {
-    load_batch(nraw, P.side[sd].io + (long long)(P.row_begin + r0 + i) * P.side[sd].io_token * ES, q, lane, NS,
-               [](unsigned sb) { return (long long)(sb * 16u * ES); });
-  };
-  load(0, 0, 0);
-  unsigned i = 0, q = 0;
+  const unsigned long long warp = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  unsigned long long lo = warp * R, hi = lo + R;
+  if (DEEP) {
+    const unsigned long long nw = (unsigned long long)gridDim.x * blockDim.x >> 5;
+    lo = warp * P.rows / nw;
+    hi = (warp + 1) * P.rows / nw;
+  }
+  if (hi > P.rows) hi = P.rows;
 #pragma unroll 1
-  for (unsigned k = 0; k < T; ++k) {
-    const unsigned long long row = P.row_begin + r0 + i;
-    if (KVX_FP4_PREFETCH_W16 && ES == 2 && q == 0) {
-      const unsigned k2 = lane >> 1, sd = lane & 1u;
-      const unsigned ahead = i == 0 ? k2 + 1u : k2 == 0 ? (unsigned)KVX_FP4_PREFETCH_AHEAD : 0u;
-      if (lane < 2u * KVX_FP4_PREFETCH_AHEAD && ahead && r0 + i + ahead < P.rows)
-        prefetch_l2(P.side[sd].io + (long long)(row + ahead) * P.side[sd].io_token * ES, row_bytes);
-    }
-    const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
-    unsigned ni = i, nq = q + 1;
-    if (nq == NQ) {
-      nq = 0;
-      ++ni;
-    }
-#pragma unroll
-    for (int sd = 0; sd < 2; ++sd) {
-      uint4 raw[NI][NV];
-#pragma unroll
-      for (int m = 0; m < NI; ++m) {
-#pragma unroll
-        for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
+  for (unsigned long long r0 = lo; r0 < hi; r0 += R) {
+    const unsigned n = hi - r0 < (unsigned long long)R ? (unsigned)(hi - r0) : R;
+    unsigned bl, tl;
+    row_slot(P, r0, lane, n, bl, tl);
+    const unsigned NS = (unsigned)(P.H * P.J), NQ = (NS + 32u * NI - 1u) / (32u * NI), T = n * NQ;
+    const unsigned row_bytes = NS * (unsigned)B * ES;
+    uint4 nraw[NI][NV];
+    /* side `sd` of step (row i, batch q) into nraw */
+    auto load = [&](unsigned i, unsigned sd, unsigned q) {
+      load_batch(nraw, P.side[sd].io + (long long)(P.row_begin + r0 + i) * P.side[sd].io_token * ES, q, lane, NS,
+                 [](unsigned sb) { return (long long)(sb * (unsigned)B * ES); });
+    };
+    load(0, 0, 0);
+    unsigned i = 0, q = 0;
+#pragma unroll 1
+    for (unsigned k = 0; k < T; ++k) {
+      const unsigned long long row = P.row_begin + r0 + i;
+      if (DEEP && ES == 2 && q == 0) {
+        const unsigned k2 = lane >> 1, sd = lane & 1u;
+        const unsigned ahead = i == 0 ? k2 + 1u : k2 == 0 ? (unsigned)KVX_FP4_PREFETCH_AHEAD : 0u;
+        if (lane < 2u * KVX_FP4_PREFETCH_AHEAD && ahead && r0 + i + ahead < P.rows)
+          prefetch_l2(P.side[sd].io + (long long)(row + ahead) * P.side[sd].io_token * ES, row_bytes);
       }
-      if (sd == 0) {
-        load(i, 1, q);
-      } else if (k + 1 < T) {
-        load(ni, 0, nq);
+      const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
+      unsigned ni = i, nq = q + 1;
+      if (nq == NQ) {
+        nq = 0;
+        ++ni;
       }
-      if (b == kNoBlock) continue;
-      const Side& S = P.side[sd];
-      const char* io_row = S.io + (long long)row * S.io_token * ES;
-      char* code_row = S.codes + ((long long)b * S.c_block + (long long)t * S.c_token) / 2;
-      char* sc_row = S.scales + (long long)b * S.s_block + (long long)t * S.s_token;
 #pragma unroll
-      for (int m = 0; m < NI; ++m) {
-        const unsigned sb = q * 32u * NI + lane + 32u * m;
-        if (sb < NS) {
-          uint32_t out[2], sbyte;
-          const char* src = io_row + sb * 16u * ES;
-          if constexpr (ES == 2) {
-            sbyte = encode_lean<DT, FMT>((const uint32_t*)raw[m], ws[sd],
-                                         FMT == kvx_ref::FP4_NVFP4 ? thr_tab + 256 * sd : thr_tab, src, out);
-          } else {
-            bool slow;
-            sbyte = encode16<DT, false, FMT, 1>((const uint32_t*)raw[m], ws[sd], 1.0f, FMT == kvx_ref::FP4_NVFP4,
-                                                tab[FMT == kvx_ref::FP4_NVFP4 ? sd : 0], slow, out);
-            if (slow) {
-              const Packed<16> pk = encode_slow<16, DT>(FMT, (const uint4*)src, ws[sd].g);
-              out[0] = pk.w[0];
-              out[1] = pk.w[1];
-              sbyte = pk.sbyte;
+      for (int sd = 0; sd < 2; ++sd) {
+        uint4 raw[NI][NV];
+#pragma unroll
+        for (int m = 0; m < NI; ++m) {
+#pragma unroll
+          for (int v = 0; v < NV; ++v) raw[m][v] = nraw[m][v];
+        }
+        if (sd == 0) {
+          load(i, 1, q);
+        } else if (k + 1 < T) {
+          load(ni, 0, nq);
+        }
+        if (b == kNoBlock) continue;
+        const Side& S = P.side[sd];
+        const char* io_row = S.io + (long long)row * S.io_token * ES;
+        char* code_row = S.codes + ((long long)b * S.c_block + (long long)t * S.c_token) / 2;
+        char* sc_row = S.scales + (long long)b * S.s_block + (long long)t * S.s_token;
+#pragma unroll
+        for (int m = 0; m < NI; ++m) {
+          const unsigned sb = q * 32u * NI + lane + 32u * m;
+          if (sb < NS) {
+            uint32_t out[B / 8], sbyte;
+            const char* src = io_row + sb * (unsigned)B * ES;
+            if constexpr (ES == 2) {
+              sbyte = encode_lean<DT, FMT>((const uint32_t*)raw[m], ws[sd],
+                                           FMT == kvx_ref::FP4_NVFP4 ? thr_tab + 256 * sd : thr_tab, src, out);
+            } else {
+              bool slow;
+              sbyte = encode16<DT, false, FMT, 1>((const uint32_t*)raw[m], ws[sd], 1.0f, FMT == kvx_ref::FP4_NVFP4,
+                                                  tab[FMT == kvx_ref::FP4_NVFP4 ? sd : 0], slow, out);
+              if (slow) {
+                const Packed<16> pk = encode_slow<16, DT>(FMT, (const uint4*)src, ws[sd].g);
+                out[0] = pk.w[0];
+                out[1] = pk.w[1];
+                sbyte = pk.sbyte;
+              }
             }
+            if constexpr (B == 32) {
+              *(uint4*)(code_row + sb * 16u) = make_uint4(out[0], out[1], out[2], out[3]);
+            } else {
+              *(uint2*)(code_row + sb * 8u) = make_uint2(out[0], out[1]);
+            }
+            sc_row[sb] = (char)sbyte;
           }
-          *(uint2*)(code_row + sb * 8u) = make_uint2(out[0], out[1]);
-          sc_row[sb] = (char)sbyte;
         }
       }
+      i = ni;
+      q = nq;
     }
-    i = ni;
-    q = nq;
   }
 }
 
@@ -1064,25 +1104,43 @@ Kernel pick_format(const Params& P) {
 
 Kernel pick_fast(const Params& P) { return pick_format<FastKernel>(P); }
 
-/* The lean write's kernel, or nullptr where it does not apply (module comment above it). From
- * F32 IO on every device (NVFP4 74.9 -> 90.4-90.8 % of copy on the H200, 90.4-90.6 -> 96.4 % on
- * the H100; MXFP4 +0.2 to +1.3 points); from F16/BF16 on a device of memory depth 2 or more
- * (kvx_cuda::memory_depth, cuda/tuning.h), whose writes are bound by the latency the general
- * kernel's per-block branches add (H200: NVFP4 67 -> 84 %, MXFP4 71.5 -> 81 %), where at depth 1
- * the general kernel is as fast or faster (H100: NVFP4 85-88.6 % against 86.3-87.1, MXFP4
- * 84.3-86.4 against 86.6-87.7). docs/fp4.md, "Tenth round". */
-Kernel pick_lean(const Params& P) {
-  if (!KVX_FP4_LEAN || P.B != 16 || !lin_ok(P)) return nullptr;
+/* The lean write's kernel, or nullptr where it does not apply (module comment above it), `deep`
+ * set to its DEEP form (kvx_cuda::fp4_lean_deep_for: memory depth 2 or more). Taken for 16-value
+ * blocks from F32 IO (NVFP4 74.9 -> 90.4-90.8 % of copy on the H200, 90.4-90.6 -> 96.4 % on the
+ * H100; MXFP4 +0.2 to +1.3 points) and from F16/BF16 on every device, where the general kernel's
+ * per-block branches bound the writes by latency (H200: NVFP4 67 -> 84 %, MXFP4 71.5 -> 81 %;
+ * H100: NVFP4 86-87 -> 93 %, MXFP4 89-89.6 -> 93.4 %); for OCP's 32-value blocks from BF16 at
+ * depth 2 or more (KVX_FP4_LEAN_OCP). The DEEP form on the H200: 16-bit writes 79 -> 84 % with
+ * the prefetch, then +1.5 to +2 points with the fitted grid (F32 +1.2); on the H100 both lose
+ * (prefetch: 93 -> 85-88.6 %; grid: -0.2 to -1). docs/fp4.md, "Tenth round" and "Eleventh round". */
+Kernel pick_lean(const Params& P, bool& deep) {
+  deep = false;
+  if (!KVX_FP4_LEAN || !lin_ok(P)) return nullptr;
+  const int depth = kvx_cuda::memory_depth();
+  deep = kvx_cuda::fp4_lean_deep_for(depth);
+  const bool f16 = P.io_dtype == KVX_DTYPE_F16;
+  if (P.B == 32) { /* OCP MXFP4 */
+    const bool ocp_lean = P.io_dtype == KVX_DTYPE_BF16 ? KVX_FP4_LEAN_OCP >= 1 : f16 && KVX_FP4_LEAN_OCP >= 2;
+    if (depth < 2 || !ocp_lean) return nullptr;
+    constexpr int OCP = kvx_ref::FP4_MXFP4_OCP;
+    if (deep) return f16 ? write_lean_kernel<KVX_DTYPE_F16, OCP, true> : write_lean_kernel<KVX_DTYPE_BF16, OCP, true>;
+    return f16 ? write_lean_kernel<KVX_DTYPE_F16, OCP, false> : write_lean_kernel<KVX_DTYPE_BF16, OCP, false>;
+  }
   const bool nv = P.format == kvx_ref::FP4_NVFP4;
   if (nv && (P.side[0].g_per_head || P.side[1].g_per_head)) return nullptr;
   constexpr int NV = kvx_ref::FP4_NVFP4, MX = kvx_ref::FP4_MXFP4;
   if (P.io_dtype == KVX_DTYPE_F32) {
     if (!(nv ? KVX_FP4_LEAN_F32 & 1 : KVX_FP4_LEAN_F32 & 2)) return nullptr;
-    return nv ? write_lean_kernel<KVX_DTYPE_F32, NV> : write_lean_kernel<KVX_DTYPE_F32, MX>;
+    if (deep) return nv ? write_lean_kernel<KVX_DTYPE_F32, NV, true> : write_lean_kernel<KVX_DTYPE_F32, MX, true>;
+    return nv ? write_lean_kernel<KVX_DTYPE_F32, NV, false> : write_lean_kernel<KVX_DTYPE_F32, MX, false>;
   }
-  if (!KVX_FP4_THR || (!nv && !KVX_FP4_THR_MX16) || kvx_cuda::memory_depth() < KVX_FP4_LEAN_MIN_DEPTH) return nullptr;
-  if (P.io_dtype == KVX_DTYPE_F16) return nv ? write_lean_kernel<KVX_DTYPE_F16, NV> : write_lean_kernel<KVX_DTYPE_F16, MX>;
-  return nv ? write_lean_kernel<KVX_DTYPE_BF16, NV> : write_lean_kernel<KVX_DTYPE_BF16, MX>;
+  if (!KVX_FP4_THR || (!nv && !KVX_FP4_THR_MX16) || depth < KVX_FP4_LEAN_MIN_DEPTH) return nullptr;
+  if (deep) {
+    if (f16) return nv ? write_lean_kernel<KVX_DTYPE_F16, NV, true> : write_lean_kernel<KVX_DTYPE_F16, MX, true>;
+    return nv ? write_lean_kernel<KVX_DTYPE_BF16, NV, true> : write_lean_kernel<KVX_DTYPE_BF16, MX, true>;
+  }
+  if (f16) return nv ? write_lean_kernel<KVX_DTYPE_F16, NV, false> : write_lean_kernel<KVX_DTYPE_F16, MX, false>;
+  return nv ? write_lean_kernel<KVX_DTYPE_BF16, NV, false> : write_lean_kernel<KVX_DTYPE_BF16, MX, false>;
 }
 Kernel pick_decode(const Params& P) { return pick_format<DecodeKernel>(P); }
 
@@ -1124,8 +1182,18 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
    * kernel; write_decode_kernel where the fast kernels' layouts hold, else the per-block kernel
    * (docs/cuda-reference.md, "Decode-sized calls") */
   if (fast_ok(P) && plan.num_tokens > (unsigned long long)KVX_FP4_FAST_MIN_ROWS) {
-    if (const Kernel lean = pick_lean(P))
-      return launch_fast(lean, P, plan.num_tokens, (cudaStream_t)stream, 256, 0, 8 * KVX_FP4_W_ROWS_B16);
+    bool deep;
+    if (const Kernel lean = pick_lean(P, deep)) {
+      unsigned long long rpc = KVX_FP4_LEAN_THREADS / 32 * KVX_FP4_W_ROWS_B16; /* rows per CTA */
+      if (deep) { /* at most the resident CTAs */
+        const unsigned long long warps = (plan.num_tokens + KVX_FP4_W_ROWS_B16 - 1) / KVX_FP4_W_ROWS_B16;
+        const unsigned long long cap =
+            (unsigned long long)kvx_cuda::grid_for_warps((const void*)lean, warps, true, KVX_FP4_LEAN_THREADS);
+        const unsigned long long even = (plan.num_tokens + cap - 1) / cap;
+        if (even > rpc) rpc = even;
+      }
+      return launch_fast(lean, P, plan.num_tokens, (cudaStream_t)stream, KVX_FP4_LEAN_THREADS, 0, (unsigned)rpc);
+    }
     const unsigned threads = P.io_dtype == KVX_DTYPE_F32 ? 256u : (unsigned)KVX_FP4_W16_THREADS;
     return launch_fast(pick_fast(P), P, plan.num_tokens, (cudaStream_t)stream, threads, write_smem(P, threads),
                        threads / 32 * write_rows_per_warp(P.B, P.io_esize));

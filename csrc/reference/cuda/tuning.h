@@ -37,6 +37,13 @@ inline int memory_depth_for(int sms, int mem_khz, int bus_bits, double gbps_per_
  * warps hide (docs/cuda-reference.md, "Ninth round"). */
 inline bool lean_rows_for(int depth, bool lookup_gather) { return depth > 1 || lookup_gather; }
 
+/* Whether the FP4 lean write (write_lean_kernel, move_fp4_write.cu) runs in its deep form: each
+ * next row of F16/BF16 prefetched into L2, and a grid of the resident CTAs whose warps split the
+ * rows evenly (no partial last wave). At memory depth 2 or more the extra bytes in flight and the
+ * even tail feed the part's bandwidth; at depth 1 both cost more than they give (docs/fp4.md,
+ * "Eleventh round"). */
+inline bool fp4_lean_deep_for(int depth) { return depth >= 2; }
+
 /* Whether the lean kernel's 32-bit offsets reach every vector of a row of `heads` heads of
  * `dim` elements: head strides (elements) not negative and the end of the last head,
  * ((heads - 1) x head stride + dim) x element size, at most 2^31 bytes from the row's start,
