@@ -337,6 +337,29 @@ __device__ __forceinline__ void thr_codes16(const uint32_t* w, const uint4* row,
   out[1] = thr_pack8(c + 4, w + 4);
 }
 
+/* thr_mag on a compact row (KVX_FP4_LEAN_THR_C): B_1..B_7 as the halves of c.x, c.y, c.z and the
+ * low half of c.w, each compared in both halves of the word by the compare's operand selector. */
+__device__ __forceinline__ uint32_t thr_mag_c(uint32_t w, const uint4& c) {
+  const __half2 a = __habs2(as_h2(w)), x = as_h2(c.x), y = as_h2(c.y), z = as_h2(c.z), v = as_h2(c.w);
+  const __half2 s0 = __hadd2(__float2half2_rn(1024.0f), __hge2(a, __low2half2(x)));
+  const __half2 s1 = __hadd2(__hge2(a, __high2half2(x)), __hge2(a, __low2half2(y)));
+  const __half2 s2 = __hadd2(__hge2(a, __high2half2(y)), __hge2(a, __low2half2(z)));
+  const __half2 s3 = __hadd2(__hge2(a, __high2half2(z)), __hge2(a, __low2half2(v)));
+  const __half2 s = __hadd2(__hadd2(s0, s1), __hadd2(s2, s3));
+  uint32_t r;
+  memcpy(&r, &s, 4);
+  return r;
+}
+
+/* thr_codes16 from a compact row. */
+__device__ __forceinline__ void thr_codes16_c(const uint32_t* w, const uint4 row, uint32_t* out) {
+  uint32_t c[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) c[k] = thr_mag_c(w[k], row);
+  out[0] = thr_pack8(c, w);
+  out[1] = thr_pack8(c + 4, w + 4);
+}
+
 /* Per-side constants of the fast write. */
 struct WSide {
   float g, sixg, r6; /* NVFP4 per-tensor g (1.0 without), 6 g, RN(1 / (6 g)) (0: divide) */
@@ -537,7 +560,7 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
 /* The thresholds' table of a CTA (KVX_FP4_THR): 256 rows of B_1..B_7 and a
  * live flag (d > 0); NVFP4: row side * 128 + s8 (d = float(s8) g), MXFP4:
  * row e + 127 (d = 2^e). The caller synchronizes. */
-template <int DT, int FMT>
+template <int DT, int FMT, bool COMPACT = false> /* COMPACT: one uint4 per row (thr_mag_c), the flag in c.w's high half */
 __device__ __forceinline__ void build_thr(uint4* thr_tab, const WSide* ws) {
   for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
     float d = 0.0f;
@@ -552,8 +575,13 @@ __device__ __forceinline__ void build_thr(uint4* thr_tab, const WSide* ws) {
       kvx_fp4_fast::e2m1_thresholds<DT == KVX_DTYPE_BF16>(d, t);
       t[7] = 1u;
     }
-    thr_tab[2 * k] = make_uint4(t[0], t[1], t[2], t[3]);
-    thr_tab[2 * k + 1] = make_uint4(t[4], t[5], t[6], t[7]);
+    if (COMPACT) {
+      thr_tab[k] = make_uint4(__byte_perm(t[0], t[1], 0x5410u), __byte_perm(t[2], t[3], 0x5410u),
+                              __byte_perm(t[4], t[5], 0x5410u), (t[6] & 0xFFFFu) | (t[7] << 16));
+    } else {
+      thr_tab[2 * k] = make_uint4(t[0], t[1], t[2], t[3]);
+      thr_tab[2 * k + 1] = make_uint4(t[4], t[5], t[6], t[7]);
+    }
   }
 }
 
@@ -845,6 +873,9 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
                               1 from BF16, 2 from F16 too (H200: BF16 75.6 -> 80.7 %, F16 86.0 -> 79.8 %: the \
                               general kernel's F16 codes in packed F16 arithmetic are cheaper than the thresholds) */
 #endif
+#ifndef KVX_FP4_LEAN_THR_C
+#define KVX_FP4_LEAN_THR_C 1 /* 1: the thresholds' rows compact, one 16-byte shared load per block instead of two */
+#endif
 #ifndef KVX_FP4_LEAN_THREADS
 #define KVX_FP4_LEAN_THREADS 256 /* threads per CTA (H200, 16-bit IO: 128 at 5 CTAs per SM, 96 registers, 20-36 \
                                     bytes spilled: NVFP4 84 -> 78-79 %, MXFP4 80-81 % either way) */
@@ -886,14 +917,22 @@ __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& 
     for (int o = 0; o < B / 8; ++o) out[o] = 0;
     return sbyte;
   }
-  if (row < 0 || !thr[2 * row + 1].w) { /* slow (or d == 0) */
+  uint4 crow = make_uint4(0, 0, 0, 0);
+  if (KVX_FP4_LEAN_THR_C && row >= 0) crow = thr[row];
+  if (row < 0 || (KVX_FP4_LEAN_THR_C ? !(crow.w >> 16) : !thr[2 * row + 1].w)) { /* slow (or d == 0) */
     const Packed<B> pk = encode_slow<B, DT>(FMT, (const uint4*)src, ws.g);
 #pragma unroll
     for (int o = 0; o < B / 8; ++o) out[o] = pk.w[o];
     return pk.sbyte;
   }
 #pragma unroll
-  for (int gi = 0; gi < NG; ++gi) thr_codes16(w + 8 * gi, thr + 2 * row, out + 2 * gi);
+  for (int gi = 0; gi < NG; ++gi) {
+    if (KVX_FP4_LEAN_THR_C) {
+      thr_codes16_c(w + 8 * gi, crow, out + 2 * gi);
+    } else {
+      thr_codes16(w + 8 * gi, thr + 2 * row, out + 2 * gi);
+    }
+  }
   return sbyte;
 }
 
@@ -911,7 +950,7 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
   WSide ws[2];
   load_wside(P, ws);
   if (ES == 2) {
-    build_thr<DT, FMT>(thr_tab, ws);
+    build_thr<DT, FMT, KVX_FP4_LEAN_THR_C>(thr_tab, ws);
   } else if (FMT == kvx_ref::FP4_NVFP4) {
     build_dtab(tab, ws);
   }
@@ -982,7 +1021,9 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
             const char* src = io_row + sb * (unsigned)B * ES;
             if constexpr (ES == 2) {
               sbyte = encode_lean<DT, FMT>((const uint32_t*)raw[m], ws[sd],
-                                           FMT == kvx_ref::FP4_NVFP4 ? thr_tab + 256 * sd : thr_tab, src, out);
+                                           FMT == kvx_ref::FP4_NVFP4 ? thr_tab + (KVX_FP4_LEAN_THR_C ? 128 : 256) * sd
+                                                                   : thr_tab,
+                                         src, out);
             } else {
               bool slow;
               sbyte = encode16<DT, false, FMT, 1>((const uint32_t*)raw[m], ws[sd], 1.0f, FMT == kvx_ref::FP4_NVFP4,
