@@ -305,7 +305,10 @@ __device__ __forceinline__ Item split(const Params& P, unsigned i) {
  * each store instruction of a warp writes 512 contiguous bytes; the lane
  * loads its 4 (or 2) code bytes and its block's scale byte; the scale bytes
  * are decoded through a 256-entry shared table (fp4_scale_f32), the codes
- * through the 16-entry E2M1 table; the arithmetic is fp4_decode_with's. With
+ * through the 16-entry E2M1 table; the arithmetic is fp4_decode_with's (the MX
+ * formats into F16/BF16: a code byte's two values from a 256-entry table times
+ * 2^e by one packed product, the same bits where 2^e is a normal of the output
+ * type: move_fp4_gather.cu). With
  * heads packed (P.lin) chunk c's offsets are c * VPC / 2 (codes), c / CPB
  * (scale) and c * 16 (output); a chunk of a NaN block goes out of line
  * (store_nan16), so the F16 and BF16 loops differ only in the conversion. */
