@@ -256,6 +256,39 @@ struct H2Ops {
   static __device__ __forceinline__ T mul(T a, T b) { return __hmul2(a, b); }
 };
 
+/* MX codes of NG groups of 16 values (8 words each, WG apart) from F16 (2^-e a normal F16, e >=
+ * -15) or BF16 in packed F16 arithmetic (fp4_fast.h e2m1_h), two values per instruction: s = |x|
+ * 2^-e by one packed F16 product (F16) or by two FP32 products and one packed conversion (BF16). */
+template <int DT, int NG, int WG>
+__device__ __forceinline__ void mx_codes_h2(const uint32_t* w, int e, uint32_t* out) {
+  const uint32_t e16 = (uint32_t)(15 - e) << 10;
+  const uint32_t sc2u = e16 | (e16 << 16); /* 2^-e in both halves (F16) */
+  const float inv32 = __uint_as_float(e <= 126 ? (uint32_t)(127 - e) << 23 : 1u << 22); /* 2^-e (BF16) */
+#pragma unroll
+  for (int gi = 0; gi < NG; ++gi) {
+    const uint32_t* wg = w + gi * WG;
+    uint32_t hw[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      __half2 sv;
+      if (DT == KVX_DTYPE_F16) {
+        __half2 xv, sc2;
+        memcpy(&xv, &wg[k], 4);
+        memcpy(&sc2, &sc2u, 4);
+        sv = __hmul2(__habs2(xv), sc2);
+      } else {
+        sv = __floats2half2_rn(__fmul_rn(fabsf(__uint_as_float(wg[k] << 16)), inv32),
+                               __fmul_rn(fabsf(__uint_as_float(wg[k] & 0xFFFF0000u)), inv32));
+      }
+      const __half2 cv = kvx_fp4_fast::e2m1_h<H2Ops>(sv);
+      uint32_t u;
+      memcpy(&u, &cv, 4);
+      hw[k] = u | (wg[k] & 0x80008000u);
+    }
+    pack_codes(hw, out + 2 * gi);
+  }
+}
+
 #ifndef KVX_FP4_MX_H2
 #define KVX_FP4_MX_H2 1 /* MXFP4 codes in packed F16 arithmetic: 1 for OCP blocks from F16 (+0.6 points on the
                            H100); 2 for every MXFP4 write from F16/BF16 (16-value blocks -2.4 to -3.7 points, OCP
@@ -294,6 +327,20 @@ __device__ __forceinline__ __half2 as_h2(uint32_t u) {
   return h;
 }
 
+/* The number of thresholds B_1..B_7 (each in both halves) at or below each half of a: seven
+ * packed compares summed in F16 on 1024, so the count is the low bits of each half. */
+__device__ __forceinline__ uint32_t thr_count(__half2 a, __half2 b1, __half2 b2, __half2 b3, __half2 b4, __half2 b5,
+                                              __half2 b6, __half2 b7) {
+  const __half2 s0 = __hadd2(__float2half2_rn(1024.0f), __hge2(a, b1));
+  const __half2 s1 = __hadd2(__hge2(a, b2), __hge2(a, b3));
+  const __half2 s2 = __hadd2(__hge2(a, b4), __hge2(a, b5));
+  const __half2 s3 = __hadd2(__hge2(a, b6), __hge2(a, b7));
+  const __half2 s = __hadd2(__hadd2(s0, s1), __hadd2(s2, s3));
+  uint32_t r;
+  memcpy(&r, &s, 4);
+  return r;
+}
+
 /* The code magnitudes of the two values of word w (B_1..B_7 in t) in bytes 0
  * and 2 (the other bytes: 0 or 0x64). */
 __device__ __forceinline__ uint32_t thr_mag(uint32_t w, const uint32_t* t) {
@@ -306,14 +353,7 @@ __device__ __forceinline__ uint32_t thr_mag(uint32_t w, const uint32_t* t) {
   const uint32_t m0 = __hge2_mask(a, as_h2((m2 & hi) | (~m2 & lo)));
   return (m2 & 0x00040004u) | (m1 & 0x00020002u) | (m0 & 0x00010001u);
 #else
-  const __half2 s0 = __hadd2(__float2half2_rn(1024.0f), __hge2(a, as_h2(t[0])));
-  const __half2 s1 = __hadd2(__hge2(a, as_h2(t[1])), __hge2(a, as_h2(t[2])));
-  const __half2 s2 = __hadd2(__hge2(a, as_h2(t[3])), __hge2(a, as_h2(t[4])));
-  const __half2 s3 = __hadd2(__hge2(a, as_h2(t[5])), __hge2(a, as_h2(t[6])));
-  const __half2 s = __hadd2(__hadd2(s0, s1), __hadd2(s2, s3));
-  uint32_t r;
-  memcpy(&r, &s, 4);
-  return r;
+  return thr_count(a, as_h2(t[0]), as_h2(t[1]), as_h2(t[2]), as_h2(t[3]), as_h2(t[4]), as_h2(t[5]), as_h2(t[6]));
 #endif
 }
 
@@ -326,38 +366,31 @@ __device__ __forceinline__ uint32_t thr_pack8(const uint32_t* c, const uint32_t*
   return prmt(p, q, 0x5410u) + (prmt(p, q, 0x7632u) << 4);
 }
 
+/* The two words of packed codes of 16 values (8 words w), mag(word) giving thr_mag's bytes. */
+template <class Mag>
+__device__ __forceinline__ void codes16_by(const uint32_t* w, uint32_t* out, Mag mag) {
+  uint32_t c[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) c[k] = mag(w[k]);
+  out[0] = thr_pack8(c, w);
+  out[1] = thr_pack8(c + 4, w + 4);
+}
+
 /* The two words of packed codes of 16 values (8 words w) from their thresholds' row. */
 __device__ __forceinline__ void thr_codes16(const uint32_t* w, const uint4* row, uint32_t* out) {
   const uint4 r0 = row[0], r1 = row[1];
   const uint32_t t[7] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z};
-  uint32_t c[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = thr_mag(w[k], t);
-  out[0] = thr_pack8(c, w);
-  out[1] = thr_pack8(c + 4, w + 4);
+  codes16_by(w, out, [&](uint32_t x) { return thr_mag(x, t); });
 }
 
-/* thr_mag on a compact row (KVX_FP4_LEAN_THR_C): B_1..B_7 as the halves of c.x, c.y, c.z and the
- * low half of c.w, each compared in both halves of the word by the compare's operand selector. */
-__device__ __forceinline__ uint32_t thr_mag_c(uint32_t w, const uint4& c) {
-  const __half2 a = __habs2(as_h2(w)), x = as_h2(c.x), y = as_h2(c.y), z = as_h2(c.z), v = as_h2(c.w);
-  const __half2 s0 = __hadd2(__float2half2_rn(1024.0f), __hge2(a, __low2half2(x)));
-  const __half2 s1 = __hadd2(__hge2(a, __high2half2(x)), __hge2(a, __low2half2(y)));
-  const __half2 s2 = __hadd2(__hge2(a, __high2half2(y)), __hge2(a, __low2half2(z)));
-  const __half2 s3 = __hadd2(__hge2(a, __high2half2(z)), __hge2(a, __low2half2(v)));
-  const __half2 s = __hadd2(__hadd2(s0, s1), __hadd2(s2, s3));
-  uint32_t r;
-  memcpy(&r, &s, 4);
-  return r;
-}
-
-/* thr_codes16 from a compact row. */
-__device__ __forceinline__ void thr_codes16_c(const uint32_t* w, const uint4 row, uint32_t* out) {
-  uint32_t c[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = thr_mag_c(w[k], row);
-  out[0] = thr_pack8(c, w);
-  out[1] = thr_pack8(c + 4, w + 4);
+/* The same from a compact row (KVX_FP4_LEAN_THR_C): B_1..B_7 as the halves of c.x, c.y, c.z and
+ * the low half of c.w, each compared in both halves of a word by the compare's operand selector. */
+__device__ __forceinline__ void thr_codes16_c(const uint32_t* w, const uint4 c, uint32_t* out) {
+  const __half2 x = as_h2(c.x), y = as_h2(c.y), z = as_h2(c.z), v = as_h2(c.w);
+  codes16_by(w, out, [&](uint32_t wd) {
+    return thr_count(__habs2(as_h2(wd)), __low2half2(x), __high2half2(x), __low2half2(y), __high2half2(y),
+                     __low2half2(z), __high2half2(z), __low2half2(v));
+  });
 }
 
 /* Per-side constants of the fast write. */
@@ -487,38 +520,10 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
     for (int gi = 0; gi < NG; ++gi) thr_codes16(w + gi * WG, trow, out + 2 * gi);
     return sbyte;
   }
-  /* MXFP4 from F16 (2^-e a normal F16) or BF16: the codes in packed F16
-   * arithmetic (fp4_fast.h e2m1_h), two values per instruction: s = |x| 2^-e
-   * by one packed F16 product (F16) or by two FP32 products and one packed
-   * conversion (BF16) */
+  /* MXFP4 from F16 (2^-e a normal F16) or BF16: the codes in packed F16 arithmetic */
   if (!T16 && state == 3 && DT != KVX_DTYPE_F32 && (KVX_FP4_MX_H2 == 2 || (KVX_FP4_MX_H2 == 1 && DT == KVX_DTYPE_F16 && NG == 2)) &&
       (DT == KVX_DTYPE_BF16 || e >= -15)) {
-    const uint32_t e16 = (uint32_t)(15 - e) << 10;
-    const uint32_t sc2u = e16 | (e16 << 16); /* 2^-e in both halves (F16) */
-    const float inv32 = __uint_as_float(e <= 126 ? (uint32_t)(127 - e) << 23 : 1u << 22); /* 2^-e (BF16) */
-#pragma unroll
-    for (int gi = 0; gi < NG; ++gi) {
-      const uint32_t* wg = w + gi * WG;
-      uint32_t hw[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        __half2 sv;
-        if (DT == KVX_DTYPE_F16) {
-          __half2 xv, sc2;
-          memcpy(&xv, &wg[k], 4);
-          memcpy(&sc2, &sc2u, 4);
-          sv = __hmul2(__habs2(xv), sc2);
-        } else {
-          sv = __floats2half2_rn(__fmul_rn(fabsf(__uint_as_float(wg[k] << 16)), inv32),
-                                 __fmul_rn(fabsf(__uint_as_float(wg[k] & 0xFFFF0000u)), inv32));
-        }
-        const __half2 cv = kvx_fp4_fast::e2m1_h<H2Ops>(sv);
-        uint32_t u;
-        memcpy(&u, &cv, 4);
-        hw[k] = u | (wg[k] & 0x80008000u);
-      }
-      pack_codes(hw, out + 2 * gi);
-    }
+    mx_codes_h2<DT, NG, WG>(w, e, out);
     return sbyte;
   }
   if (state >= 2) {
@@ -560,7 +565,7 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
 /* The thresholds' table of a CTA (KVX_FP4_THR): 256 rows of B_1..B_7 and a
  * live flag (d > 0); NVFP4: row side * 128 + s8 (d = float(s8) g), MXFP4:
  * row e + 127 (d = 2^e). The caller synchronizes. */
-template <int DT, int FMT, bool COMPACT = false> /* COMPACT: one uint4 per row (thr_mag_c), the flag in c.w's high half */
+template <int DT, int FMT, bool COMPACT = false> /* COMPACT: one uint4 per row (thr_codes16_c), the flag in c.w's high half */
 __device__ __forceinline__ void build_thr(uint4* thr_tab, const WSide* ws) {
   for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
     float d = 0.0f;
@@ -917,21 +922,7 @@ __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& 
     sbyte = (uint32_t)(e + 127);
     row = (int)sbyte;
     if ((KVX_FP4_LEAN_MX_H2 == 2 || (KVX_FP4_LEAN_MX_H2 == 1 && DEEP)) && DT == KVX_DTYPE_F16 && e >= -15) {
-      /* MX from F16: encode16's packed F16 codes (e2m1_h of |x| 2^-e, 2^-e a normal F16) */
-      const uint32_t e16 = (uint32_t)(15 - e) << 10;
-      const __half2 sc2 = as_h2(e16 | (e16 << 16));
-#pragma unroll
-      for (int gi = 0; gi < NG; ++gi) {
-        uint32_t hw[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const __half2 cv = kvx_fp4_fast::e2m1_h<H2Ops>(__hmul2(__habs2(as_h2(w[8 * gi + k])), sc2));
-          uint32_t u;
-          memcpy(&u, &cv, 4);
-          hw[k] = u | (w[8 * gi + k] & 0x80008000u);
-        }
-        pack_codes(hw, out + 2 * gi);
-      }
+      mx_codes_h2<DT, NG, 8>(w, e, out); /* MX from F16: encode16's packed F16 codes */
       return sbyte;
     }
   }
@@ -1175,6 +1166,11 @@ Kernel pick_fast(const Params& P) { return pick_format<FastKernel>(P); }
  * depth 2 or more (KVX_FP4_LEAN_OCP). The DEEP form on the H200: 16-bit writes 79 -> 84 % with
  * the prefetch, then +1.5 to +2 points with the fitted grid (F32 +1.2); on the H100 both lose
  * (prefetch: 93 -> 85-88.6 %; grid: -0.2 to -1). docs/fp4.md, "Tenth round" and "Eleventh round". */
+template <int DT, int FMT>
+Kernel lean_kernel(bool deep) {
+  return deep ? write_lean_kernel<DT, FMT, true> : write_lean_kernel<DT, FMT, false>;
+}
+
 Kernel pick_lean(const Params& P, bool& deep) {
   deep = false;
   if (!KVX_FP4_LEAN || !lin_ok(P)) return nullptr;
@@ -1185,24 +1181,18 @@ Kernel pick_lean(const Params& P, bool& deep) {
     const bool ocp_lean = P.io_dtype == KVX_DTYPE_BF16 ? KVX_FP4_LEAN_OCP >= 1 : f16 && KVX_FP4_LEAN_OCP >= 2;
     if (depth < 2 || !ocp_lean) return nullptr;
     constexpr int OCP = kvx_ref::FP4_MXFP4_OCP;
-    if (deep) return f16 ? write_lean_kernel<KVX_DTYPE_F16, OCP, true> : write_lean_kernel<KVX_DTYPE_BF16, OCP, true>;
-    return f16 ? write_lean_kernel<KVX_DTYPE_F16, OCP, false> : write_lean_kernel<KVX_DTYPE_BF16, OCP, false>;
+    return f16 ? lean_kernel<KVX_DTYPE_F16, OCP>(deep) : lean_kernel<KVX_DTYPE_BF16, OCP>(deep);
   }
   const bool nv = P.format == kvx_ref::FP4_NVFP4;
   if (nv && (P.side[0].g_per_head || P.side[1].g_per_head)) return nullptr;
   constexpr int NV = kvx_ref::FP4_NVFP4, MX = kvx_ref::FP4_MXFP4;
   if (P.io_dtype == KVX_DTYPE_F32) {
     if (!(nv ? KVX_FP4_LEAN_F32 & 1 : KVX_FP4_LEAN_F32 & 2)) return nullptr;
-    if (deep) return nv ? write_lean_kernel<KVX_DTYPE_F32, NV, true> : write_lean_kernel<KVX_DTYPE_F32, MX, true>;
-    return nv ? write_lean_kernel<KVX_DTYPE_F32, NV, false> : write_lean_kernel<KVX_DTYPE_F32, MX, false>;
+    return nv ? lean_kernel<KVX_DTYPE_F32, NV>(deep) : lean_kernel<KVX_DTYPE_F32, MX>(deep);
   }
   if (!KVX_FP4_THR || (!nv && !KVX_FP4_THR_MX16) || depth < KVX_FP4_LEAN_MIN_DEPTH) return nullptr;
-  if (deep) {
-    if (f16) return nv ? write_lean_kernel<KVX_DTYPE_F16, NV, true> : write_lean_kernel<KVX_DTYPE_F16, MX, true>;
-    return nv ? write_lean_kernel<KVX_DTYPE_BF16, NV, true> : write_lean_kernel<KVX_DTYPE_BF16, MX, true>;
-  }
-  if (f16) return nv ? write_lean_kernel<KVX_DTYPE_F16, NV, false> : write_lean_kernel<KVX_DTYPE_F16, MX, false>;
-  return nv ? write_lean_kernel<KVX_DTYPE_BF16, NV, false> : write_lean_kernel<KVX_DTYPE_BF16, MX, false>;
+  if (f16) return nv ? lean_kernel<KVX_DTYPE_F16, NV>(deep) : lean_kernel<KVX_DTYPE_F16, MX>(deep);
+  return nv ? lean_kernel<KVX_DTYPE_BF16, NV>(deep) : lean_kernel<KVX_DTYPE_BF16, MX>(deep);
 }
 Kernel pick_decode(const Params& P) { return pick_format<DecodeKernel>(P); }
 
