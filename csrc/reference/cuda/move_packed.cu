@@ -64,18 +64,28 @@ constexpr int kTile = 16; /* tokens per tile (and dgroups per tile of a large ca
 /* A tile's lane ti (< 16) of an inverted write: the IO row that writes slot g * 16 + ti, or -1.
  * The scratch array is never cleared: an entry counts only if it names a row of the call whose
  * own slot is this one (the sparse-set check), so whatever an unwritten entry holds reads as -1. */
+#ifndef KVX_CUDA_PACKED_INVERT_CLEAR
+#define KVX_CUDA_PACKED_INVERT_CLEAR 1 /* 1: the scratch array is set to -1 before the rows are recorded, and an \
+                                          entry is not checked against its row's slot (one dependent load fewer) */
+#endif
 __device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t ti) {
   const unsigned long long sl = (unsigned long long)g * 16u + ti;
   if (sl >= p.num_slots) return -1;
   const int r = __ldg(p.inv + sl);
   if ((unsigned)r >= p.row_count) return -1; /* row_begin is 0 here */
+  if (KVX_CUDA_PACKED_INVERT_CLEAR) return r;
   const long long back = p.slot64 ? __ldg((const long long*)p.slots + r) : (long long)__ldg((const int*)p.slots + r);
   return back == (long long)sl ? r : -1;
 }
 
 #ifndef KVX_CUDA_PACKED_SMALL_ND
-#define KVX_CUDA_PACKED_SMALL_ND 8 /* decode-sized calls: dgroups per tile (16: as large calls) */
+#define KVX_CUDA_PACKED_SMALL_ND 8 /* small calls: dgroups per tile (16: as large calls) */
 #endif
+#ifndef KVX_CUDA_PACKED_ND16_MIN_ROWS
+#define KVX_CUDA_PACKED_ND16_MIN_ROWS 4096 /* ... but a call of at least this many rows takes 16 x 16 \
+                                              tiles (0: only calls that are large for the fast path, p.fuse) */
+#endif
+
 
 /* Launch: p.lg_tg = 4; p.fd_c.div (pieces per head row) a multiple of 16. A tile is
  * 16 tokens x ND dgroups (ND 16, or 8 for decode-sized calls: twice the warps, half
@@ -194,7 +204,8 @@ static cudaError_t launch_packed_nd(const MoveParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
-  if (!p.fuse && KVX_CUDA_PACKED_SMALL_ND == 8) return launch_packed_nd<8>(p, stream);
+  const bool many = KVX_CUDA_PACKED_ND16_MIN_ROWS > 0 && p.row_count >= (uint32_t)KVX_CUDA_PACKED_ND16_MIN_ROWS;
+  if (!p.fuse && !many && KVX_CUDA_PACKED_SMALL_ND == 8) return launch_packed_nd<8>(p, stream);
   return launch_packed_nd<16>(p, stream);
 }
 
@@ -398,8 +409,12 @@ cudaError_t launch_packed_inverted(bool quantize, kvx_dtype_t src, kvx_dtype_t d
   p.row_count = (uint32_t)rows;
   int* inv = nullptr;
   if (scratch_alloc((void**)&inv, (size_t)p.num_slots * sizeof(int), stream)) {
-    invert_slots<<<(unsigned)((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, inv);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e =
+        KVX_CUDA_PACKED_INVERT_CLEAR ? cudaMemsetAsync(inv, 0xFF, (size_t)p.num_slots * sizeof(int), stream) : cudaSuccess;
+    if (e == cudaSuccess) {
+      invert_slots<<<(unsigned)((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, inv);
+      e = cudaGetLastError();
+    }
     if (e == cudaSuccess) {
       p.inv = inv;
       e = quantize ? launch_packed_fp8(src, dst, p, stream) : launch_packed(p, stream);
