@@ -340,15 +340,15 @@ def test_packed_writes_over_cache_slots_one_after_another(provider):
     from kvx_conformance.abi.descriptors import Geometry
 
     geom = Geometry(num_blocks=2048, block_size=16, num_kv_heads=4, head_dim=128)
-    whole = np.random.default_rng(51).permutation(geom.num_blocks * geom.block_size).astype(np.int64)
-    half = cb.spread_slots(geom, 16384, 52)
-    half[::61] = -1
-    for i, slots in enumerate((whole, half)):
+    order = np.random.default_rng(51).permutation(geom.num_blocks * geom.block_size).astype(np.int64)
+    first, second = order[:16384], order[16384:].copy()  # the second call's slots are those the first left
+    second[::61] = -1
+    for i, slots in enumerate((first, second)):
         cache = cb.simple_cache(geom, "hnd_packed", DType.F16, seed=53 + i)
         case = cb.write_case(cache, slots, seed=55 + i, io_dtype=DType.F16)
         got = run_write(provider, case, CallOptions(memory=Memory.DEVICE))
         diff = compare(expected(case, Memory.DEVICE), got)
-        assert not diff, (f"call {i + 1} of 2 ({len(slots)} rows into {len(whole)} slots): the CUDA backend differs "
+        assert not diff, (f"call {i + 1} of 2 ({len(slots)} rows into {len(order)} slots): the CUDA backend differs "
                           f"from the oracle (expected its bits): {diff}\n"
                           "repro: pytest tests/test_cuda_differential.py -k one_after_another on a GPU machine")
 
