@@ -332,27 +332,6 @@ def test_packed_write_over_cache_slots(provider, name):
                       f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")
 
 
-def test_packed_writes_over_cache_slots_one_after_another(provider):
-    """Two such writes in a row == the oracle after each (R-WRITE): the scratch array the first call
-    filled with its rows by slot (the second call reuses its memory) must not move any of the second
-    call's rows into a slot the second call does not name."""
-    from kvx_conformance.cases import build as cb
-    from kvx_conformance.abi.descriptors import Geometry
-
-    geom = Geometry(num_blocks=2048, block_size=16, num_kv_heads=4, head_dim=128)
-    order = np.random.default_rng(51).permutation(geom.num_blocks * geom.block_size).astype(np.int64)
-    first, second = order[:16384], order[16384:].copy()  # the second call's slots are those the first left
-    second[::61] = -1
-    for i, slots in enumerate((first, second)):
-        cache = cb.simple_cache(geom, "hnd_packed", DType.F16, seed=53 + i)
-        case = cb.write_case(cache, slots, seed=55 + i, io_dtype=DType.F16)
-        got = run_write(provider, case, CallOptions(memory=Memory.DEVICE))
-        diff = compare(expected(case, Memory.DEVICE), got)
-        assert not diff, (f"call {i + 1} of 2 ({len(slots)} rows into {len(order)} slots): the CUDA backend differs "
-                          f"from the oracle (expected its bits): {diff}\n"
-                          "repro: pytest tests/test_cuda_differential.py -k one_after_another on a GPU machine")
-
-
 # DEVICE calls must capture into a CUDA graph (R-STREAM: the call enqueues its work on the stream
 # and never waits): on a host with several GPUs too, where the backend looks up the buffers' GPU
 # (R-PLACEMENT) but must ask the driver nothing on a stream being captured; and the large
