@@ -10,8 +10,8 @@
  * One warp moves such a 16 x 16 tile: it reads one side 512 contiguous bytes
  * per instruction (2 dgroups x 16 tokens, or 2 rows x 16 dgroups), parks the
  * pieces in shared memory (XOR-swizzled: no bank conflicts either way) and
- * writes the other side 512 contiguous bytes per instruction (a decode-sized
- * call takes 16 x 8 tiles: twice the warps). The generic
+ * writes the other side 512 contiguous bytes per instruction (a call of fewer
+ * than KVX_CUDA_PACKED_ND16_MIN_ROWS rows takes 16 x 8 tiles: twice the warps). The generic
  * fast path (move_kernels.cuh) moves 8 tokens x 4 dgroups per instruction
  * instead: whole lines on the cache side, 64-byte runs on the IO side.
  *
@@ -22,8 +22,8 @@
  *
  * Inverted writes (p.inv): a large write that covers a good part of the cache
  * (KVX_CUDA_PACKED_INVERT_COVER) first records, for every cache slot, the IO row
- * that writes it (a 4-byte scatter into a stream-ordered scratch array, never
- * cleared: see inv_row), then runs the same tiles over 16 consecutive cache slots instead
+ * that writes it (a 4-byte scatter into a stream-ordered scratch array set to
+ * -1 first: see inv_row), then runs the same tiles over 16 consecutive cache slots instead
  * of 16 consecutive IO rows: the IO side gathers whole 16-byte pieces of
  * random rows and the cache side stores whole tiles. Random slots then write
  * full sectors instead of one 16-byte half-sector per token and dgroup (the
@@ -62,11 +62,13 @@ constexpr int kTile = 16; /* tokens per tile (and dgroups per tile of a large ca
 #endif
 
 /* A tile's lane ti (< 16) of an inverted write: the IO row that writes slot g * 16 + ti, or -1.
- * The scratch array is never cleared: an entry counts only if it names a row of the call whose
- * own slot is this one (the sparse-set check), so whatever an unwritten entry holds reads as -1. */
+ * KVX_CUDA_PACKED_INVERT_CLEAR 1: the scratch array is set to -1 (a stream-ordered memset) before
+ * the rows are recorded, so an entry is the row. 0: it is never cleared, and an entry counts only
+ * if it names a row of the call whose own slot is this one (the sparse-set check): one dependent
+ * load more per tile, which cost the inverted writes 1 to 9 points on an H200
+ * (docs/cuda-reference.md, "Twelfth round"). */
 #ifndef KVX_CUDA_PACKED_INVERT_CLEAR
-#define KVX_CUDA_PACKED_INVERT_CLEAR 1 /* 1: the scratch array is set to -1 before the rows are recorded, and an \
-                                          entry is not checked against its row's slot (one dependent load fewer) */
+#define KVX_CUDA_PACKED_INVERT_CLEAR 1
 #endif
 __device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t ti) {
   const unsigned long long sl = (unsigned long long)g * 16u + ti;
@@ -82,8 +84,8 @@ __device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t
 #define KVX_CUDA_PACKED_SMALL_ND 8 /* small calls: dgroups per tile (16: as large calls) */
 #endif
 #ifndef KVX_CUDA_PACKED_ND16_MIN_ROWS
-#define KVX_CUDA_PACKED_ND16_MIN_ROWS 4096 /* ... but a call of at least this many rows takes 16 x 16 \
-                                              tiles (0: only calls that are large for the fast path, p.fuse) */
+#define KVX_CUDA_PACKED_ND16_MIN_ROWS 4096 /* ... a call of at least this many rows takes 16 x 16 tiles (0: only \
+                                              calls the fast path counts as large, p.fuse: 131072 rows and more) */
 #endif
 
 
@@ -204,8 +206,8 @@ static cudaError_t launch_packed_nd(const MoveParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
-  const bool many = KVX_CUDA_PACKED_ND16_MIN_ROWS > 0 && p.row_count >= (uint32_t)KVX_CUDA_PACKED_ND16_MIN_ROWS;
-  if (!p.fuse && !many && KVX_CUDA_PACKED_SMALL_ND == 8) return launch_packed_nd<8>(p, stream);
+  const bool wide = KVX_CUDA_PACKED_ND16_MIN_ROWS > 0 && p.row_count >= (uint32_t)KVX_CUDA_PACKED_ND16_MIN_ROWS;
+  if (!p.fuse && !wide && KVX_CUDA_PACKED_SMALL_ND == 8) return launch_packed_nd<8>(p, stream);
   return launch_packed_nd<16>(p, stream);
 }
 
