@@ -65,8 +65,8 @@ constexpr int kTile = 16; /* tokens per tile (and dgroups per tile of a large ca
  * KVX_CUDA_PACKED_INVERT_CLEAR 1: the scratch array is set to -1 (a stream-ordered memset) before
  * the rows are recorded, so an entry is the row. 0: it is never cleared, and an entry counts only
  * if it names a row of the call whose own slot is this one (the sparse-set check): one dependent
- * load more per tile, which cost the inverted writes 1 to 9 points on an H200
- * (docs/cuda-reference.md, "Twelfth round"). */
+ * load more per tile, with which the inverted writes of 262144 rows read 1 to 9 points lower on
+ * an H200 (docs/cuda-reference.md, "Twelfth round"). */
 #ifndef KVX_CUDA_PACKED_INVERT_CLEAR
 #define KVX_CUDA_PACKED_INVERT_CLEAR 1
 #endif
@@ -88,9 +88,8 @@ __device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t
                                               calls the fast path counts as large, p.fuse: 131072 rows and more) */
 #endif
 
-
 /* Launch: p.lg_tg = 4; p.fd_c.div (pieces per head row) a multiple of 16. A tile is
- * 16 tokens x ND dgroups (ND 16, or 8 for decode-sized calls: twice the warps, half
+ * 16 tokens x ND dgroups (ND 16, or 8 for small calls: twice the warps, half
  * the pieces each). IO side: lane L moves piece L % ND of rows L / ND + (32 / ND) k;
  * cache side: lane L moves token L % 16, dgroups L / 16 + 2 k (k < ND / 2). Shared
  * memory holds the tile as [token][dgroup], dgroup XOR (token mod ND). */
