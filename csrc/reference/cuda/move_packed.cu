@@ -409,9 +409,9 @@ cudaError_t launch_packed_inverted(bool quantize, kvx_dtype_t src, kvx_dtype_t d
   p.row_begin = 0;
   p.row_count = (uint32_t)rows;
   int* inv = nullptr;
-  if (scratch_alloc((void**)&inv, (size_t)p.num_slots * sizeof(int), stream)) {
-    cudaError_t e =
-        KVX_CUDA_PACKED_INVERT_CLEAR ? cudaMemsetAsync(inv, 0xFF, (size_t)p.num_slots * sizeof(int), stream) : cudaSuccess;
+  const size_t bytes = (size_t)p.num_slots * sizeof(int);
+  if (scratch_alloc((void**)&inv, bytes, stream)) {
+    cudaError_t e = KVX_CUDA_PACKED_INVERT_CLEAR ? cudaMemsetAsync(inv, 0xFF, bytes, stream) : cudaSuccess;
     if (e == cudaSuccess) {
       invert_slots<<<(unsigned)((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, inv);
       e = cudaGetLastError();
