@@ -191,7 +191,7 @@ def test_unified_call_inside_graph_capture_is_refused_cleanly(provider, op):
 
 # Large calls take planner paths that the random cases above (mostly small) never reach
 # (docs/cuda-reference.md, "Mid-size calls and narrow rows"): 2 to 8 rows per task when a
-# row's K and V have fewer than 256 chunks, one task per warp for gathers below 262144
+# row's K and V have fewer than 256 chunks (up to 32 in the lean kernel), one task per warp for gathers below 262144
 # rows, four from there on. Each case below takes one of them; the result must be the
 # oracle's, bit for bit.
 LARGE = {
@@ -199,8 +199,9 @@ LARGE = {
     "gather-d64x8-262144rows-2rows-per-task-4-tasks-per-warp": ("gather", 8, 64, 128, False),
     "gather-d64x8-65536rows-mixed-lengths-2rows-per-task": ("gather", 8, 64, 32, True),
     "gather-d128x1-32768rows-8rows-per-task": ("gather", 1, 128, 16, False),
+    "gather-d64x1-65536rows-mixed-lengths-8-or-more-rows-per-task": ("gather", 1, 64, 32, True),
     "write-d64x8-65536tokens-2rows-per-task": ("write", 8, 64, 65536, False),
-    "write-d64x1-65533tokens-8rows-per-task-partial-last-task": ("write", 1, 64, 65533, False),
+    "write-d64x1-65533tokens-8-or-more-rows-per-task-partial-last-task": ("write", 1, 64, 65533, False),
 }
 
 
@@ -292,32 +293,53 @@ def test_fp8_packed_write_padded_strides(provider, name):
                       f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")
 
 
-# Large HND_PACKED writes that cover a good part of the cache go over the cache's slots instead
-# of the IO rows (docs/cuda-reference.md, "Random-slot writes into HND_PACKED"): the slots are
-# first inverted into a scratch array, then whole tiles are stored. Unwritten slots, invalid
-# slots (-1, never stored) and partial tiles must come out exactly as the oracle's; the last
-# case covers too little of the cache and keeps the row-ordered tiles.
+# Large writes that cover a good part of the cache go over the cache's slots instead of the IO
+# rows (docs/cuda-reference.md, "Random-slot writes into HND_PACKED" and "Thirteenth round"): the
+# slots are first inverted into a scratch array, then whole tiles (HND_PACKED) or whole cache rows
+# in slot order (NHD/HND: the lean kernel on a device of memory depth 2 or more, for calls of at
+# least KVX_CUDA_ROWS_INVERT_MIN_BYTES of rows; the NHD/HND cases below are smaller, so they go
+# over the slots in a build with that knob lowered, and check the row-ordered kernels in a
+# default build) are stored. Unwritten slots, invalid slots (-1, never
+# stored), partial tiles, 2 and 4 slots per warp (4 heads of 128 and of 64), S32 slots and per-head
+# FP8 scales must come out exactly as the oracle's; the "row-ordered" cases cover too little of the
+# cache and keep the kernels over the IO rows, and F32 rows into an F16 cache take a kernel that
+# never goes over the slots.
 INVERTED = {
-    # id: (cache dtype, io dtype, blocks, block size, tokens, every k-th slot invalid, permutation of the whole cache)
-    "f16-16384-of-32768-slots-every-97th-invalid": (DType.F16, DType.F16, 2048, 16, 16384, 97, False),
-    "bf16-whole-cache-permutation": (DType.BF16, DType.BF16, 2048, 16, 32768, 0, False),
-    "f32-block-size-32-20000-of-65536-slots": (DType.F32, DType.F32, 2048, 32, 20000, 0, False),
-    "f16-to-e4m3-16384-of-32768-slots-every-89th-invalid": (DType.F8_E4M3, DType.F16, 2048, 16, 16384, 89, False),
-    "bf16-to-e5m2-whole-cache-prefill-order": (DType.F8_E5M2, DType.BF16, 1024, 16, 16384, 0, True),
-    "f16-16384-of-131072-slots-row-ordered-tiles": (DType.F16, DType.F16, 8192, 16, 16384, 0, False),
+    # id: (layout, cache dtype, io dtype, blocks, block size, tokens, every k-th slot invalid,
+    #      permutation of the whole cache, head_dim, extra write_case arguments)
+    "f16-16384-of-32768-slots-every-97th-invalid": ("hnd_packed", DType.F16, DType.F16, 2048, 16, 16384, 97, False, 128, {}),
+    "bf16-whole-cache-permutation": ("hnd_packed", DType.BF16, DType.BF16, 2048, 16, 32768, 0, False, 128, {}),
+    "f32-block-size-32-20000-of-65536-slots": ("hnd_packed", DType.F32, DType.F32, 2048, 32, 20000, 0, False, 128, {}),
+    "f16-to-e4m3-16384-of-32768-slots-every-89th-invalid": ("hnd_packed", DType.F8_E4M3, DType.F16, 2048, 16, 16384, 89, False, 128, {}),
+    "bf16-to-e5m2-whole-cache-prefill-order": ("hnd_packed", DType.F8_E5M2, DType.BF16, 1024, 16, 16384, 0, True, 128, {}),
+    "f16-16384-of-131072-slots-row-ordered-tiles": ("hnd_packed", DType.F16, DType.F16, 8192, 16, 16384, 0, False, 128, {}),
+    "nhd-f16-16384-of-32768-slots-every-97th-invalid": ("nhd", DType.F16, DType.F16, 2048, 16, 16384, 97, False, 128, {}),
+    "hnd-bf16-whole-cache-permutation-s32-slots": ("hnd", DType.BF16, DType.BF16, 2048, 16, 32768, 0, False, 128,
+                                                   {"slot_dtype": DType.S32}),
+    "nhd-f16-head-dim-64-32768-of-65536-slots": ("nhd", DType.F16, DType.F16, 4096, 16, 32768, 0, False, 64, {}),
+    "nhd-bf16-io-into-f16-cache-block-size-32": ("nhd", DType.F16, DType.BF16, 1024, 32, 16384, 0, False, 128, {}),
+    "hnd-f16-to-e4m3-per-head-scales-every-89th-invalid": ("hnd", DType.F8_E4M3, DType.F16, 2048, 16, 16384, 89, False, 128,
+                                                            {"per_head": True}),
+    "nhd-f32-to-e5m2-20000-of-65536-slots": ("nhd", DType.F8_E5M2, DType.F32, 4096, 16, 20000, 0, False, 128, {}),
+    "hnd-f32-io-into-f16-cache-16384-of-32768-slots": ("hnd", DType.F16, DType.F32, 2048, 16, 16384, 0, False, 128, {}),
+    "nhd-f16-16384-of-131072-slots-row-ordered": ("nhd", DType.F16, DType.F16, 8192, 16, 16384, 0, False, 128, {}),
 }
 
 
 @pytest.mark.parametrize("name", sorted(INVERTED))
-def test_packed_write_over_cache_slots(provider, name):
-    """Large random-slot HND_PACKED writes (tiles over the cache's slots) == the oracle (R-WRITE, R-INVALID-SLOT)."""
+def test_write_over_cache_slots(provider, name):
+    """Large random-slot writes (over the cache's slots where the backend inverts them) == the oracle
+    (R-WRITE, R-INVALID-SLOT, R-FP8)."""
+    from kvx_conformance.abi.header import ScaleGranularity
     from kvx_conformance.cases import build as cb
     from kvx_conformance.abi.descriptors import Geometry
 
-    cdt, iodt, nb, bs, n, every, prefill = INVERTED[name]
-    geom = Geometry(num_blocks=nb, block_size=bs, num_kv_heads=4, head_dim=128)
-    pack = 16 if cdt in (DType.F8_E4M3, DType.F8_E5M2) else None
-    cache = cb.simple_cache(geom, "hnd_packed", cdt, seed=41, pack=pack)
+    kind, cdt, iodt, nb, bs, n, every, prefill, dim, extra = INVERTED[name]
+    extra = dict(extra)
+    geom = Geometry(num_blocks=nb, block_size=bs, num_kv_heads=4, head_dim=dim)
+    fp8 = cdt in (DType.F8_E4M3, DType.F8_E5M2)
+    pack = 16 if fp8 and kind == "hnd_packed" else None
+    cache = cb.simple_cache(geom, kind, cdt, seed=41, **({"pack": pack} if pack else {}))
     if prefill:
         blocks = np.random.default_rng(42).permutation(nb)[: n // bs]
         slots = (blocks[:, None] * bs + np.arange(bs)[None, :]).reshape(-1).astype(np.int64)
@@ -325,7 +347,10 @@ def test_packed_write_over_cache_slots(provider, name):
         slots = cb.spread_slots(geom, n, 43)
     if every:
         slots[::every] = -1
-    case = cb.write_case(cache, slots, seed=44, io_dtype=iodt)
+    if extra.pop("per_head", False):
+        extra["k_scale_desc"] = cb.scale_spec([0.5, 2.0, 0.75, 3.0], ScaleGranularity.PER_HEAD)
+        extra["v_scale_desc"] = cb.scale_spec([1.5, 0.25, 4.0, 1.0], ScaleGranularity.PER_HEAD)
+    case = cb.write_case(cache, slots, seed=44, io_dtype=iodt, **extra)
     got = run_write(provider, case, CallOptions(memory=Memory.DEVICE))
     diff = compare(expected(case, Memory.DEVICE), got)
     assert not diff, (f"{name}: the CUDA backend differs from the oracle (expected its bits): {diff}\n"
@@ -335,12 +360,14 @@ def test_packed_write_over_cache_slots(provider, name):
 # DEVICE calls must capture into a CUDA graph (R-STREAM: the call enqueues its work on the stream
 # and never waits): on a host with several GPUs too, where the backend looks up the buffers' GPU
 # (R-PLACEMENT) but must ask the driver nothing on a stream being captured; and the large
-# HND_PACKED write whose scratch memory becomes a graph memory node.
+# HND_PACKED and NHD writes whose scratch memory becomes a graph memory node (NHD: 512 MiB of
+# rows, on a device whose memory depth inverts such writes; the verification samples rows).
 CAPTURED = {
     # id: (op, layout, tokens, heads, head_dim, table or slots)
     "write-nhd-16-tokens": ("write", "nhd", 16, 8, 128, "random"),
     "gather-nhd-64-tokens": ("gather", "nhd", 64, 8, 128, "packed"),
     "write-hnd_packed-16384-tokens-over-cache-slots": ("write", "hnd_packed", 16384, 2, 128, "random"),
+    "write-nhd-131072-tokens-over-cache-slots": ("write", "nhd", 131072, 8, 128, "random"),
 }
 
 

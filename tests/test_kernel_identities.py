@@ -122,18 +122,33 @@ def _word(exe: Path, key: str, *args: object) -> int:
     return int(words[1])
 
 
-@pytest.mark.parametrize("depth, lookup, lean", [
-    (1, False, False),  # H100: writes and PACKED gathers keep move_fast (its writes lost 0.5 to 1 point to move_rows)
-    (1, True, True),    # ... RAGGED / KV_OFFSETS gathers take move_rows (+0.8 and +3 points)
-    (2, False, True),   # H200: every large NHD/HND call (+2 to +7.5 points, FP8 writes +6 to +9)
-    (2, True, True),
-    (4, False, True),
+@pytest.mark.parametrize("depth, lookup, lg_tg, lean", [
+    (1, False, 0, False),  # H100: writes and PACKED gathers keep move_fast (its writes lost 0.5 to 1 point to move_rows)
+    (1, False, 1, False),  # ... 2 rows per task too (8 heads of 64: writes -1 point with move_rows)
+    (1, True, 0, True),    # ... RAGGED / KV_OFFSETS gathers take move_rows (+0.8 and +3 points)
+    (1, False, 2, True),   # ... and tasks of 4 or more short rows (one head of 64 to 256: +0.5 to +14 points)
+    (1, False, 3, True),
+    (2, False, 0, True),   # H200: every large NHD/HND call (+2 to +7.5 points, FP8 writes +6 to +9)
+    (2, True, 0, True),
+    (4, False, 0, True),
 ])
-def test_the_lean_kernel_follows_the_memory_depth(tuning_check, depth, lookup, lean):
+def test_the_lean_kernel_follows_the_memory_depth(tuning_check, depth, lookup, lg_tg, lean):
     exe, cmd = tuning_check
-    got = _word(exe, "lean", depth, int(lookup))
-    assert got == int(lean), (f"memory depth {depth}, lookup gather {lookup}: expected lean {int(lean)}, got {got}\n"
-                              f"repro: {' '.join(cmd)} && {exe} lean {depth} {int(lookup)}")
+    got = _word(exe, "lean", depth, int(lookup), lg_tg)
+    assert got == int(lean), (f"memory depth {depth}, lookup gather {lookup}, 2^{lg_tg} rows per task: expected lean "
+                              f"{int(lean)}, got {got}\nrepro: {' '.join(cmd)} && {exe} lean {depth} {int(lookup)} {lg_tg}")
+
+
+@pytest.mark.parametrize("depth, inverted", [
+    (1, False),  # H100: the lean write over the cache's slots loses 1 to 6 points (the lean kernel forced there)
+    (2, True),   # H200: see docs/cuda-reference.md, "Thirteenth round"
+    (4, True),
+])
+def test_lean_writes_go_over_the_cache_slots_by_memory_depth(tuning_check, depth, inverted):
+    exe, cmd = tuning_check
+    got = _word(exe, "rowsinv", depth)
+    assert got == int(inverted), (f"memory depth {depth}: expected rows_invert_for {int(inverted)}, got {got}\n"
+                                  f"repro: {' '.join(cmd)} && {exe} rowsinv {depth}")
 
 
 @pytest.mark.parametrize("depth, deep", [

@@ -1,8 +1,9 @@
 // The launch tuning of cuda/tuning.h, computed on the host as the CUDA backend computes it on
 // the device. tests/test_kernel_identities.py runs it in CI.
 //   tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM]   "per_sm_gbps X depth N": the memory depth
-//   tuning_check lean DEPTH LOOKUP_GATHER              "lean 0|1": lean_rows_for
+//   tuning_check lean DEPTH LOOKUP_GATHER [LG_TG]      "lean 0|1": lean_rows_for (LG_TG 0 if not given)
 //   tuning_check fp4deep DEPTH                         "fp4deep 0|1": fp4_lean_deep_for
+//   tuning_check rowsinv DEPTH                         "rowsinv 0|1": rows_invert_for
 //   tuning_check fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE   "fit32 0|1": row_offsets_fit32
 #include <cstdio>
 #include <cstdlib>
@@ -11,12 +12,17 @@
 #include "cuda/tuning.h"
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::strcmp(argv[1], "lean") == 0) {
-    std::printf("lean %d\n", kvx_cuda::lean_rows_for(std::atoi(argv[2]), std::atoi(argv[3]) != 0) ? 1 : 0);
+  if ((argc == 4 || argc == 5) && std::strcmp(argv[1], "lean") == 0) {
+    const int lg_tg = argc == 5 ? std::atoi(argv[4]) : 0;
+    std::printf("lean %d\n", kvx_cuda::lean_rows_for(std::atoi(argv[2]), std::atoi(argv[3]) != 0, lg_tg) ? 1 : 0);
     return 0;
   }
   if (argc == 3 && std::strcmp(argv[1], "fp4deep") == 0) {
     std::printf("fp4deep %d\n", kvx_cuda::fp4_lean_deep_for(std::atoi(argv[2])) ? 1 : 0);
+    return 0;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "rowsinv") == 0) {
+    std::printf("rowsinv %d\n", kvx_cuda::rows_invert_for(std::atoi(argv[2])) ? 1 : 0);
     return 0;
   }
   if (argc == 8 && std::strcmp(argv[1], "fit32") == 0) {
@@ -28,7 +34,8 @@ int main(int argc, char** argv) {
   }
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr,
-                 "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM] | lean DEPTH LOOKUP_GATHER | fp4deep DEPTH |"
+                 "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM] | lean DEPTH LOOKUP_GATHER [LG_TG] | fp4deep DEPTH |"
+                 " rowsinv DEPTH |"
                  " fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE\n");
     return 2;
   }

@@ -339,15 +339,16 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * (move_rows, move_kernels.cuh: one task per warp and more resident warps than move_fast:
    * same-dtype copies four blocks per SM where move_fast fits two, FP8 quantizing writes six).
    * On a device with more DRAM bandwidth per SM (memory_depth() > 1) every such call (H200:
-   * copies +2 to +7.5 points at 65536 rows, FP8 writes +6 to +9); at depth 1 only RAGGED and
+   * copies +2 to +7.5 points at 65536 rows, FP8 writes +6 to +9); at depth 1 RAGGED and
    * KV_OFFSETS gathers, whose lookups the extra warps hide (H100: +0.8 and +3 points; its
-   * writes lost 0.5 to 1). docs/cuda-reference.md, "Ninth round". Only K and V in one launch,
+   * writes lost 0.5 to 1), and tasks of 4 or more short rows (one head of 64 to 256 F16
+   * values: +0.5 to +14). docs/cuda-reference.md, "Ninth round", "Thirteenth round". Only K and V in one launch,
    * whole vectors, one run of head_dim per head, tasks of at most KVX_CUDA_ROWS_MAX_TASK_BYTES,
    * and rows whose every vector a 32-bit offset reaches (row_offsets_fit32). */
   p.rows = 0;
   if (fast && !packed && !tiles && !qtiles && p.fuse && !p.decode && n == 2 && !p.bytewise &&
       (KVX_CUDA_ROWS_MAX_TASK_BYTES == 0 || task_bytes <= (uint64_t)KVX_CUDA_ROWS_MAX_TASK_BYTES) &&
-      lean_rows_for((int)depth, p.kind == KIND_RAGGED || p.kind == KIND_KV_OFFSETS)) {
+      lean_rows_for((int)depth, p.kind == KIND_RAGGED || p.kind == KIND_KV_OFFSETS, (int)p.lg_tg)) {
     bool ok = true;
     for (uint32_t i = 0; i < n; ++i) {
       const Job& j = p.job[i];
@@ -355,11 +356,27 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
     }
     p.rows = ok;
   }
-  /* Large random-slot tile writes over the cache's slots instead of the IO rows (move_packed.cu):
-   * whole tiles stored instead of one 16-byte piece per token, dgroup and head */
+  /* ... whose rows are so short that 8 per task still leave lanes' loads unused (one head of 64
+   * F16 values: 128 of 256 chunks): up to 2^KVX_CUDA_ROWS_MAX_LG_TG rows per task (move_rows
+   * takes any 2^lg_tg up to 32) */
+  if (p.rows)
+    while (((uint64_t)H * chunks * n << p.lg_tg) < (uint64_t)KVX_CUDA_TASK_CHUNKS && p.lg_tg < KVX_CUDA_ROWS_MAX_LG_TG)
+      ++p.lg_tg;
+  /* Large writes over the cache's slots instead of the IO rows (move_invert.cu). HND_PACKED tiles:
+   * whole tiles stored instead of one 16-byte piece per token, dgroup and head. The lean kernel
+   * (NHD/HND) at the memory depths rows_invert_for takes: the cache written in order, the IO rows
+   * read at random; one row per task (with several, the slots no row writes idle their lanes)
+   * and at least KVX_CUDA_ROWS_INVERT_MIN_BYTES of rows, against which the inversion's fixed
+   * cost (a memset and a pass over the slots) is small (docs/cuda-reference.md, "Thirteenth
+   * round"). */
   p.inv = nullptr;
-  if ((tiles || qtiles) && !p.decode && packed_invert_ok(p, rows, H, chunks)) {
-    const cudaError_t e = launch_packed_inverted(qtiles, jobs[0].src, jobs[0].dst, p, rows, stream);
+  const bool inv_tiles = (tiles || qtiles) && !p.decode && packed_invert_ok(p, rows, H, chunks);
+  const bool inv_rows = p.rows && p.kind == KIND_WRITE && p.lg_tg == 0 && rows_invert_for((int)depth) &&
+                        KVX_CUDA_ROWS_INVERT_MIN_BYTES > 0 && rows * task_bytes >= (uint64_t)KVX_CUDA_ROWS_INVERT_MIN_BYTES &&
+                        rows_serve(jobs[0].src, jobs[0].dst) && invert_ok(p, rows, 1);
+  if (inv_tiles || inv_rows) {
+    const InvKernel k = inv_rows ? INV_ROWS : qtiles ? INV_QTILES : INV_TILES;
+    const cudaError_t e = launch_inverted(k, jobs[0].src, jobs[0].dst, p, rows, stream);
     if (e != cudaSuccess) return e == cudaErrorInvalidValue ? KVX_STATUS_UNSUPPORTED : KVX_STATUS_INTERNAL_ERROR;
     return KVX_STATUS_OK;
   }

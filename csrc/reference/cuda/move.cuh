@@ -53,6 +53,24 @@ constexpr int kThreads = 256;
 #ifndef KVX_CUDA_TASK_CHUNKS
 #define KVX_CUDA_TASK_CHUNKS 256 /* large fast-path calls: rows per task so that a task has this many chunks (0: one row; head_dim 64 x 8 heads F16: -6 to -11 points) */
 #endif
+#ifndef KVX_CUDA_INVERT_COVER
+#define KVX_CUDA_INVERT_COVER 4 /* inverted writes (move_invert.cu): when the cache has at most this many slots per row \
+                                   written */
+#endif
+#ifndef KVX_CUDA_INVERT_MAX_SLOTS
+#define KVX_CUDA_INVERT_MAX_SLOTS (1u << 24) /* ... and at most this many slots (64 MB of scratch) */
+#endif
+#ifndef KVX_CUDA_INVERT_CLEAR
+#define KVX_CUDA_INVERT_CLEAR 1 /* ... the scratch array set to -1 first (inv_row_of) */
+#endif
+#ifndef KVX_CUDA_ROWS_INVERT_MIN_BYTES
+#define KVX_CUDA_ROWS_INVERT_MIN_BYTES (512ull << 20) /* lean-kernel writes (move_rows) of one row per task and \
+      at least this many bytes of rows (K and V, wider side) may go over the cache's slots, at the memory depth \
+      rows_invert_for takes (0: never; H200, 256 MiB: -0.4 to -1.3 points, 512 MiB and more: +0.9 to +5.5) */
+#endif
+#ifndef KVX_CUDA_ROWS_MAX_LG_TG
+#define KVX_CUDA_ROWS_MAX_LG_TG 3 /* ... in the lean kernel up to 2^this rows per task (at most 5) */
+#endif
 #ifndef KVX_CUDA_PACKED_SMEM
 #define KVX_CUDA_PACKED_SMEM 1 /* HND_PACKED same-dtype moves through shared-memory tiles */
 #endif
@@ -162,7 +180,7 @@ struct MoveParams {
   int len64;
   const char* pool[2];    /* KV_OFFSETS primary, secondary (may be NULL) */
   unsigned long long bytes_per_block;
-  /* HND_PACKED tile writes over the cache's slots (launch_packed_inverted): slot -> IO row, -1 none */
+  /* writes over the cache's slots (launch_inverted, move_invert.cu): slot -> IO row, -1 none */
   const int* inv;
 };
 
@@ -270,6 +288,21 @@ __device__ __forceinline__ char* gather_cache_row(const MoveParams& p, const Job
   }
   if (id < 0 || id >= (long long)p.num_blocks) return nullptr;
   return jb.cache + (long long)jb.cache_esize * (id * jb.c_block + (long long)m.off * jb.c_token);
+}
+
+/* Inverted writes (move_invert.cu): the IO row that writes cache slot `sl`, or -1. The call's rows
+ * were recorded by slot in p.inv (row_begin 0). KVX_CUDA_INVERT_CLEAR 1: the scratch array was set
+ * to -1 (a stream-ordered memset) before, so an entry is the row. 0: it is never cleared, and an
+ * entry counts only if it names a row of the call whose own slot is this one (the sparse-set
+ * check): one dependent load more, with which the inverted HND_PACKED writes of 262144 rows read
+ * 1 to 9 points lower on an H200 (docs/cuda-reference.md, "Twelfth round"). */
+__device__ __forceinline__ int inv_row_of(const MoveParams& p, unsigned long long sl) {
+  if (sl >= p.num_slots) return -1;
+  const int r = __ldg(p.inv + sl);
+  if ((unsigned)r >= p.row_count) return -1;
+  if (KVX_CUDA_INVERT_CLEAR) return r;
+  const long long back = p.slot64 ? __ldg((const long long*)p.slots + r) : (long long)__ldg((const int*)p.slots + r);
+  return back == (long long)sl ? r : -1;
 }
 
 __device__ __forceinline__ long long write_slot_load(const MoveParams& p, const Item& it) {
@@ -387,14 +420,24 @@ cudaError_t launch_convert_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParam
 /* move_packed.cu: same-dtype HND_PACKED moves with 16-byte pack groups, tiles of
  * 16 tokens x 16 dgroups through shared memory (p.lg_tg = 4, fd_c.div % 16 == 0). */
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream);
-/* Whether a tile write of `rows` rows goes over the cache's slots instead of the IO rows
- * (move_packed.cu); then launch_packed_inverted runs it, else the caller launches as usual. */
-bool packed_invert_ok(const MoveParams& p, unsigned long long rows, uint32_t H, uint32_t pieces_per_head);
-cudaError_t launch_packed_inverted(bool quantize, kvx_dtype_t src, kvx_dtype_t dst, MoveParams p, unsigned long long rows,
-                                   cudaStream_t stream);
 /* ... and quantizing writes into FP8 HND_PACKED with 16-element pack groups
  * (p.lg_tg = 4, head_dim a multiple of 128). */
 cudaError_t launch_packed_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);
+
+/* move_invert.cu: writes over the cache's slots instead of the IO rows. invert_ok: whether a
+ * write of `rows` rows (at least `min_rows`) may go that way: it covers a good part of the cache
+ * (KVX_CUDA_INVERT_COVER), whose slots fit the scratch array (KVX_CUDA_INVERT_MAX_SLOTS).
+ * launch_inverted records the rows by slot in a stream-ordered scratch array, then runs `kernel`
+ * over the slots: the same-dtype tiles (move_packed), the FP8 tiles (move_packed_fp8) or the
+ * lean kernel (move_rows, through launch_fast); without stream-ordered allocation, as usual. */
+/* Whether launch_fast takes the lean kernel (move_rows) for a (src, dst) pair of a call the
+ * planner gave it (p.rows): rows_ok (move_kernels.cuh) asked of the dtypes (move_copy.cu). */
+bool rows_serve(kvx_dtype_t src, kvx_dtype_t dst);
+enum InvKernel : int { INV_TILES = 0, INV_QTILES = 1, INV_ROWS = 2 };
+bool invert_ok(const MoveParams& p, unsigned long long rows, unsigned long long min_rows);
+bool packed_invert_ok(const MoveParams& p, unsigned long long rows, uint32_t H, uint32_t pieces_per_head);
+cudaError_t launch_inverted(InvKernel kernel, kvx_dtype_t src, kvx_dtype_t dst, MoveParams p, unsigned long long rows,
+                            cudaStream_t stream);
 
 /* Elements per fast-path chunk: 16 bytes on the wider side. */
 inline int fast_vec(kvx_dtype_t src, kvx_dtype_t dst) {

@@ -87,6 +87,13 @@ cudaError_t launch_fast(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, c
   return launch_convert_float(src, dst, p, stream);
 }
 
+/* rows_ok's question asked of the dtypes before an Op is chosen: FP8 quantization, or input and
+ * output of one width (the Ops launch_fast picks). */
+bool rows_serve(kvx_dtype_t src, kvx_dtype_t dst) {
+  if (src != dst && kvx_ref::is_fp8(dst)) return KVX_CUDA_ROWS_FP8;
+  return KVX_CUDA_ROWS && kvx_ref::dtype_size(src) == kvx_ref::dtype_size(dst);
+}
+
 namespace {
 struct GridEntry {
   const void* kernel;

@@ -603,8 +603,10 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
   }
   const uint32_t lane = threadIdx.x & 31u;
   const uint32_t task = blockIdx.x * (kThreads / 32u) + (threadIdx.x >> 5);
+  /* lane's row, or (an inverted write, p.inv: move_invert.cu) lane's cache slot */
   const uint32_t r = (task << p.lg_tg) + (lane & ((1u << p.lg_tg) - 1u));
-  if (r >= p.row_count) return; /* no barrier or shuffle below */
+  const bool inverted = p.inv != nullptr;
+  if (inverted ? r >= p.num_slots : r >= p.row_count) return; /* no barrier or shuffle below */
   const bool gather = !Op::kScaled && p.kind != KIND_WRITE;
   Item it;
   it.job = &p.job[0];
@@ -622,6 +624,13 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
     }
     crow0 = gather_cache_row(p, p.job[0], m0);
     crow1 = gather_cache_row(p, p.job[1], m1);
+  } else if (inverted) {
+    /* slot r, written by IO row inv[r] (row_begin 0), or by none */
+    const int row = inv_row_of(p, r);
+    if (row < 0) return;
+    it.row = (uint32_t)row;
+    crow0 = write_cache_row(p, p.job[0], (long long)r);
+    crow1 = write_cache_row(p, p.job[1], (long long)r);
   } else {
     const long long slot = write_slot_load(p, it);
     crow0 = write_cache_row(p, p.job[0], slot);
@@ -692,6 +701,7 @@ template <class Op>
 __host__ bool rows_ok(const MoveParams& p) {
   return p.rows && (Op::kScaled ? KVX_CUDA_ROWS_FP8 : KVX_CUDA_ROWS && Op::kIn == Op::kOut);
 }
+
 
 /* ------------------------------------------------------------------------ */
 /* General path: one element per item, any strides and dtypes. */
@@ -909,10 +919,12 @@ cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
 template <class Op>
 cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
   if (p.decode) return launch_decode<Op>(p, stream);
+  if (p.inv && !rows_ok<Op>(p)) return cudaErrorInvalidValue; /* only move_rows goes over the slots (rows_serve) */
   if (rows_ok<Op>(p)) {
     constexpr int U = Op::kScaled ? KVX_CUDA_ROWS_FP8_UNROLL : KVX_CUDA_ROWS_UNROLL;
     constexpr int MINB = Op::kScaled ? KVX_CUDA_ROWS_FP8_MIN_BLOCKS : KVX_CUDA_ROWS_MIN_BLOCKS;
-    const unsigned long long tasks = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
+    const unsigned long long lanes = p.inv ? p.num_slots : (unsigned long long)p.row_count; /* rows, or slots */
+    const unsigned long long tasks = (lanes + (1u << p.lg_tg) - 1) >> p.lg_tg;
     const unsigned long long grid = (tasks + kThreads / 32 - 1) / (kThreads / 32);
     move_rows<Op, U, MINB><<<(unsigned)grid, kThreads, 0, stream>>>(p);
     return cudaGetLastError();

@@ -20,10 +20,10 @@
  * block (random slots) are moved correctly, piece by piece. Rows with no
  * cache location are skipped exactly as in the generic path.
  *
- * Inverted writes (p.inv): a large write that covers a good part of the cache
- * (KVX_CUDA_PACKED_INVERT_COVER) first records, for every cache slot, the IO row
+ * Inverted writes (p.inv, move_invert.cu): a large write that covers a good part of the
+ * cache (KVX_CUDA_INVERT_COVER) first records, for every cache slot, the IO row
  * that writes it (a 4-byte scatter into a stream-ordered scratch array set to
- * -1 first: see inv_row), then runs the same tiles over 16 consecutive cache slots instead
+ * -1 first: see inv_row_of), then runs the same tiles over 16 consecutive cache slots instead
  * of 16 consecutive IO rows: the IO side gathers whole 16-byte pieces of
  * random rows and the cache side stores whole tiles. Random slots then write
  * full sectors instead of one 16-byte half-sector per token and dgroup (the
@@ -52,32 +52,12 @@ constexpr int kTile = 16; /* tokens per tile (and dgroups per tile of a large ca
 
 #ifndef KVX_CUDA_PACKED_INVERT_MIN_ROWS
 #define KVX_CUDA_PACKED_INVERT_MIN_ROWS 16384 /* tile writes of at least this many rows may go over the cache's slots \
-                                                 (0: never) */
+                                                 (0: never; the other conditions: invert_ok, move_invert.cu) */
 #endif
-#ifndef KVX_CUDA_PACKED_INVERT_COVER
-#define KVX_CUDA_PACKED_INVERT_COVER 4 /* ... when the cache has at most this many slots per row written */
-#endif
-#ifndef KVX_CUDA_PACKED_INVERT_MAX_SLOTS
-#define KVX_CUDA_PACKED_INVERT_MAX_SLOTS (1u << 24) /* ... and at most this many slots (64 MB of scratch) */
-#endif
-
-/* A tile's lane ti (< 16) of an inverted write: the IO row that writes slot g * 16 + ti, or -1.
- * KVX_CUDA_PACKED_INVERT_CLEAR 1: the scratch array is set to -1 (a stream-ordered memset) before
- * the rows are recorded, so an entry is the row. 0: it is never cleared, and an entry counts only
- * if it names a row of the call whose own slot is this one (the sparse-set check): one dependent
- * load more per tile, with which the inverted writes of 262144 rows read 1 to 9 points lower on
- * an H200 (docs/cuda-reference.md, "Twelfth round"). */
-#ifndef KVX_CUDA_PACKED_INVERT_CLEAR
-#define KVX_CUDA_PACKED_INVERT_CLEAR 1
-#endif
+/* A tile's lane ti (< 16) of an inverted write: the IO row that writes slot g * 16 + ti, or -1
+ * (inv_row_of, move.cuh). */
 __device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t ti) {
-  const unsigned long long sl = (unsigned long long)g * 16u + ti;
-  if (sl >= p.num_slots) return -1;
-  const int r = __ldg(p.inv + sl);
-  if ((unsigned)r >= p.row_count) return -1; /* row_begin is 0 here */
-  if (KVX_CUDA_PACKED_INVERT_CLEAR) return r;
-  const long long back = p.slot64 ? __ldg((const long long*)p.slots + r) : (long long)__ldg((const int*)p.slots + r);
-  return back == (long long)sl ? r : -1;
+  return inv_row_of(p, (unsigned long long)g * 16u + ti);
 }
 
 #ifndef KVX_CUDA_PACKED_SMALL_ND
@@ -336,96 +316,11 @@ cudaError_t launch_packed_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams
   }
 }
 
-/* ------------------------------------------------------------------------ */
-/* Inverted tile writes (see the top of this file). */
-
-/* inv[slot] = row for every row of the call whose slot is valid (rows row_begin ..). */
-__global__ void __launch_bounds__(kThreads) invert_slots(const __grid_constant__ MoveParams p, int* inv) {
-  const uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= p.row_count) return;
-  const uint32_t row = p.row_begin + r;
-  const long long slot = p.slot64 ? __ldg((const long long*)p.slots + row) : (long long)__ldg((const int*)p.slots + row);
-  if (slot < 0 || slot == p.invalid_slot || (unsigned long long)slot >= p.num_slots) return;
-  inv[slot] = (int)row;
-}
-
+/* Whether a tile write goes over the cache's slots (launch_inverted, move_invert.cu). */
 bool packed_invert_ok(const MoveParams& p, unsigned long long rows, uint32_t H, uint32_t pieces_per_head) {
-  if (KVX_CUDA_PACKED_INVERT_MIN_ROWS == 0 || p.kind != KIND_WRITE || p.bytewise) return false;
-  if (rows < (unsigned long long)KVX_CUDA_PACKED_INVERT_MIN_ROWS || rows > 0x7FFFFFFFull) return false;
-  if (p.num_slots > (unsigned long long)KVX_CUDA_PACKED_INVERT_MAX_SLOTS) return false;
-  if (p.num_slots > rows * (unsigned long long)KVX_CUDA_PACKED_INVERT_COVER) return false;
+  if (!invert_ok(p, rows, (unsigned long long)KVX_CUDA_PACKED_INVERT_MIN_ROWS)) return false;
   /* the kernels' 32-bit warp index: tiles x heads x pieces per head / 8 x 2 jobs */
   return (p.num_slots / 16 + 1) * H * (pieces_per_head / 8 + 1) * 2 < 0x7F000000ull;
-}
-
-/* Stream-ordered scratch memory. Outside a graph capture it comes from the backend's own pool on
- * the current device, which keeps up to KVX_CUDA_SCRATCH_KEEP bytes between calls (the default
- * pool returns its memory at every synchronization, and mapping it again cost an eager call 20 to
- * 45 us on the H100); inside a capture from cudaMallocAsync, which the capture turns into a graph
- * memory node. False where neither is available. */
-#ifndef KVX_CUDA_SCRATCH_KEEP
-#define KVX_CUDA_SCRATCH_KEEP (64ull << 20)
-#endif
-static bool scratch_alloc(void** ptr, size_t bytes, cudaStream_t stream) {
-  static std::mutex mu;
-  static cudaMemPool_t pools[64];
-  static bool tried[64];
-  int dev = 0, supported = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, dev) != cudaSuccess || !supported) return false;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) return false;
-  if (capture == cudaStreamCaptureStatusNone) {
-    cudaMemPool_t pool = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!tried[dev]) {
-        tried[dev] = true;
-        cudaMemPoolProps props;
-        memset(&props, 0, sizeof props);
-        props.allocType = cudaMemAllocationTypePinned;
-        props.location.type = cudaMemLocationTypeDevice;
-        props.location.id = dev;
-        if (cudaMemPoolCreate(&pools[dev], &props) == cudaSuccess) {
-          unsigned long long keep = KVX_CUDA_SCRATCH_KEEP;
-          cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &keep);
-        } else {
-          pools[dev] = nullptr;
-        }
-      }
-      pool = pools[dev];
-    }
-    if (pool && cudaMallocFromPoolAsync(ptr, bytes, pool, stream) == cudaSuccess) return true;
-    (void)cudaGetLastError();
-  }
-  return cudaMallocAsync(ptr, bytes, stream) == cudaSuccess;
-}
-
-/* Records the call's rows by slot in a stream-ordered scratch array, runs the tile kernel over
- * the cache's slots, frees the array: two launches and two stream-ordered memory operations, all
- * capturable into a CUDA graph. Where stream-ordered allocation is not available, the usual tiles. */
-cudaError_t launch_packed_inverted(bool quantize, kvx_dtype_t src, kvx_dtype_t dst, MoveParams p, unsigned long long rows,
-                                   cudaStream_t stream) {
-  p.row_begin = 0;
-  p.row_count = (uint32_t)rows;
-  int* inv = nullptr;
-  const size_t bytes = (size_t)p.num_slots * sizeof(int);
-  if (scratch_alloc((void**)&inv, bytes, stream)) {
-    cudaError_t e = KVX_CUDA_PACKED_INVERT_CLEAR ? cudaMemsetAsync(inv, 0xFF, bytes, stream) : cudaSuccess;
-    if (e == cudaSuccess) {
-      invert_slots<<<(unsigned)((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, inv);
-      e = cudaGetLastError();
-    }
-    if (e == cudaSuccess) {
-      p.inv = inv;
-      e = quantize ? launch_packed_fp8(src, dst, p, stream) : launch_packed(p, stream);
-    }
-    const cudaError_t f = cudaFreeAsync(inv, stream);
-    return e != cudaSuccess ? e : f;
-  }
-  (void)cudaGetLastError(); /* no stream-ordered allocation here: the usual tiles */
-  p.inv = nullptr;
-  return quantize ? launch_packed_fp8(src, dst, p, stream) : launch_packed(p, stream);
 }
 
 }  // namespace kvx_cuda

@@ -10,6 +10,13 @@
 #define KVX_CUDA_DEPTH_GBPS_PER_SM 30 /* DRAM GB/s per SM that one fast-path task per warp keeps fed */
 #endif
 
+#ifndef KVX_CUDA_LEAN_MIN_LG_TG
+#define KVX_CUDA_LEAN_MIN_LG_TG 2 /* lean_rows_for at memory depth 1: tasks of at least 4 rows */
+#endif
+#ifndef KVX_CUDA_ROWS_INVERT_DEPTH
+#define KVX_CUDA_ROWS_INVERT_DEPTH 2 /* rows_invert_for: the least memory depth (0: every device) */
+#endif
+
 namespace kvx_cuda {
 
 /* Peak DRAM bandwidth of a device in bytes/s: two transfers per memory clock
@@ -32,10 +39,20 @@ inline int memory_depth_for(int sms, int mem_khz, int bus_bits, double gbps_per_
 
 /* Whether a large call into or out of NHD/HND caches takes the lean kernel (move_rows,
  * move_kernels.cuh), which keeps more warps resident than move_fast: on a device of memory
- * depth 2 or more every such call; at depth 1 only the gathers whose rows are found
- * through a lookup per token (RAGGED indices, KV_OFFSETS entries), whose latency the extra
- * warps hide (docs/cuda-reference.md, "Ninth round"). */
-inline bool lean_rows_for(int depth, bool lookup_gather) { return depth > 1 || lookup_gather; }
+ * depth 2 or more every such call; at depth 1 the calls with many lookups per byte, whose
+ * latency the extra warps hide: gathers whose rows are found through a lookup per token
+ * (RAGGED indices, KV_OFFSETS entries; docs/cuda-reference.md, "Ninth round") and calls of
+ * short rows, 2^lg_tg rows per task with lg_tg at least KVX_CUDA_LEAN_MIN_LG_TG (one head of
+ * 64 to 256 F16 values: "Thirteenth round"). */
+inline bool lean_rows_for(int depth, bool lookup_gather, int lg_tg) {
+  return depth > 1 || lookup_gather || lg_tg >= KVX_CUDA_LEAN_MIN_LG_TG;
+}
+
+/* Whether a large write through the lean kernel goes over the cache's slots instead of the IO
+ * rows (move_invert.cu: the cache written in order, the IO rows read at random) on a device of
+ * memory depth `depth`: from KVX_CUDA_ROWS_INVERT_DEPTH on (docs/cuda-reference.md, "Thirteenth
+ * round"). */
+inline bool rows_invert_for(int depth) { return depth >= KVX_CUDA_ROWS_INVERT_DEPTH; }
 
 /* Whether the FP4 lean write (write_lean_kernel, move_fp4_write.cu) runs in its deep form: each
  * next row of F16/BF16 prefetched into L2, and a grid of the resident CTAs whose warps split the
