@@ -300,29 +300,30 @@ def test_fp8_packed_write_padded_strides(provider, name):
 # least KVX_CUDA_ROWS_INVERT_MIN_BYTES of rows; the NHD/HND cases below are smaller, so they go
 # over the slots in a build with that knob lowered, and check the row-ordered kernels in a
 # default build) are stored. Unwritten slots, invalid slots (-1, never
-# stored), partial tiles, 2 and 4 slots per warp (4 heads of 128 and of 64), S32 slots and per-head
-# FP8 scales must come out exactly as the oracle's; the "row-ordered" cases cover too little of the
-# cache and keep the kernels over the IO rows, and F32 rows into an F16 cache take a kernel that
-# never goes over the slots.
+# stored), partial tiles, S32 slots and per-head FP8 scales must come out exactly as the oracle's;
+# the "row-ordered" cases cover too little of the cache or take two rows per task (8 heads of 64)
+# and keep the kernels over the IO rows, and F32 rows into an F16 cache take a kernel that never
+# goes over the slots.
 INVERTED = {
     # id: (layout, cache dtype, io dtype, blocks, block size, tokens, every k-th slot invalid,
-    #      permutation of the whole cache, head_dim, extra write_case arguments)
+    #      permutation of the whole cache, head_dim, {"heads": H (4), "per_head": FP8 scales, write_case arguments})
     "f16-16384-of-32768-slots-every-97th-invalid": ("hnd_packed", DType.F16, DType.F16, 2048, 16, 16384, 97, False, 128, {}),
     "bf16-whole-cache-permutation": ("hnd_packed", DType.BF16, DType.BF16, 2048, 16, 32768, 0, False, 128, {}),
     "f32-block-size-32-20000-of-65536-slots": ("hnd_packed", DType.F32, DType.F32, 2048, 32, 20000, 0, False, 128, {}),
     "f16-to-e4m3-16384-of-32768-slots-every-89th-invalid": ("hnd_packed", DType.F8_E4M3, DType.F16, 2048, 16, 16384, 89, False, 128, {}),
     "bf16-to-e5m2-whole-cache-prefill-order": ("hnd_packed", DType.F8_E5M2, DType.BF16, 1024, 16, 16384, 0, True, 128, {}),
     "f16-16384-of-131072-slots-row-ordered-tiles": ("hnd_packed", DType.F16, DType.F16, 8192, 16, 16384, 0, False, 128, {}),
-    "nhd-f16-16384-of-32768-slots-every-97th-invalid": ("nhd", DType.F16, DType.F16, 2048, 16, 16384, 97, False, 128, {}),
+    "nhd-f16-16384-of-32768-slots-every-97th-invalid": ("nhd", DType.F16, DType.F16, 2048, 16, 16384, 97, False, 128, {"heads": 8}),
     "hnd-bf16-whole-cache-permutation-s32-slots": ("hnd", DType.BF16, DType.BF16, 2048, 16, 32768, 0, False, 128,
-                                                   {"slot_dtype": DType.S32}),
-    "nhd-f16-head-dim-64-32768-of-65536-slots": ("nhd", DType.F16, DType.F16, 4096, 16, 32768, 0, False, 64, {}),
-    "nhd-bf16-io-into-f16-cache-block-size-32": ("nhd", DType.F16, DType.BF16, 1024, 32, 16384, 0, False, 128, {}),
+                                                   {"slot_dtype": DType.S32, "heads": 8}),
+    "nhd-f16-head-dim-64-two-rows-per-task-row-ordered": ("nhd", DType.F16, DType.F16, 4096, 16, 32768, 0, False, 64,
+                                                          {"heads": 8}),
+    "nhd-bf16-io-into-f16-cache-block-size-32": ("nhd", DType.F16, DType.BF16, 1024, 32, 16384, 0, False, 128, {"heads": 8}),
     "hnd-f16-to-e4m3-per-head-scales-every-89th-invalid": ("hnd", DType.F8_E4M3, DType.F16, 2048, 16, 16384, 89, False, 128,
-                                                            {"per_head": True}),
-    "nhd-f32-to-e5m2-20000-of-65536-slots": ("nhd", DType.F8_E5M2, DType.F32, 4096, 16, 20000, 0, False, 128, {}),
-    "hnd-f32-io-into-f16-cache-16384-of-32768-slots": ("hnd", DType.F16, DType.F32, 2048, 16, 16384, 0, False, 128, {}),
-    "nhd-f16-16384-of-131072-slots-row-ordered": ("nhd", DType.F16, DType.F16, 8192, 16, 16384, 0, False, 128, {}),
+                                                            {"per_head": True, "heads": 8}),
+    "nhd-f32-to-e5m2-20000-of-65536-slots": ("nhd", DType.F8_E5M2, DType.F32, 4096, 16, 20000, 0, False, 128, {"heads": 8}),
+    "hnd-f32-io-into-f16-cache-16384-of-32768-slots": ("hnd", DType.F16, DType.F32, 2048, 16, 16384, 0, False, 128, {"heads": 8}),
+    "nhd-f16-16384-of-131072-slots-row-ordered": ("nhd", DType.F16, DType.F16, 8192, 16, 16384, 0, False, 128, {"heads": 8}),
 }
 
 
@@ -336,7 +337,8 @@ def test_write_over_cache_slots(provider, name):
 
     kind, cdt, iodt, nb, bs, n, every, prefill, dim, extra = INVERTED[name]
     extra = dict(extra)
-    geom = Geometry(num_blocks=nb, block_size=bs, num_kv_heads=4, head_dim=dim)
+    heads = extra.pop("heads", 4)
+    geom = Geometry(num_blocks=nb, block_size=bs, num_kv_heads=heads, head_dim=dim)
     fp8 = cdt in (DType.F8_E4M3, DType.F8_E5M2)
     pack = 16 if fp8 and kind == "hnd_packed" else None
     cache = cb.simple_cache(geom, kind, cdt, seed=41, **({"pack": pack} if pack else {}))
@@ -348,8 +350,8 @@ def test_write_over_cache_slots(provider, name):
     if every:
         slots[::every] = -1
     if extra.pop("per_head", False):
-        extra["k_scale_desc"] = cb.scale_spec([0.5, 2.0, 0.75, 3.0], ScaleGranularity.PER_HEAD)
-        extra["v_scale_desc"] = cb.scale_spec([1.5, 0.25, 4.0, 1.0], ScaleGranularity.PER_HEAD)
+        extra["k_scale_desc"] = cb.scale_spec([0.5, 2.0, 0.75, 3.0, 1.25, 0.125, 6.0, 1.0][:heads], ScaleGranularity.PER_HEAD)
+        extra["v_scale_desc"] = cb.scale_spec([1.5, 0.25, 4.0, 1.0, 0.625, 8.0, 0.5, 2.5][:heads], ScaleGranularity.PER_HEAD)
     case = cb.write_case(cache, slots, seed=44, io_dtype=iodt, **extra)
     got = run_write(provider, case, CallOptions(memory=Memory.DEVICE))
     diff = compare(expected(case, Memory.DEVICE), got)
