@@ -139,28 +139,23 @@ def test_the_lean_kernel_follows_the_memory_depth(tuning_check, depth, lookup, l
                               f"{int(lean)}, got {got}\nrepro: {' '.join(cmd)} && {exe} lean {depth} {int(lookup)} {lg_tg}")
 
 
-@pytest.mark.parametrize("depth, inverted", [
-    (1, False),  # H100: the lean write over the cache's slots loses 1 to 6 points (the lean kernel forced there)
-    (2, True),   # H200: see docs/cuda-reference.md, "Thirteenth round"
-    (4, True),
+@pytest.mark.parametrize("rule, depth, on", [
+    # rows_invert_for: the lean kernel's large writes over the cache's slots
+    ("rowsinv", 1, False),  # H100: with the lean kernel forced there, 65536 rows -3 points, 262144 -1
+    ("rowsinv", 2, True),   # H200: 16-bit writes of 262144 rows 92.0 -> 95.5 %, FP8 into HND 84.2 -> 90.0 %
+    ("rowsinv", 4, True),
+    # fp4_lean_deep_for: the FP4 lean write's L2 prefetch and fitted grid
+    ("fp4deep", 1, False),  # H100: the FP4 lean write from F16/BF16 93 % of copy plain, 85-88.6 % with the L2 prefetch
+    ("fp4deep", 2, True),   # H200: 79 % plain, 84 % with the prefetch, 85-85.9 % with the fitted grid as well
+    ("fp4deep", 4, True),
 ])
-def test_lean_writes_go_over_the_cache_slots_by_memory_depth(tuning_check, depth, inverted):
+def test_depth_rules(tuning_check, rule, depth, on):
+    """The kernel forms that follow the memory depth (cuda/tuning.h; docs/cuda-reference.md,
+    "Thirteenth round" and docs/fp4.md, "Eleventh round")."""
     exe, cmd = tuning_check
-    got = _word(exe, "rowsinv", depth)
-    assert got == int(inverted), (f"memory depth {depth}: expected rows_invert_for {int(inverted)}, got {got}\n"
-                                  f"repro: {' '.join(cmd)} && {exe} rowsinv {depth}")
-
-
-@pytest.mark.parametrize("depth, deep", [
-    (1, False),  # H100: the FP4 lean write from F16/BF16 93 % of copy plain, 85-88.6 % with the L2 prefetch
-    (2, True),   # H200: 79 % plain, 84 % with the prefetch, 85-85.9 % with the fitted grid as well
-    (4, True),
-])
-def test_the_fp4_lean_write_deepens_by_memory_depth(tuning_check, depth, deep):
-    exe, cmd = tuning_check
-    got = _word(exe, "fp4deep", depth)
-    assert got == int(deep), (f"memory depth {depth}: expected deep form {int(deep)}, got {got}\n"
-                              f"repro: {' '.join(cmd)} && {exe} fp4deep {depth}")
+    got = _word(exe, rule, depth)
+    assert got == int(on), (f"{rule}, memory depth {depth}: expected {int(on)}, got {got}\n"
+                            f"repro: {' '.join(cmd)} && {exe} {rule} {depth}")
 
 
 @pytest.mark.parametrize("what, args, fits", [
