@@ -356,12 +356,6 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
     }
     p.rows = ok;
   }
-  /* ... whose rows are so short that 8 per task still leave lanes' loads unused (one head of 64
-   * F16 values: 128 of 256 chunks): up to 2^KVX_CUDA_ROWS_MAX_LG_TG rows per task (move_rows
-   * takes any 2^lg_tg up to 32) */
-  if (p.rows)
-    while (((uint64_t)H * chunks * n << p.lg_tg) < (uint64_t)KVX_CUDA_TASK_CHUNKS && p.lg_tg < KVX_CUDA_ROWS_MAX_LG_TG)
-      ++p.lg_tg;
   /* Large writes over the cache's slots instead of the IO rows (move_invert.cu). HND_PACKED tiles:
    * whole tiles stored instead of one 16-byte piece per token, dgroup and head. The lean kernel
    * (NHD/HND) at the memory depths rows_invert_for takes: the cache written in order, the IO rows
@@ -380,6 +374,11 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
     if (e != cudaSuccess) return e == cudaErrorInvalidValue ? KVX_STATUS_UNSUPPORTED : KVX_STATUS_INTERNAL_ERROR;
     return KVX_STATUS_OK;
   }
+  /* The lean kernel over the IO rows: rows per task so that a task has KVX_CUDA_ROWS_TASK_CHUNKS
+   * chunks, up to 2^KVX_CUDA_ROWS_MAX_LG_TG rows (move_rows takes any 2^lg_tg up to 32) */
+  if (p.rows)
+    while (((uint64_t)H * chunks * n << p.lg_tg) < (uint64_t)KVX_CUDA_ROWS_TASK_CHUNKS && p.lg_tg < KVX_CUDA_ROWS_MAX_LG_TG)
+      ++p.lg_tg;
   const uint64_t tg = 1ull << p.lg_tg;
   const uint64_t per_group = (uint64_t)H * chunks * n * tg; /* items per TG rows */
   /* Items per job below 2^31 minus headroom: the kernels' 32-bit grid-stride

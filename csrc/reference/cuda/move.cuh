@@ -68,8 +68,12 @@ constexpr int kThreads = 256;
       at least this many bytes of rows (K and V, wider side) may go over the cache's slots, at the memory depth \
       rows_invert_for takes (0: never; H200, 256 MiB: -0.4 to -1.3 points, 512 MiB and more: +0.9 to +5.5) */
 #endif
+#ifndef KVX_CUDA_ROWS_TASK_CHUNKS
+#define KVX_CUDA_ROWS_TASK_CHUNKS KVX_CUDA_TASK_CHUNKS /* the same for the lean kernel over the IO rows */
+#endif
 #ifndef KVX_CUDA_ROWS_MAX_LG_TG
-#define KVX_CUDA_ROWS_MAX_LG_TG 3 /* ... in the lean kernel up to 2^this rows per task (at most 5) */
+#define KVX_CUDA_ROWS_MAX_LG_TG 3 /* ... up to 2^this rows per task (at most 5; H100, one head of 64: 4 or 5 \
+                                     lost 4 to 5 points) */
 #endif
 #ifndef KVX_CUDA_PACKED_SMEM
 #define KVX_CUDA_PACKED_SMEM 1 /* HND_PACKED same-dtype moves through shared-memory tiles */
