@@ -342,9 +342,10 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * copies +2 to +7.5 points at 65536 rows, FP8 writes +6 to +9); at depth 1 RAGGED and
    * KV_OFFSETS gathers, whose lookups the extra warps hide (H100: +0.8 and +3 points; its
    * writes lost 0.5 to 1), and tasks of 4 or more short rows (one head of 64 to 256 F16
-   * values: +0.5 to +14). docs/cuda-reference.md, "Ninth round", "Thirteenth round". Only K and V in one launch,
-   * whole vectors, one run of head_dim per head, tasks of at most KVX_CUDA_ROWS_MAX_TASK_BYTES,
-   * and rows whose every vector a 32-bit offset reaches (row_offsets_fit32). */
+   * values: +0.5 to +14). docs/cuda-reference.md, "Ninth round", "Thirteenth round". Only K
+   * and V in one launch, whole vectors, one run of head_dim per head, tasks of at most
+   * KVX_CUDA_ROWS_MAX_TASK_BYTES, and rows whose every vector a 32-bit offset reaches
+   * (row_offsets_fit32). */
   p.rows = 0;
   if (fast && !packed && !tiles && !qtiles && p.fuse && !p.decode && n == 2 && !p.bytewise &&
       (KVX_CUDA_ROWS_MAX_TASK_BYTES == 0 || task_bytes <= (uint64_t)KVX_CUDA_ROWS_MAX_TASK_BYTES) &&
@@ -366,7 +367,8 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   p.inv = nullptr;
   const bool inv_tiles = (tiles || qtiles) && !p.decode && packed_invert_ok(p, rows, H, chunks);
   const bool inv_rows = p.rows && p.kind == KIND_WRITE && p.lg_tg == 0 && rows_invert_for((int)depth) &&
-                        KVX_CUDA_ROWS_INVERT_MIN_BYTES > 0 && rows * task_bytes >= (uint64_t)KVX_CUDA_ROWS_INVERT_MIN_BYTES &&
+                        KVX_CUDA_ROWS_INVERT_MIN_BYTES > 0 &&
+                        rows * task_bytes >= (uint64_t)KVX_CUDA_ROWS_INVERT_MIN_BYTES &&
                         rows_serve(jobs[0].src, jobs[0].dst) && invert_ok(p, rows, 1);
   if (inv_tiles || inv_rows) {
     const InvKernel k = inv_rows ? INV_ROWS : qtiles ? INV_QTILES : INV_TILES;

@@ -66,7 +66,7 @@ constexpr int kThreads = 256;
 #ifndef KVX_CUDA_ROWS_INVERT_MIN_BYTES
 #define KVX_CUDA_ROWS_INVERT_MIN_BYTES (512ull << 20) /* lean-kernel writes (move_rows) of one row per task and \
       at least this many bytes of rows (K and V, wider side) may go over the cache's slots, at the memory depth \
-      rows_invert_for takes (0: never; H200, 256 MiB: -0.4 to -1.3 points, 512 MiB and more: +0.9 to +5.5) */
+      rows_invert_for takes (0: never; H200, 256 MiB: -0.2 to -1.3 points, 512 MiB and more: +0.7 to +6) */
 #endif
 #ifndef KVX_CUDA_ROWS_TASK_CHUNKS
 #define KVX_CUDA_ROWS_TASK_CHUNKS KVX_CUDA_TASK_CHUNKS /* the same for the lean kernel over the IO rows */
@@ -428,15 +428,17 @@ cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream);
  * (p.lg_tg = 4, head_dim a multiple of 128). */
 cudaError_t launch_packed_fp8(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream);
 
-/* move_invert.cu: writes over the cache's slots instead of the IO rows. invert_ok: whether a
- * write of `rows` rows (at least `min_rows`) may go that way: it covers a good part of the cache
- * (KVX_CUDA_INVERT_COVER), whose slots fit the scratch array (KVX_CUDA_INVERT_MAX_SLOTS).
- * launch_inverted records the rows by slot in a stream-ordered scratch array, then runs `kernel`
- * over the slots: the same-dtype tiles (move_packed), the FP8 tiles (move_packed_fp8) or the
- * lean kernel (move_rows, through launch_fast); without stream-ordered allocation, as usual. */
 /* Whether launch_fast takes the lean kernel (move_rows) for a (src, dst) pair of a call the
  * planner gave it (p.rows): rows_ok (move_kernels.cuh) asked of the dtypes (move_copy.cu). */
 bool rows_serve(kvx_dtype_t src, kvx_dtype_t dst);
+
+/* move_invert.cu: writes over the cache's slots instead of the IO rows. invert_ok: whether a
+ * write of `rows` rows (at least `min_rows`) may go that way: it covers a good part of the cache
+ * (KVX_CUDA_INVERT_COVER), whose slots fit the scratch array (KVX_CUDA_INVERT_MAX_SLOTS);
+ * packed_invert_ok (move_packed.cu) adds the tile kernels' conditions. launch_inverted records
+ * the rows by slot in a stream-ordered scratch array, then runs `kernel` over the slots: the
+ * same-dtype tiles (move_packed), the FP8 tiles (move_packed_fp8) or the lean kernel (move_rows,
+ * through launch_fast); without stream-ordered allocation, over the IO rows as usual. */
 enum InvKernel : int { INV_TILES = 0, INV_QTILES = 1, INV_ROWS = 2 };
 bool invert_ok(const MoveParams& p, unsigned long long rows, unsigned long long min_rows);
 bool packed_invert_ok(const MoveParams& p, unsigned long long rows, uint32_t H, uint32_t pieces_per_head);

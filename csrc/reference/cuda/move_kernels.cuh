@@ -702,7 +702,6 @@ __host__ bool rows_ok(const MoveParams& p) {
   return p.rows && (Op::kScaled ? KVX_CUDA_ROWS_FP8 : KVX_CUDA_ROWS && Op::kIn == Op::kOut);
 }
 
-
 /* ------------------------------------------------------------------------ */
 /* General path: one element per item, any strides and dtypes. */
 
