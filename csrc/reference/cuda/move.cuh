@@ -294,27 +294,18 @@ __device__ __forceinline__ char* gather_cache_row(const MoveParams& p, const Job
   return jb.cache + (long long)jb.cache_esize * (id * jb.c_block + (long long)m.off * jb.c_token);
 }
 
-/* Inverted writes (move_invert.cu): the IO row that writes cache slot `sl`, or -1. The call's rows
- * were recorded by slot in p.inv (row_begin 0). KVX_CUDA_INVERT_CLEAR 1: the scratch array was set
- * to -1 (a stream-ordered memset) before, so an entry is the row. 0: it is never cleared, and an
- * entry counts only if it names a row of the call whose own slot is this one (the sparse-set
- * check): one dependent load more, with which the inverted HND_PACKED writes of 262144 rows read
- * 1 to 9 points lower on an H200 (docs/cuda-reference.md, "Twelfth round"). */
-__device__ __forceinline__ int inv_row_of(const MoveParams& p, unsigned long long sl) {
-  if (sl >= p.num_slots) return -1;
-  const int r = __ldg(p.inv + sl);
-  if ((unsigned)r >= p.row_count) return -1;
-  if (KVX_CUDA_INVERT_CLEAR) return r;
-  const long long back = p.slot64 ? __ldg((const long long*)p.slots + r) : (long long)__ldg((const int*)p.slots + r);
-  return back == (long long)sl ? r : -1;
-}
-
 __device__ __forceinline__ long long write_slot_load(const MoveParams& p, const Item& it) {
   return it.live ? ld_index(p, p.slots, p.slot64, it.row) : -1;
 }
 
+/* Whether a write stores the row mapped to `slot` (R-INVALID-SLOT: negative, the invalid value
+ * and slots past the cache are skipped). */
+__device__ __forceinline__ bool slot_valid(const MoveParams& p, long long slot) {
+  return slot >= 0 && slot != p.invalid_slot && (unsigned long long)slot < p.num_slots;
+}
+
 __device__ __forceinline__ char* write_cache_row(const MoveParams& p, const Job& jb, long long slot) {
-  if (slot < 0 || slot == p.invalid_slot || (unsigned long long)slot >= p.num_slots) return nullptr;
+  if (!slot_valid(p, slot)) return nullptr;
   long long b, off;
   if (p.num_slots <= 0xFFFFFFFFull) {
     const uint32_t s32 = (uint32_t)slot;
@@ -326,6 +317,20 @@ __device__ __forceinline__ char* write_cache_row(const MoveParams& p, const Job&
     off = slot - b * p.block_size;
   }
   return jb.cache + (long long)jb.cache_esize * (b * jb.c_block + off * jb.c_token);
+}
+
+/* Inverted writes (move_invert.cu): the IO row that writes cache slot `sl`, or -1. The call's rows
+ * were recorded by slot in p.inv (row_begin 0). KVX_CUDA_INVERT_CLEAR 1: the scratch array was set
+ * to -1 (a stream-ordered memset) before, so an entry is the row. 0: it is never cleared, and an
+ * entry counts only if it names a row of the call whose own slot is this one (the sparse-set
+ * check): one dependent load more, with which the inverted HND_PACKED writes of 262144 rows read
+ * 1 to 9 points lower on an H200 (docs/cuda-reference.md, "Twelfth round"). */
+__device__ __forceinline__ int inv_row_of(const MoveParams& p, unsigned long long sl) {
+  if (sl >= p.num_slots) return -1;
+  const int r = __ldg(p.inv + sl);
+  if ((unsigned)r >= p.row_count) return -1;
+  if (KVX_CUDA_INVERT_CLEAR) return r;
+  return ld_index(p, p.slots, p.slot64, (unsigned)r) == (long long)sl ? r : -1;
 }
 
 __device__ __forceinline__ float load_scale(const MoveParams& p, const Job& jb, uint32_t h) {

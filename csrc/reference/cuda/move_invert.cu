@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kThreads) invert_slots(const __grid_constant__
   if (r >= p.row_count) return;
   const uint32_t row = p.row_begin + r;
   const long long slot = p.slot64 ? __ldg((const long long*)p.slots + row) : (long long)__ldg((const int*)p.slots + row);
-  if (slot < 0 || slot == p.invalid_slot || (unsigned long long)slot >= p.num_slots) return;
+  if (!slot_valid(p, slot)) return;
   inv[slot] = (int)row;
 }
 
@@ -92,7 +92,6 @@ cudaError_t launch_inverted(InvKernel kernel, kvx_dtype_t src, kvx_dtype_t dst, 
                             cudaStream_t stream) {
   p.row_begin = 0;
   p.row_count = (uint32_t)rows;
-  p.items_per_job = 0; /* not read by the kernels over slots */
   auto run = [&](const MoveParams& q) {
     switch (kernel) {
       case INV_TILES: return launch_packed(q, stream);
