@@ -122,15 +122,30 @@ def test_large_calls_bit_exact(provider, third, memory):
                           f"; repro: pytest tests/test_fp4_fuzz.py -k '{memory.name.lower()} and large{third * 9}-'")
 
 
+# NVFP4 global scales: K per tensor; then K per head at values whose products with some E4M3 scales
+# fall just under the packed products' floor (2^-13 in F16, 2^-125 in BF16), where a floor one
+# binade lower would give 768 wrong values (double rounding into subnormals; found by a host search
+# over g), and V per tensor where A = RN(sf g) overflows F16 for the largest scales
+EVERY_BYTE_CASES = [
+    (Fp4Format.NVFP4, np.float32(0.37), None, "nvfp4"),
+    (Fp4Format.NVFP4, np.array([float.fromhex("0x1.f05f86p-9"), float.fromhex("0x1.41fd64p-122")], np.float32),
+     np.float32(333.3), "nvfp4-edge-globals"),
+    (Fp4Format.MXFP4, None, None, "mxfp4"),
+    (Fp4Format.MXFP4_OCP, None, None, "mxfp4_ocp"),
+]
+
+
 @pytest.mark.parametrize("memory", MEMORIES)
-@pytest.mark.parametrize("fmt", [Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP], ids=lambda f: f.name.lower())
-def test_gather_every_scale_and_code_byte(provider, fmt, memory):
+@pytest.mark.parametrize("fmt,k_global,v_global,name", EVERY_BYTE_CASES, ids=[c[3] for c in EVERY_BYTE_CASES])
+def test_gather_every_scale_and_code_byte(provider, fmt, k_global, v_global, name, memory):
     """Every scale byte with every code byte, gathered into F32, F16 and BF16: the MX gathers'
     packed products into F16/BF16 (taken where the block's power of two is a normal value of the
-    output type) and the FP32 path they stand in for give the oracle's bytes at every exponent,
-    underflow and overflow included (docs/fp4.md, "Eleventh round")."""
+    output type), the NVFP4 gathers' (2^k times the block's A or B, taken where A is finite and
+    its half normal) and the FP32 path they stand in for give the oracle's bytes at every
+    exponent, underflow and overflow included (docs/fp4.md, "Eleventh round", "Fourteenth
+    round")."""
     H, D, bs = 2, 128, 16
-    cache = fx.new_cache(fmt, 32, bs, H, D, k_global=np.float32(0.37) if fmt == Fp4Format.NVFP4 else None)
+    cache = fx.new_cache(fmt, 32, bs, H, D, k_global=k_global, v_global=v_global)
     B = cache.B
     # rows 2s and 2s + 1 hold code bytes 0..255 (K; V a permutation of them) in blocks of scale byte s
     codes = np.arange(256, dtype=np.uint8).reshape(2, H, D // 2)
@@ -158,6 +173,6 @@ def test_gather_every_scale_and_code_byte(provider, fmt, memory):
                 bad = np.flatnonzero(g8 != e8)
                 problems.append(f"gather {od.name} {k}: expected the oracle's bytes, {bad.size} bytes differ, "
                                 f"first at byte {int(bad[0])}")
-    assert not problems, (f"{CLAUSE}: {fmt.name}: " + " | ".join(problems[:3]) +
-                          f"; repro: pytest tests/test_fp4_fuzz.py -k 'every_scale and {fmt.name.lower()} and "
-                          f"{memory.name.lower()}'")
+    assert not problems, (f"{CLAUSE}: {name}: " + " | ".join(problems[:3]) +
+                          f"; repro: pytest 'tests/test_fp4_fuzz.py::test_gather_every_scale_and_code_byte["
+                          f"{name}-{memory.name.lower()}]'")

@@ -18,6 +18,11 @@
  *      give f32_to_e2m1(|x| / d) & 7 for every F16 |x| and every BF16 |x| of the
  *      kernels' fast path (below 2^60 for NVFP4, up to 2^121 for MXFP4), NVFP4
  *      divisors float(s) g (every s, 12 g) and MXFP4 2^e (every e).
+ *   8. nv_ab / nv_pair_entry (the NVFP4 gathers' packed products into F16 and BF16)
+ *      give the oracle's bytes, f32_to_T(fp4_decode_with(NVFP4, code, sf, g)), for every
+ *      code byte and every scale byte with a spread of g, and with g just above and below
+ *      each scale's bounds (the fast path's 2^-13 / 2^-125 floor, and where A, B and
+ *      their 2- and 4-fold overflow); blocks the test sends to the FP32 path are counted apart.
  * Build and run (about 50 s):
  *   g++ -O2 -ffp-contract=off -std=c++17 -Icsrc/reference -Icsrc/include \
  *       csrc/tests/fp4_fast_check.cpp -o /tmp/fp4fast && /tmp/fp4fast
@@ -27,6 +32,7 @@
  * Exit status 0 when all hold.
  */
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -167,5 +173,72 @@ int main(int argc, char** argv) {
   }
   printf("e2m1 thresholds: %lld (|x|, d) of F16 and BF16 |x|, %lld mismatches\n", n7, bad7);
   bad1 += bad7;
+  /* 8. the NVFP4 gathers' packed products (nv_ab, nv_pair_entry): where nv_ab takes a block,
+   * each half of a code byte is RN_T(2^k M), M the half of A | B << 16 that the entry's byte
+   * permute picks (2^k M is exact in FP32, so one rounding of it is the packed product). */
+  long long bad8 = 0, n8 = 0, slow8 = 0;
+  for (int bf = 0; bf < 2; ++bf) {
+    auto to_t = [&](float v) { return (uint32_t)(bf ? f32_to_bf16(v) : f32_to_f16(v)); };
+    auto from_t = [&](uint32_t h) { return bf ? bf16_to_f32((uint16_t)h) : f16_to_f32((uint16_t)h); };
+    auto block = [&](uint32_t s8, float g) {
+      const float sf = e4m3_to_f32((uint8_t)s8);
+      if (sf != sf) return;
+      uint32_t ab;
+      const bool fast = bf ? kvx_fp4_fast::nv_ab<true>(sf, g, &ab) : kvx_fp4_fast::nv_ab<false>(sf, g, &ab);
+      if (!fast) {
+        ++slow8;
+        return;
+      }
+      for (uint32_t byte = 0; byte < 256; ++byte) {
+        uint32_t mul, sel;
+        if (bf) {
+          kvx_fp4_fast::nv_pair_entry<true>(byte, &mul, &sel);
+        } else {
+          kvx_fp4_fast::nv_pair_entry<false>(byte, &mul, &sel);
+        }
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t m = ((sel >> (8 * half)) & 0xFFu) == 0x32u ? ab >> 16 : ab & 0xFFFFu;
+          const uint32_t got = to_t(from_t((mul >> (16 * half)) & 0xFFFFu) * from_t(m));
+          const uint32_t want = to_t(fp4_decode_with(FP4_NVFP4, (byte >> (4 * half)) & 15u, sf, g));
+          ++n8;
+          if (got != want && bad8++ < 10)
+            printf("nv pair mismatch: %s s %02x g %a byte %02x got %04x want %04x\n", bf ? "bf16" : "f16", s8, g,
+                   byte, got, want);
+        }
+      }
+    };
+    std::vector<float> spread = {1.0f, 0.37f, -0.37f, 0.5f, 3.0f, 1.0f / 3.0f, 0.0241f, 7.3e-5f, 1234.5f, 100.3f,
+                                 0x1p-20f, 0x1.8p-116f, 0x1.3p+110f, 0.0f, -0.0f};
+    uint32_t lcg = 12345u;
+    for (int i = 0; i < (quick ? 24 : 400); ++i) { /* log-uniform g in [2^-40, 2^40], both signs */
+      lcg = lcg * 1664525u + 1013904223u;
+      const float e = (float)((int)(lcg >> 8) % 80 - 40);
+      lcg = lcg * 1664525u + 1013904223u;
+      const float g = ldexpf(1.0f + (float)(lcg >> 9) * 0x1p-23f, (int)e);
+      spread.push_back((lcg & 1u) ? -g : g);
+    }
+    for (const float g : spread)
+      for (uint32_t s8 = 0; s8 < 256; ++s8) block(s8, g);
+    for (uint32_t s8 = 1; s8 <= 0x7Eu; ++s8) { /* each scale's bounds, g a few FP32 steps either side */
+      const float sf = e4m3_to_f32((uint8_t)s8);
+      /* the floor; where A, 2A, 4A, B, 2B or 4B reach T's overflow bound (F16 65520, BF16 2^127 (2 - 2^-8)) */
+      const float lo = bf ? 0x1p-125f : 0x1p-13f, top = bf ? 0x1.ffp+127f : 65520.0f;
+      for (const float edge : {lo / sf, top / sf, 0.5f * top / sf, 0.25f * top / sf, top / (1.5f * sf),
+                               0.5f * top / (1.5f * sf), 0.25f * top / (1.5f * sf)})
+        for (int d = -3; d <= 3; ++d) {
+          const float g = bits_to_f32(f32_to_bits(edge) + (uint32_t)d);
+          block(s8, g);
+          block(s8 | 0x80u, g);
+          block(s8, -g);
+        }
+      for (int i = 0; i < (quick ? 24 : 400); ++i) { /* g across [lo / (2 sf), 2 lo / sf]: the values about the floor */
+        lcg = lcg * 1664525u + 1013904223u;
+        block(s8, lo / sf * (0.5f + 1.5f * (float)(lcg >> 8) * 0x1p-24f));
+      }
+    }
+  }
+  printf("nv pairs: %lld values of F16 and BF16 fast blocks (%lld blocks to the FP32 path), %lld mismatches\n", n8,
+         slow8, bad8);
+  bad1 += bad8;
   return bad1 || bad2 || bad3 ? 1 : 0;
 }

@@ -31,11 +31,14 @@
  *                 The MXFP4 scale is a power of two, so s = |x| 2^-e is exact
  *                 in F16 wherever the code depends on it (s >= 2^-14; below,
  *                 any rounding stays under the first tie 0.25).
+ *   nv_ab / nv_pair_entry  the NVFP4 gathers into F16/BF16 by packed products:
+ *                 2^k times the block's A or B (below, at their definition).
  */
 #ifndef KVX_REFERENCE_CUDA_FP4_FAST_H
 #define KVX_REFERENCE_CUDA_FP4_FAST_H
 
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
@@ -193,6 +196,58 @@ KVX_HD inline typename A::T e2m1_h(typename A::T s) {
   const typename A::T p = A::expo(A::max(m, A::c(1.0f)));
   const typename A::T c = A::fma(p, A::c(512.0f), m);
   return A::mul(A::fma(A::neg(p), A::c(512.0f), c), A::c(6.103515625e-05f));
+}
+
+/* NVFP4 gathers into F16/BF16 by packed products (move_fp4_gather.cu, KVX_FP4_G_NV_PAIRS; the
+ * check: csrc/tests/fp4_fast_check.cpp part 8). The oracle's value is RN_T(RN32((v sf) g)), T
+ * the output type, v the E2M1 value and sf the E4M3 scale, v sf exact in FP32. v = m 2^k with
+ * m in {1, 1.5} and k in [-1, 2], and 1.5 sf is exact too, so the value is 2^k RN_T(RN32((m sf)
+ * g)) wherever neither rounding meets a subnormal or an overflow: rounding to nearest commutes
+ * with a power of two there. Per block two magnitudes, A = RN_T(RN32(sf g)) and
+ * B = RN_T(RN32((1.5 sf) g)); per code byte one packed product of its two values' signed 2^k by
+ * A or B (a byte permute of the word A | B << 16), exact in T. nv_ab gives that word and whether
+ * the block may take it: |RN32(sf g)| >= 2^-13 (F16) or 2^-125 (BF16), so every 2^-1 A and its
+ * FP32 step are normal, and A is finite. Above, a product 2^k M overflows exactly where the
+ * oracle's value does: M >= 2^-k V, V T's overflow bound (F16 65520, BF16 2^127 (2 - 2^-8)),
+ * means RN32((m sf) g) >= 2^-k V, a power of two times a value FP32 holds, so the oracle's
+ * 2^k-fold FP32 value reaches V too; B may be inf (its codes have k >= 0), A may not (2^-1 A
+ * and a zero code's 0 x A, where the oracle has a finite value and 0). NaN, inf and zero
+ * products fail one test and take the FP32 path. */
+template <bool BF>
+KVX_HD inline bool nv_ab(float sf, float g, uint32_t* ab) {
+  const float y1 = KVX_FMUL(sf, g), y15 = KVX_FMUL(KVX_FMUL(1.5f, sf), g);
+#if defined(__CUDA_ARCH__)
+  if (BF) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(y1, y15);
+    memcpy(ab, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(y1, y15);
+    memcpy(ab, &h, 4);
+  }
+#else
+  *ab = BF ? (uint32_t)kvx_ref::f32_to_bf16(y1) | ((uint32_t)kvx_ref::f32_to_bf16(y15) << 16)
+           : (uint32_t)kvx_ref::f32_to_f16(y1) | ((uint32_t)kvx_ref::f32_to_f16(y15) << 16);
+#endif
+  return fabsf(y1) >= (BF ? 0x1p-125f : 0x1p-13f) && (*ab & 0x7FFFu) < (BF ? 0x7F80u : 0x7C00u);
+}
+
+/* The table entry of code byte `byte` (low nibble the even value, as fp4.h's fp4_even): *mul
+ * holds each value's signed 2^k in T (0 for a zero code), *sel the byte permute that puts A or
+ * B under it (0x10: A, the low half; 0x32: B). */
+template <bool BF>
+KVX_HD inline void nv_pair_entry(uint32_t byte, uint32_t* mul, uint32_t* sel) {
+  *mul = 0;
+  *sel = 0;
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t c = (byte >> (4 * half)) & 15u, mag = c & 7u;
+    /* E2M1 magnitudes 0 0.5 1 1.5 2 3 4 6: their 2^k (exponent bits of T) and whether m = 1.5 */
+    const uint32_t k2 = mag == 0u ? 0u : mag == 1u ? 1u : mag <= 3u ? 2u : mag <= 5u ? 3u : 4u; /* k + 2 */
+    const uint32_t bias = BF ? 127u : 15u, shift = BF ? 7u : 10u;
+    const uint32_t bits = (mag ? (bias + k2 - 2u) << shift : 0u) | ((c & 8u) ? 0x8000u : 0u);
+    const uint32_t pick = (mag == 3u || mag == 5u || mag == 7u) ? 0x32u : 0x10u;
+    *mul |= bits << (16 * half);
+    *sel |= pick << (8 * half);
+  }
 }
 
 /* One F16 value held as a float; each operation rounds its FP32 result to

@@ -359,6 +359,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #define KVX_FP4_G_MX_PAIRS 1 /* fast gathers of MX formats into F16/BF16: a code byte's two values from a table, \
                                 times the block's power of two by one packed product (0: the FP32 path) */
 #endif
+#ifndef KVX_FP4_G_NV_PAIRS
+#define KVX_FP4_G_NV_PAIRS 1 /* fast NVFP4 gathers into F16/BF16: a code byte's two values as 2^k times the block's \
+                                A or B by one packed product (fp4_fast.h nv_ab; 0: the FP32 path) */
+#endif
 #ifndef KVX_FP4_G_THREADS
 #define KVX_FP4_G_THREADS 128 /* fast gathers: threads per CTA */
 #endif

@@ -149,6 +149,10 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
   /* MX formats into F16/BF16: a code byte's two E2M1 values in the output type, one word */
   constexpr bool PAIRS = KVX_FP4_G_MX_PAIRS && ES == 2 && !NV;
   __shared__ uint32_t pairs[PAIRS ? 256 : 1];
+  /* NVFP4 into F16/BF16: per code byte its two values' signed 2^k and the byte permute that picks A
+   * or B (fp4_fast.h nv_pair_entry) */
+  constexpr bool NVP = KVX_FP4_G_NV_PAIRS && ES == 2 && NV;
+  __shared__ uint2 nvp[NVP ? 256 : 1];
   const bool g_smem = KVX_FP4_G_SMEM_HEADS > 0 && P.H <= KVX_FP4_G_SMEM_HEADS;
   if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
   if (PAIRS)
@@ -156,6 +160,12 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
       pairs[k] = (unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k & 15u)) |
                  ((unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k >> 4)) << 16);
   for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) sdec[k] = kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
+  if (NVP)
+    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
+      uint32_t mul, sel;
+      kvx_fp4_fast::nv_pair_entry<DT == KVX_DTYPE_BF16>(k, &mul, &sel);
+      nvp[k] = make_uint2(mul, sel);
+    }
   if (NV && g_smem)
     for (unsigned k = threadIdx.x; k < 2u * (unsigned)P.H; k += blockDim.x) {
       const Side& S = P.side[k >= (unsigned)P.H];
@@ -291,6 +301,21 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
           continue;
         }
         const float g = g_smem ? sg[side][h] : S.g_per_head ? S.g[h] : g_t;
+        uint32_t ab;
+        if (NVP && kvx_fp4_fast::nv_ab<DT == KVX_DTYPE_BF16>(sf, g, &ab)) {
+          /* 2^k A or 2^k B, one packed product per code byte, the oracle's bytes wherever nv_ab takes
+           * the block (fp4_fast.h; docs/fp4.md, "Fourteenth round") */
+          uint32_t o[4];
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            const uint2 e = nvp[(cw[m] >> (8 * kk)) & 0xFFu];
+            uint32_t mab; /* prmt in PTX: __byte_perm masks its selector first, which these need not */
+            asm("prmt.b32 %0, %1, 0, %2;" : "=r"(mab) : "r"(ab), "r"(e.y));
+            o[kk] = mul2<DT>(e.x, mab);
+          }
+          *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
+          continue;
+        }
         float v[VPC];
         if (NV) {
 #pragma unroll
