@@ -3,7 +3,9 @@
 // one 16-byte piece, half of a 32-byte sector whose other half belongs to another, unwritten slot). As the
 // bench's standard preset: K and V caches of 128 MiB each, slots drawn at random over the whole cache,
 // 25 input sets rotated so one round moves twice the L2, the calls replayed from a CUDA graph; the time is
-// per call. One plain kernel, one thread per piece, in five modes:
+// per call. `./sector_floor f16` runs the same call with F16 values (x = 8: 16 pieces per head and token,
+// 65536 per call), the random-slot F16/BF16 writes of the preset. One plain kernel, one thread per piece,
+// in five modes:
 //   0  load the IO piece, store it at its slot (what any provider must do)
 //   1  store only (no IO read): the stores' floor
 //   2  mode 0 with the destination prefetched into L2 first (prefetch.global.L2)
@@ -29,11 +31,13 @@
     }                                                                     \
   } while (0)
 
-constexpr int kTokens = 256, kHeads = 8, kDgroups = 32, kBlock = 16; /* 128 F32 = 32 pieces of 4 */
-constexpr int kPieces = kTokens * kHeads * kDgroups;                  /* per side */
+constexpr int kTokens = 256, kHeads = 8, kBlock = 16;
 
+/* kDgroups: 16-byte pieces per head and token (128 F32: 32; 128 F16: 16) */
+template <int kDgroups>
 __global__ void write_pieces(const uint4* __restrict__ k, const uint4* __restrict__ v, uint4* kc, uint4* vc,
                              const int* __restrict__ slot, int mode) {
+  constexpr int kPieces = kTokens * kHeads * kDgroups; /* per side */
   const int i = blockIdx.x * blockDim.x + threadIdx.x; /* K's pieces, then V's */
   const int side = i >= kPieces, p = side ? i - kPieces : i;
   const int t = p / (kHeads * kDgroups), h = (p / kDgroups) % kHeads, dg = p % kDgroups;
@@ -50,9 +54,11 @@ __global__ void write_pieces(const uint4* __restrict__ k, const uint4* __restric
   *dst = r;
 }
 
-int main() {
-  const int kSets = 25;
-  const size_t blocks = 2048; /* 2048 blocks x 64 KiB = 128 MiB per cache */
+template <int kDgroups>
+int run() {
+  constexpr int kPieces = kTokens * kHeads * kDgroups; /* per side */
+  const int kSets = kDgroups == 32 ? 25 : 50;          /* the preset's sets: twice the L2 per round */
+  const size_t blocks = 4096 * 16 / kDgroups;          /* 128 MiB per cache */
   const size_t cache_bytes = blocks * kHeads * kDgroups * kBlock * 16, io_bytes = (size_t)kPieces * 16;
   uint4 *kc, *vc;
   CK(cudaMalloc(&kc, cache_bytes));
@@ -81,7 +87,8 @@ int main() {
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  printf("%s: %d sets, %d pieces of 16 bytes per call\n", prop.name, kSets, 2 * kPieces);
+  printf("%s, %s: %d sets, %d pieces of 16 bytes per call\n", prop.name, kDgroups == 32 ? "F32" : "F16", kSets,
+         2 * kPieces);
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
   const char* names[] = {"IO load + store", "store only", "prefetch + load + store", "prefill slots",
@@ -91,7 +98,7 @@ int main() {
     cudaGraphExec_t exec;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int j = 0; j < kSets; ++j)
-      write_pieces<<<2 * kPieces / 256, 256, 0, st>>>(kio[j], vio[j], kc, vc, mode == 3 ? pre[j] : rnd[j],
+      write_pieces<kDgroups><<<2 * kPieces / 256, 256, 0, st>>>(kio[j], vio[j], kc, vc, mode == 3 ? pre[j] : rnd[j],
                                                       mode == 3 ? 0 : mode);
     CK(cudaStreamEndCapture(st, &graph));
     CK(cudaGraphInstantiate(&exec, graph, 0));
@@ -117,3 +124,5 @@ int main() {
   }
   return 0;
 }
+
+int main(int argc, char** argv) { return argc > 1 && argv[1][0] == 'f' && argv[1][1] == '1' ? run<16>() : run<32>(); }
