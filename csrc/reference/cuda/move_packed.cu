@@ -61,7 +61,7 @@ __device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t
 }
 
 #ifndef KVX_CUDA_PACKED_SMALL_ND
-#define KVX_CUDA_PACKED_SMALL_ND 8 /* small calls: dgroups per tile (16: as large calls) */
+#define KVX_CUDA_PACKED_SMALL_ND 8 /* small calls: dgroups per tile, 2, 4 or 8 (16: as large calls) */
 #endif
 #ifndef KVX_CUDA_PACKED_ND16_MIN_ROWS
 #define KVX_CUDA_PACKED_ND16_MIN_ROWS 4096 /* ... a call of at least this many rows takes 16 x 16 tiles (0: only \
@@ -186,7 +186,10 @@ static cudaError_t launch_packed_nd(const MoveParams& p, cudaStream_t stream) {
 
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
   const bool wide = KVX_CUDA_PACKED_ND16_MIN_ROWS > 0 && p.row_count >= (uint32_t)KVX_CUDA_PACKED_ND16_MIN_ROWS;
-  if (!p.fuse && !wide && KVX_CUDA_PACKED_SMALL_ND == 8) return launch_packed_nd<8>(p, stream);
+  static_assert(KVX_CUDA_PACKED_SMALL_ND == 2 || KVX_CUDA_PACKED_SMALL_ND == 4 || KVX_CUDA_PACKED_SMALL_ND == 8 ||
+                    KVX_CUDA_PACKED_SMALL_ND == 16,
+                "KVX_CUDA_PACKED_SMALL_ND: 2, 4, 8 or 16 dgroups per tile");
+  if (!p.fuse && !wide && KVX_CUDA_PACKED_SMALL_ND != 16) return launch_packed_nd<KVX_CUDA_PACKED_SMALL_ND>(p, stream);
   return launch_packed_nd<16>(p, stream);
 }
 
