@@ -319,8 +319,11 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   /* Large calls of the generic fast path whose task (one row, K and V) has fewer than
    * KVX_CUDA_TASK_CHUNKS 16-byte chunks (head_dim 64 x 8 heads in F16: 128) would leave
    * the lanes' loads half unused: 2, 4 or 8 rows per task instead (lanes alternate rows). */
-  if (fast && !packed && !tiles && !qtiles && p.fuse && p.lg_tg == 0)
-    while (((uint64_t)H * chunks * n << p.lg_tg) < (uint64_t)KVX_CUDA_TASK_CHUNKS && p.lg_tg < 3) ++p.lg_tg;
+  /* rows per task (2^p.lg_tg) until a task has `target` chunks, at most 2^cap rows */
+  auto widen_tasks = [&](uint64_t target, uint32_t cap) {
+    while (((uint64_t)H * chunks * n << p.lg_tg) < target && p.lg_tg < cap) ++p.lg_tg;
+  };
+  if (fast && !packed && !tiles && !qtiles && p.fuse && p.lg_tg == 0) widen_tasks(KVX_CUDA_TASK_CHUNKS, 3);
   /* A device with more DRAM bandwidth per SM (memory_depth() > 1) needs more bytes in flight per
    * SM: a large call whose tasks are small (at most KVX_CUDA_DEEP_TASK_BYTES on the wider side)
    * gives each warp `depth` times the tasks (writes `depth`, gathers KVX_CUDA_GATHER_TPW x depth,
@@ -378,9 +381,7 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   }
   /* The lean kernel over the IO rows: rows per task so that a task has KVX_CUDA_ROWS_TASK_CHUNKS
    * chunks, up to 2^KVX_CUDA_ROWS_MAX_LG_TG rows (move_rows takes any 2^lg_tg up to 32) */
-  if (p.rows)
-    while (((uint64_t)H * chunks * n << p.lg_tg) < (uint64_t)KVX_CUDA_ROWS_TASK_CHUNKS && p.lg_tg < KVX_CUDA_ROWS_MAX_LG_TG)
-      ++p.lg_tg;
+  if (p.rows) widen_tasks(KVX_CUDA_ROWS_TASK_CHUNKS, KVX_CUDA_ROWS_MAX_LG_TG);
   const uint64_t tg = 1ull << p.lg_tg;
   const uint64_t per_group = (uint64_t)H * chunks * n * tg; /* items per TG rows */
   /* Items per job below 2^31 minus headroom: the kernels' 32-bit grid-stride

@@ -235,7 +235,7 @@ KVX_HD inline bool nv_ab(float sf, float g, uint32_t* ab) {
  * holds each value's signed 2^k in T (0 for a zero code), *sel the byte permute that puts A or
  * B under it (0x10: A, the low half; 0x32: B). */
 template <bool BF>
-KVX_HD inline void nv_pair_entry(uint32_t byte, uint32_t* mul, uint32_t* sel) {
+KVX_HD constexpr void nv_pair_entry(uint32_t byte, uint32_t* mul, uint32_t* sel) {
   *mul = 0;
   *sel = 0;
   for (int half = 0; half < 2; ++half) {
@@ -249,6 +249,16 @@ KVX_HD inline void nv_pair_entry(uint32_t byte, uint32_t* mul, uint32_t* sel) {
     *sel |= pick << (8 * half);
   }
 }
+
+/* Every code byte's nv_pair_entry, built at compile time: w[2k] its mul, w[2k + 1] its sel (the
+ * gathers copy it into shared memory, 16 bytes a thread). */
+template <bool BF>
+struct NvPairs {
+  alignas(16) uint32_t w[512];
+  constexpr NvPairs() : w() {
+    for (uint32_t k = 0; k < 256; ++k) nv_pair_entry<BF>(k, &w[2 * k], &w[2 * k + 1]);
+  }
+};
 
 /* One F16 value held as a float; each operation rounds its FP32 result to
  * F16. That is F16 arithmetic wherever the FP32 result is exact, or rounds to

@@ -8,6 +8,10 @@
 namespace kvx_fp4 {
 namespace {
 
+/* The NVFP4 gathers' pair tables (fp4_fast.h nv_pair_entry), F16 and BF16, made by the compiler */
+__device__ const kvx_fp4_fast::NvPairs<false> kNvPairsF16;
+__device__ const kvx_fp4_fast::NvPairs<true> kNvPairsBF16;
+
 template <int B, int DT>
 __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) {
   constexpr int ES = Es<DT>::value;
@@ -152,7 +156,7 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
   /* NVFP4 into F16/BF16: per code byte its two values' signed 2^k and the byte permute that picks A
    * or B (fp4_fast.h nv_pair_entry) */
   constexpr bool NVP = KVX_FP4_G_NV_PAIRS && ES == 2 && NV;
-  __shared__ uint2 nvp[NVP ? 256 : 1];
+  __shared__ __align__(16) uint2 nvp[NVP ? 256 : 1];
   const bool g_smem = KVX_FP4_G_SMEM_HEADS > 0 && P.H <= KVX_FP4_G_SMEM_HEADS;
   if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
   if (PAIRS)
@@ -160,12 +164,10 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
       pairs[k] = (unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k & 15u)) |
                  ((unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k >> 4)) << 16);
   for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) sdec[k] = kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
-  if (NVP)
-    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
-      uint32_t mul, sel;
-      kvx_fp4_fast::nv_pair_entry<DT == KVX_DTYPE_BF16>(k, &mul, &sel);
-      nvp[k] = make_uint2(mul, sel);
-    }
+  if (NVP) {
+    const uint4* tab = (const uint4*)(DT == KVX_DTYPE_BF16 ? kNvPairsBF16.w : kNvPairsF16.w);
+    for (unsigned k = threadIdx.x; k < 128; k += blockDim.x) ((uint4*)nvp)[k] = __ldg(tab + k);
+  }
   if (NV && g_smem)
     for (unsigned k = threadIdx.x; k < 2u * (unsigned)P.H; k += blockDim.x) {
       const Side& S = P.side[k >= (unsigned)P.H];

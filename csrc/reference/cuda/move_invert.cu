@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kThreads) invert_slots(const __grid_constant__
   const uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= p.row_count) return;
   const uint32_t row = p.row_begin + r;
-  const long long slot = p.slot64 ? __ldg((const long long*)p.slots + row) : (long long)__ldg((const int*)p.slots + row);
+  const long long slot = ld_index(p, p.slots, p.slot64, row);
   if (!slot_valid(p, slot)) return;
   inv[slot] = (int)row;
 }

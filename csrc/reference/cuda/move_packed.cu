@@ -30,9 +30,6 @@
  * sector bound of docs/benchmarks.md). A slot written twice in one call keeps
  * one of its rows, whole (R-WRITE: which one is informational only).
  */
-#include <mutex>
-#include <string.h>
-
 #include "move_kernels.cuh"
 
 #ifndef KVX_CUDA_PACKED_MIN_BLOCKS
