@@ -45,12 +45,12 @@ def expected_validate(case: ValidateCase | CacheCase, memory: Memory = Memory.HO
     return Result(int(Status.OK), {})
 
 
-def expected(case, memory: Memory = Memory.HOST, memory_supported: bool = True) -> Result:
-    """The oracle's answer for any case kind."""
+def expected(case, memory: Memory = Memory.HOST, memory_supported: bool = True, served: tuple[str, ...] = ()) -> Result:
+    """The oracle's answer for any case kind (``served``: UNSUPPORTED rules read as served)."""
     if isinstance(case, WriteCase):
-        return expected_write(case, memory, memory_supported)
+        return expected_write(case, memory, memory_supported, served)
     if isinstance(case, GatherCase):
-        return expected_gather(case, memory, memory_supported)
+        return expected_gather(case, memory, memory_supported, served)
     return expected_validate(case, memory)
 
 

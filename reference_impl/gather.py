@@ -100,7 +100,7 @@ def _cache_values(case: GatherCase, c: abi.kvx_cache_desc_t, side: str, blocks, 
     store = typed_view(init, cdesc.dtype, f"{side} cache")
     shape, stride = dims(cdesc)
     pack = shape[4] if cdesc.layout == Layout.BLOCK_HND_PACKED else 1
-    off = cache_offsets(Layout(cdesc.layout), stride, pack, blocks, offs, h, d)
+    off = cache_offsets(Layout(cdesc.layout), stride, pack, blocks, offs, h, d) + getattr(case.cache, side).origin
     check_bounds(off, store.size, f"{side} cache")
     return store[off]
 
@@ -127,11 +127,12 @@ def _pool_values(case: GatherCase, c: abi.kvx_cache_desc_t, entries: np.ndarray,
     return out
 
 
-def expected_gather(case: GatherCase, memory: Memory = Memory.HOST, memory_supported: bool = True) -> Result:
+def expected_gather(case: GatherCase, memory: Memory = Memory.HOST, memory_supported: bool = True,
+                    served: tuple[str, ...] = ()) -> Result:
     """Status and output storage (``{"k", "v"}``, flat, from the case's poisoned init arrays)."""
     view = gather_view(case, memory)
     out = {"k": case.out_k_init.copy(), "v": case.out_v_init.copy()}
-    violations = descriptor_violations(view, "gather", memory_supported)
+    violations = descriptor_violations(view, "gather", memory_supported, served)
     if violations:
         return Result(int(RULES[violations[0]].status), out, rule=violations[0])
     c, g = view.cache, view.desc
@@ -170,7 +171,7 @@ def expected_gather(case: GatherCase, memory: Memory = Memory.HOST, memory_suppo
     for side, tdesc in (("k", g.io.key), ("v", g.io.value)):
         store = typed_view(out[side], tdesc.dtype, f"out {side}")
         shape, stride = dims(tdesc)
-        dst = io_offsets(shape, stride, rows, h, d)
+        dst = io_offsets(shape, stride, rows, h, d) + case.out_layout.origin
         check_bounds(dst, store.size, f"out {side}")
         store[dst] = convert.convert(values[side], cache_dtypes[side], DType(tdesc.dtype))
     return Result(int(Status.OK), out)

@@ -135,6 +135,11 @@ _R = [
 ]
 
 RULES: dict[str, Rule] = {r.id: r for r in _R}
+
+#: UNSUPPORTED rules whose calls the oracle can also serve: the reference refuses negative strides
+#: by choice (R-STRIDE-NEG), while spec 4.2 ("Implementations MUST honor provided strides")
+#: defines the result of a provider that serves them.
+SERVABLE: frozenset[str] = frozenset({"R-CACHE.stride_negative", "R-IO.stride_negative"})
 assert len(RULES) == len(_R), "duplicate rule id"
 
 

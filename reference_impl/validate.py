@@ -25,7 +25,7 @@ from kvx_conformance.abi.header import (
 from . import convert
 from .addressing import farthest_offset
 from .cview import CallView, dims, enum_or_none, is_null, struct_size
-from .rules import RULES, UNSUPPORTED
+from .rules import RULES, SERVABLE, UNSUPPORTED
 
 INT64_MAX = (1 << 63) - 1
 _NDIM = {Layout.BLOCK_NHD: 4, Layout.BLOCK_HND: 4, Layout.BLOCK_CUSTOM: 4, Layout.BLOCK_HND_PACKED: 5}
@@ -308,12 +308,19 @@ def gather_violations(c: abi.kvx_cache_desc_t, g: abi.kvx_gather_desc_t) -> list
 # Steps 1-4 in R-ORDER
 
 
-def descriptor_violations(view: CallView, call: str, memory_supported: bool = True) -> list[str]:
-    """Violations of the first failing step among 1-4 (empty: proceed to the data step)."""
+def descriptor_violations(view: CallView, call: str, memory_supported: bool = True,
+                          served: Iterable[str] = ()) -> list[str]:
+    """Violations of the first failing step among 1-4 (empty: proceed to the data step).
+
+    ``served``: rules of ``rules.SERVABLE`` read as served instead (a provider may serve what the
+    reference refuses: the result such a provider must give)."""
+    served = frozenset(served)
+    if not served <= SERVABLE:
+        raise ValueError(f"the oracle serves none of {sorted(served - SERVABLE)} (rules.SERVABLE)")
     step1 = size_violations(view, call)
     if step1:
         return step1
-    step2 = cache_violations(view.cache)
+    step2 = [r for r in cache_violations(view.cache) if r not in served]
     if step2:
         return step2
     if call == "write":
@@ -322,6 +329,7 @@ def descriptor_violations(view: CallView, call: str, memory_supported: bool = Tr
         step3 = gather_violations(view.cache, view.desc)
     else:
         step3 = []
+    step3 = [r for r in step3 if r not in served]
     if step3:
         return step3
     if call != "validate" and not memory_supported:

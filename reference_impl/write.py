@@ -56,10 +56,11 @@ def _scale(case: WriteCase, desc: abi.kvx_write_desc_t, side: str, num_kv_heads:
     return np.ones((1, 1, 1), np.float32)
 
 
-def expected_write(case: WriteCase, memory: Memory = Memory.HOST, memory_supported: bool = True) -> Result:
+def expected_write(case: WriteCase, memory: Memory = Memory.HOST, memory_supported: bool = True,
+                   served: tuple[str, ...] = ()) -> Result:
     """Status and cache storage (``{"k", "v"}``, flat, from the case's init arrays) after the write."""
     view = write_view(case, memory)
-    violations = descriptor_violations(view, "write", memory_supported)
+    violations = descriptor_violations(view, "write", memory_supported, served)
     if violations:
         return _unchanged(case, RULES[violations[0]].status, violations[0])
     c, w = view.cache, view.desc
@@ -79,16 +80,17 @@ def expected_write(case: WriteCase, memory: Memory = Memory.HOST, memory_support
     off = (live_slots % bs).reshape(-1, 1, 1)
     h = np.arange(H, dtype=np.int64).reshape(1, -1, 1)
     d = np.arange(D, dtype=np.int64).reshape(1, 1, -1)
-    for side, tdesc, src_array in (("k", io.key, case.key), ("v", io.value, case.value)):
+    for side, tdesc, src_array, src_layout in (("k", io.key, case.key, case.key_layout),
+                                               ("v", io.value, case.value, case.value_layout)):
         cdesc = getattr(c, side)
         io_store = typed_view(src_array, tdesc.dtype, f"io {side}")
         io_shape, io_stride = dims(tdesc)
-        src_off = io_offsets(io_shape, io_stride, tok, h, d)
+        src_off = io_offsets(io_shape, io_stride, tok, h, d) + src_layout.origin
         check_bounds(src_off, io_store.size, f"io {side}")
         cache_store = typed_view(out[side], cdesc.dtype, f"{side} cache")
         shape, stride = dims(cdesc)
         pack = shape[4] if cdesc.layout == Layout.BLOCK_HND_PACKED else 1
-        dst_off = cache_offsets(Layout(cdesc.layout), stride, pack, blk, off, h, d)
+        dst_off = cache_offsets(Layout(cdesc.layout), stride, pack, blk, off, h, d) + getattr(case.cache, side).origin
         check_bounds(dst_off, cache_store.size, f"{side} cache")
         src_dt, dst_dt = DType(tdesc.dtype), DType(cdesc.dtype)
         scale = _scale(case, w, side, H) if convert.is_fp8(dst_dt) and src_dt != dst_dt else None

@@ -5,9 +5,16 @@
   INVALID_ARGUMENT (spec 8 "unsupported field"), no FP4 extension (ABI 1.1). With no claims
   file it is CERTIFIED by a full default run; fp4 / fp4_exact / fp8 read "not served"; the
   refusals are ``unsupported`` outcomes. Claiming ``mixed_io_dtype`` turns them into failures.
-- ``host_ignore_strides`` / ``host_ragged_short`` / ``host_late_write``: one defect each
-  (spec 4.2 strides, spec 5.1 RAGGED rows, spec 7.2 lifetime); with no claims file each is
-  not certified: the default claims cover every profile, so the failing profile blocks.
+- ``host_ignore_strides`` / ``host_ragged_short`` / ``host_late_write`` / ``host_abs_strides``:
+  one defect each (spec 4.2 strides, spec 5.1 RAGGED rows, spec 7.2 lifetime, spec 4.2 negative
+  strides read as their magnitude); with no claims file each is not certified: the default
+  claims cover every profile, so the failing profile blocks.
+- ``host_scribble_input`` / ``host_touch_desc``: a write stores into the caller's slots (and
+  restores them) or into its const descriptor (the same value): nothing changed is left to
+  compare, but the read-only pages of the call fault, a crash of the test.
+- ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
+  wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
+  record fails.
 """
 from __future__ import annotations
 
@@ -75,6 +82,12 @@ def test_correct_host_provider_certified_with_no_claims(tmp_path):
         assert by_id[tid]["outcome"] == "unsupported" and tid in refused, by_id[tid]
     # the same layouts without a conversion are served and pass
     assert by_id["layout.mixed_k_v[write-nhd_k_hnd_v]"]["outcome"] == "pass"
+    # negative strides, which the bundled reference refuses, are served and held to the oracle
+    neg = {i: t["outcome"] for i, t in by_id.items() if i.startswith("layout.negative_strides[")}
+    assert len(neg) == 12 and set(neg.values()) == {"pass"}, neg
+    for rule in ("R-CACHE.stride_negative", "R-IO.stride_negative"):
+        assert by_id[f"validation.rule[{rule}]"]["outcome"] == "pass", by_id[f"validation.rule[{rule}]"]
+    assert "lifetime.freed_buffers_untouched" not in by_id
     cert = json.loads((tmp_path / "ok" / "certificate.json").read_text(encoding="utf-8"))
     assert cert["verdict"] == "certified" and set(cert["not_served_profiles"]) == {"fp4", "fp4_exact", "fp8"}
     assert cert["profiles"]["fp4"]["verdict"] == "not served"
@@ -99,6 +112,9 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("ignore_strides", ["layout.padded_rows*", "layout.transposed*"], "layouts"),
     ("ragged_short", ["gather.ragged.*"], "tables"),
     ("late_write", ["lifetime.*"], "concurrency"),
+    ("abs_strides", ["layout.negative_strides*"], "layouts"),
+    ("scribble_input", ["inputs.write.*"], "core"),
+    ("touch_desc", ["inputs.write.*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure
@@ -110,6 +126,26 @@ def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     assert doc["profiles"][profile]["verdict"] == "not certified", doc["profiles"][profile]
     assert doc["profiles"][profile]["blocking"], doc["profiles"][profile]
     assert not doc["claimed_profiles_certified"]
+    if variant in ("scribble_input", "touch_desc"):
+        # a store into an input or a descriptor, undone or changing nothing: only the read-only
+        # pages of the call see it, and the crash says so
+        crashed = [t for t in doc["tests"] if t["outcome"] == "crash"]
+        assert crashed and all("read-only while it runs" in t["message"] for t in crashed), _explain(p)
+        assert all(t["crash"]["entry"] == "kvx_write_kv" for t in crashed), crashed
+
+
+def test_late_writer_past_the_lifetime_wait_not_certified(tmp_path):
+    """Writes 1.5 s after each return land in buffers the harness has freed while later tests
+    run (or after the last one, watched as long at the end of a run that can certify): the
+    run-wide record fails in the profile of the test whose buffer was written, naming it."""
+    p, doc, _ = _run("late_write_slow", tmp_path / "slow", "--profile", "layouts", "--reruns", "0")
+    assert p.returncode == 1, _explain(p)
+    rec = next((t for t in doc["tests"] if t["id"] == "lifetime.freed_buffers_untouched"), None)
+    assert rec is not None, _explain(p)
+    assert rec["outcome"] == "fail" and rec["level"] == "required" and rec["profile"] == "layouts", rec
+    assert "spec 7.2" in rec["clause"] and "freed" in rec["message"] and rec["repro"].startswith("kvx-conform run")
+    assert doc["profiles"]["layouts"]["verdict"] == "not certified"
+    assert any(w["where"] == "later-test" for w in doc["late_writes"])
 
 
 def test_explicit_narrow_claim_names_the_profiles_not_claimed(tmp_path):

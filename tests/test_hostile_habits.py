@@ -70,15 +70,17 @@ def test_input_change_names_first_element():
     ("modifies_slots", "write", "slots"),
 ])
 def test_executor_reports_changed_inputs(mutant, test, buffer):
+    """The comparison after the call (what device and unified memory rely on; host inputs are
+    also read-only pages during the call, off here so the mutant's store lands)."""
     from kvx_conformance.cases import build as cb
     from kvx_conformance.cases.checks import check_inputs
-    from kvx_conformance.cases.execute import run_write
+    from kvx_conformance.cases.execute import CallOptions, run_write
     from kvx_conformance.abi.loader import load_provider
     from kvx_conformance.results.outcomes import ConformanceFailure
 
     prov = load_provider(_lib("mutant", mutant))
     case = cb.write_case(cb.simple_cache(cb.GEOM, "nhd", cb.DType.F16, seed=1), [3, 5, 9], seed=2)
-    got = run_write(prov, case)
+    got = run_write(prov, case, CallOptions(seal_inputs=False))
     assert [c.split(":")[0] for c in got.input_changes] == [buffer], got.input_changes
     with pytest.raises(ConformanceFailure, match="modified an input it may only read"):
         check_inputs(got, case=case)
@@ -180,12 +182,25 @@ def test_flaky_provider_rerun_records_flaky(tmp_path):
 
 def test_deterministic_failure_stays_fail_and_counts_once(tmp_path):
     out = tmp_path / "out"
-    p = _kvx("run", _lib("mutant", "modifies_slots"), "--id", "inputs.write.unchanged[*", "-n", "1",
+    p = _kvx("run", _lib("mutant", "ignore_strides"), "--id", "layout.padded_rows[write-*", "-n", "1",
              "--reruns", "2", "--output-dir", str(out), "--progress", "none", "--memory", "host")
     assert p.returncode == 1, _explain(p)
     doc = json.loads((out / "results.json").read_text())
-    assert [t["outcome"] for t in doc["tests"]] == ["fail", "fail"]
+    assert [t["outcome"] for t in doc["tests"]] == ["fail"] * 3
     assert all(t["attempts"] == ["fail"] * 3 and t["tally"] == {"fail": 3} for t in doc["tests"])
-    assert doc["counts"]["fail"] == 2 and doc["counts"]["flaky"] == 0
-    assert "slots: " in doc["tests"][0]["failure"]["got"]
+    assert doc["counts"]["fail"] == 3 and doc["counts"]["flaky"] == 0
+    assert "element(s) differ" in doc["tests"][0]["failure"]["got"]
     assert sorted(p.name for p in (out / "reruns").iterdir()) == ["attempt-1", "attempt-2"]
+
+
+def test_store_into_an_input_faults_in_its_call(tmp_path):
+    """On host memory a call's inputs are read-only pages while it runs: the mutant that
+    changes the caller's slots ends the worker inside kvx_write_kv, a crash that says why."""
+    out = tmp_path / "out"
+    p = _kvx("run", _lib("mutant", "modifies_slots"), "--id", "inputs.write.unchanged[*", "-n", "1",
+             "--reruns", "0", "--output-dir", str(out), "--progress", "none", "--memory", "host")
+    assert p.returncode == 1, _explain(p)
+    doc = json.loads((out / "results.json").read_text())
+    assert [t["outcome"] for t in doc["tests"]] == ["crash", "crash"], _explain(p)
+    for t in doc["tests"]:
+        assert t["crash"]["entry"] == "kvx_write_kv" and "read-only while it runs" in t["message"], t

@@ -4,12 +4,12 @@
  * library per KVX_HOST_DEFECT, libkvx_testing_host_<variant>.so).
  *
  * Written from kvx_abi.h and the spec (not from the bundled reference provider). It serves:
- *   - K and V caches in F16, BF16 or F32, each NHD or HND with any non-negative strides;
+ *   - K and V caches in F16, BF16 or F32, each NHD or HND with any strides, negative ones too;
  *   - PACKED and RAGGED block tables, S32/S64 indices, slots and lengths;
- *   - IO tensors of the cache's own dtype (3-D, or 4-D for a gather), any non-negative strides.
+ *   - IO tensors of the cache's own dtype (3-D, or 4-D for a gather), any strides.
  * It refuses an IO dtype other than the cache dtype with KVX_STATUS_INVALID_ARGUMENT (spec 8:
- * "unsupported field"), and HND_PACKED, CUSTOM, FP8, KV_OFFSETS, device memory and negative
- * strides with KVX_STATUS_UNSUPPORTED. It reports ABI 1.1: no FP4 extension.
+ * "unsupported field"), and HND_PACKED, CUSTOM, FP8, KV_OFFSETS and device memory with
+ * KVX_STATUS_UNSUPPORTED. It reports ABI 1.1: no FP4 extension.
  *
  * Defects (one per build, -DKVX_HOST_DEFECT=...):
  *   DEFECT_NONE           correct
@@ -17,14 +17,26 @@
  *   DEFECT_RAGGED_SHORT   RAGGED gather stops one row short of a sequence's indptr range
  *                         (off by one: rows i < indptr[s+1] - 1)
  *   DEFECT_LATE_WRITE     a write returns, then a detached thread stores the same elements again
- *                         about 50 ms later (spec 7.2 MUST NOT retain pointers)
+ *                         KVX_HOST_LATE_MS (default 50) ms later (spec 7.2 MUST NOT retain pointers)
+ *   DEFECT_ABS_STRIDES    a negative stride read as its magnitude, cache and IO (spec 4.2 MUST
+ *                         honor strides)
+ *   DEFECT_SCRIBBLE_INPUT a write negates the caller's first slot in place and puts it back
+ *                         before returning (spec 7.2 / const inputs: no change is left to see)
+ *   DEFECT_TOUCH_DESC     a write stores the write descriptor's invalid_slot over itself (a store
+ *                         into a const descriptor that changes no byte)
  */
 #define DEFECT_NONE 0
 #define DEFECT_IGNORE_STRIDES 1
 #define DEFECT_RAGGED_SHORT 2
 #define DEFECT_LATE_WRITE 3
+#define DEFECT_ABS_STRIDES 4
+#define DEFECT_SCRIBBLE_INPUT 5
+#define DEFECT_TOUCH_DESC 6
 #ifndef KVX_HOST_DEFECT
 #define KVX_HOST_DEFECT DEFECT_NONE
+#endif
+#ifndef KVX_HOST_LATE_MS
+#define KVX_HOST_LATE_MS 50
 #endif
 #if KVX_HOST_DEFECT == DEFECT_LATE_WRITE
 #include <pthread.h>
@@ -99,12 +111,6 @@ static int offsets_fit(uint32_t nd, const int64_t* shape, const int64_t* stride)
   return 1;
 }
 
-static int any_negative(uint32_t nd, const int64_t* stride) {
-  for (uint32_t i = 0; i < nd; ++i)
-    if (stride[i] < 0) return 1;
-  return 0;
-}
-
 /* Element strides of the four logical axes of a cache tensor this provider executes. */
 typedef struct {
   int64_t block, token, head, dim;
@@ -134,8 +140,17 @@ static kvx_status_t sizes_io(const kvx_kv_io_desc_t* io) {
 
 /* ------------------------------------------------------------------ step 2: the cache */
 
-/* Structural rules of one cache tensor: INVALID_ARGUMENT only. Sets *neg on a negative stride. */
-static kvx_status_t check_cache_tensor(const kvx_cache_desc_t* c, const kvx_tensor_desc_t* t, int* neg) {
+/* A stride as this provider reads it (the ABS_STRIDES defect: the magnitude). */
+static int64_t stride_of(int64_t s) {
+#if KVX_HOST_DEFECT == DEFECT_ABS_STRIDES
+  return s < 0 ? -s : s;
+#else
+  return s;
+#endif
+}
+
+/* Structural rules of one cache tensor: INVALID_ARGUMENT only. */
+static kvx_status_t check_cache_tensor(const kvx_cache_desc_t* c, const kvx_tensor_desc_t* t) {
   REQUIRE(elem_size(t->dtype) != 0, INV);
   int64_t want[5];
   uint32_t nd;
@@ -165,19 +180,16 @@ static kvx_status_t check_cache_tensor(const kvx_cache_desc_t* c, const kvx_tens
   REQUIRE(is_valid_memory(t->memory), INV);
   for (uint32_t i = 0; i < nd; ++i) REQUIRE(t->stride[i] != 0 || t->shape[i] <= 1, INV); /* aliasing */
   REQUIRE(offsets_fit(nd, t->shape, t->stride), INV);
-  if (any_negative(nd, t->stride)) *neg = 1;
   return KVX_STATUS_OK;
 }
 
 static kvx_status_t check_cache(const kvx_cache_desc_t* c) {
   REQUIRE(c->num_blocks && c->block_size && c->num_kv_heads && c->head_dim, INV); /* spec 7.1 */
-  int neg = 0;
-  kvx_status_t s = check_cache_tensor(c, &c->k, &neg);
+  kvx_status_t s = check_cache_tensor(c, &c->k);
   if (s != KVX_STATUS_OK) return s;
-  s = check_cache_tensor(c, &c->v, &neg);
+  s = check_cache_tensor(c, &c->v);
   if (s != KVX_STATUS_OK) return s;
   REQUIRE(c->k.memory == c->v.memory, INV);
-  REQUIRE(!neg, UNS); /* negative strides: not served (R-STRIDE-NEG) */
   return KVX_STATUS_OK;
 }
 
@@ -185,7 +197,7 @@ static kvx_status_t check_cache(const kvx_cache_desc_t* c) {
 
 /* One IO tensor: 3-D [num_tokens, H, D], or for a gather 4-D [rows_outer, rows_inner, H, D]. */
 static kvx_status_t check_io_tensor(const kvx_cache_desc_t* c, const kvx_kv_io_desc_t* io, const kvx_tensor_desc_t* t,
-                                    int gather, uint64_t rows_outer, uint64_t rows_inner, int* neg) {
+                                    int gather, uint64_t rows_outer, uint64_t rows_inner) {
   REQUIRE(elem_size(t->dtype) != 0, INV);
   REQUIRE(t->memory == c->k.memory, INV);
   REQUIRE(io->num_tokens == 0 || t->data != NULL, INV);
@@ -200,20 +212,15 @@ static kvx_status_t check_io_tensor(const kvx_cache_desc_t* c, const kvx_kv_io_d
     return INV;
   }
   REQUIRE(offsets_fit(t->ndim, t->shape, t->stride), INV);
-  if (any_negative(t->ndim, t->stride)) *neg = 1;
   return KVX_STATUS_OK;
 }
 
 static kvx_status_t check_io(const kvx_cache_desc_t* c, const kvx_kv_io_desc_t* io, int gather, uint64_t rows_outer,
                              uint64_t rows_inner) {
   REQUIRE(io->num_kv_heads == c->num_kv_heads && io->head_dim == c->head_dim, INV);
-  int neg = 0;
-  kvx_status_t s = check_io_tensor(c, io, &io->key, gather, rows_outer, rows_inner, &neg);
+  kvx_status_t s = check_io_tensor(c, io, &io->key, gather, rows_outer, rows_inner);
   if (s != KVX_STATUS_OK) return s;
-  s = check_io_tensor(c, io, &io->value, gather, rows_outer, rows_inner, &neg);
-  if (s != KVX_STATUS_OK) return s;
-  REQUIRE(!neg, UNS);
-  return KVX_STATUS_OK;
+  return check_io_tensor(c, io, &io->value, gather, rows_outer, rows_inner);
 }
 
 /* A write's scale descriptor: read only for an FP8 cache tensor and when data is set (R-FP8). */
@@ -243,7 +250,8 @@ static kvx_status_t served_cache(const kvx_cache_desc_t* c, cache_axes_t* ak, ca
     cache_axes_t* a = as[i];
     REQUIRE(is_served_dtype(t->dtype), UNS); /* no FP8 */
     a->es = elem_size(t->dtype);
-    int64_t st[4] = {t->stride[0], t->stride[1], t->stride[2], t->stride[3]};
+    int64_t st[4] = {stride_of(t->stride[0]), stride_of(t->stride[1]), stride_of(t->stride[2]),
+                     stride_of(t->stride[3])};
 #if KVX_HOST_DEFECT == DEFECT_IGNORE_STRIDES
     st[3] = 1; /* the defect: row-major strides of the shape, whatever was given */
     st[2] = t->shape[3];
@@ -268,9 +276,11 @@ static kvx_status_t served_io(const kvx_tensor_desc_t* t, int cache_dtype, io_ax
   a->ndim = (int)t->ndim;
   a->es = elem_size(t->dtype);
   if (t->ndim == 3) {
-    a->outer = t->stride[0]; a->inner = 0; a->head = t->stride[1]; a->dim = t->stride[2];
+    a->outer = stride_of(t->stride[0]); a->inner = 0; a->head = stride_of(t->stride[1]);
+    a->dim = stride_of(t->stride[2]);
   } else {
-    a->outer = t->stride[0]; a->inner = t->stride[1]; a->head = t->stride[2]; a->dim = t->stride[3];
+    a->outer = stride_of(t->stride[0]); a->inner = stride_of(t->stride[1]); a->head = stride_of(t->stride[2]);
+    a->dim = stride_of(t->stride[3]);
   }
   return KVX_STATUS_OK;
 }
@@ -288,7 +298,7 @@ static void copy_head(char* dst, int64_t dst_dim, const char* src, int64_t src_d
 
 #if KVX_HOST_DEFECT == DEFECT_LATE_WRITE
 /* The defect: every head row a write stored is kept (address and bytes) and stored again by
- * a detached thread about 50 ms after the call returned. */
+ * a detached thread KVX_HOST_LATE_MS ms after the call returned. */
 typedef struct {
   size_t n, cap;
   char** dst;
@@ -328,7 +338,7 @@ static void late_free(late_t* l) {
 
 static void* late_run(void* arg) {
   late_t* l = (late_t*)arg;
-  struct timespec ts = {0, 50 * 1000 * 1000};
+  struct timespec ts = {KVX_HOST_LATE_MS / 1000, (KVX_HOST_LATE_MS % 1000) * 1000L * 1000L};
   nanosleep(&ts, NULL);
   for (size_t k = 0; k < l->n; ++k) {
     const unsigned char* b = l->bytes + k * (size_t)l->d * (size_t)l->max_es;
@@ -378,6 +388,18 @@ KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* c, const kvx_write_des
   kvx_status_t s = sizes_cache(c);
   if (s != KVX_STATUS_OK) return s;
   REQUIRE(w->size >= sizeof(kvx_write_desc_t), INV);
+#if KVX_HOST_DEFECT == DEFECT_TOUCH_DESC
+  *(volatile int64_t*)&((kvx_write_desc_t*)w)->slots.invalid_slot = w->slots.invalid_slot;
+#endif
+#if KVX_HOST_DEFECT == DEFECT_SCRIBBLE_INPUT
+  if (w->slots.size >= sizeof(kvx_slot_mapping_t) && w->slots.slots != NULL && w->io.num_tokens > 0 &&
+      w->slots.dtype == KVX_DTYPE_S64) {
+    volatile int64_t* first = (volatile int64_t*)w->slots.slots;
+    int64_t keep = *first;
+    *first = ~keep;
+    *first = keep;
+  }
+#endif
   if ((s = sizes_io(&w->io)) != KVX_STATUS_OK) return s;
   REQUIRE(w->slots.size >= sizeof(kvx_slot_mapping_t), INV);
   REQUIRE(w->k_scale_desc.size >= sizeof(kvx_scale_desc_t) && w->v_scale_desc.size >= sizeof(kvx_scale_desc_t), INV);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import mmap
 import sys
 import threading
 import time
@@ -45,6 +46,10 @@ class Buffer:
         """The data region as a fresh uint8 array."""
         raise NotImplementedError
 
+    def seal(self, on: bool) -> None:
+        """Read-only while a call runs, where the memory allows it (host pages; not device or
+        managed memory, whose read-only inputs are compared after the call instead)."""
+
     def _all_bytes(self) -> np.ndarray:
         raise NotImplementedError
 
@@ -67,14 +72,51 @@ class Buffer:
         return out
 
 
+_LIBC = None
+
+
+def _mprotect(addr: int, nbytes: int, writable: bool) -> None:
+    """mprotect(2) whole pages from ``addr`` (page aligned): read-only, or read-write again."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    if _LIBC.mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), prot) != 0:
+        raise OSError(ctypes.get_errno(), f"mprotect of {nbytes} bytes failed")
+
+
+def _pages(nbytes: int) -> mmap.mmap:
+    """Anonymous, page-aligned memory of at least ``nbytes`` (whole pages: it can be made read-only)."""
+    return mmap.mmap(-1, max(1, -(-nbytes // mmap.PAGESIZE)) * mmap.PAGESIZE)
+
+
+class ReadOnlyWhileCalled:
+    """A ctypes struct copied into pages of its own, read-only while a call runs (``sealed``):
+    the descriptors a provider gets are const (kvx_abi.h), so a store into one faults at once,
+    even one undone before the call returns."""
+
+    def __init__(self, struct: ctypes.Structure):
+        self._map = _pages(ctypes.sizeof(struct))
+        self.struct = type(struct).from_buffer(self._map)
+        ctypes.memmove(ctypes.addressof(self.struct), ctypes.addressof(struct), ctypes.sizeof(struct))
+
+    def seal(self, on: bool) -> None:
+        _mprotect(ctypes.addressof(self.struct), len(self._map), writable=not on)
+
+
 class HostBuffer(Buffer):
+    """Host memory in pages of its own (``seal``: read-only while a call runs)."""
+
     memory = Memory.HOST
 
     def __init__(self, nbytes: int, name: str = "buffer", *, guard: int = DEFAULT_GUARD,
                  align: int = DEFAULT_ALIGN, misalign: int = 0, salt: int = 0):
         self.name, self.nbytes, self.guard = name, int(nbytes), guard
         self._owner = health.current_test()
-        self._raw = np.empty(guard + align + self.nbytes + guard, dtype=np.uint8)
+        total = guard + align + self.nbytes + guard
+        self._map = _pages(total)
+        self._raw = np.frombuffer(self._map, dtype=np.uint8, count=total)
         base = self._raw.ctypes.data
         first = (-(base + guard)) % align + misalign % align
         self._pre = guard + first
@@ -85,6 +127,11 @@ class HostBuffer(Buffer):
 
     def data_view(self) -> np.ndarray:
         return self._raw[self._pre : self._pre + self.nbytes]
+
+    def seal(self, on: bool) -> None:
+        """Make the buffer's pages read-only (``on``) or writable again: the inputs of a call
+        are const (spec 7.2, kvx_abi.h), so a store into one faults while the call runs."""
+        _mprotect(self._raw.ctypes.data, len(self._map), writable=not on)
 
     def upload(self, data: np.ndarray) -> None:
         b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
@@ -287,6 +334,9 @@ class UnifiedBuffer(HostBuffer):
 
     def _sync(self):
         _Cudart.lib().cudaDeviceSynchronize()
+
+    def seal(self, on: bool) -> None:
+        """Managed memory is not sealed (its read-only inputs are compared after the call)."""
 
     def download(self) -> np.ndarray:
         self._sync()

@@ -47,6 +47,8 @@ class TensorLayout:
     layout: Layout
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+    #: elements from the start of the buffer to the data pointer (``reversed``: a negative stride)
+    origin: int = 0
 
     @property
     def ndim(self) -> int:
@@ -57,13 +59,35 @@ class TensorLayout:
         return abi.DTYPE_SIZE[self.dtype]
 
     def span_elements(self) -> int:
-        """Elements from the base pointer to one past the farthest element addressed."""
-        if any(s <= 0 for s in self.shape):
-            return 0
-        return 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.stride))
+        """Elements from the start of the buffer to one past the farthest element addressed."""
+        return _span(self.shape, self.stride, self.origin)
 
     def with_(self, **changes) -> "TensorLayout":
         return dataclasses.replace(self, **changes)
+
+    def reversed(self, dim: int) -> "TensorLayout":
+        """The same elements with dimension ``dim`` walked backwards (``_reversed``)."""
+        return _reversed(self, dim)
+
+
+def _span(shape, stride, origin: int) -> int:
+    """Elements from the start of a buffer to one past the farthest element addressed from a data
+    pointer ``origin`` elements into it: negative strides reach back at most ``origin`` (the
+    buffer is extended where they reach further)."""
+    if any(s <= 0 for s in shape):
+        return 0
+    back = sum((n - 1) * -s for n, s in zip(shape, stride) if s < 0)
+    ahead = sum((n - 1) * s for n, s in zip(shape, stride) if s > 0)
+    return max(origin, back) + 1 + ahead
+
+
+def _reversed(t, dim: int):
+    """``t`` with the stride of ``dim`` negated and the data pointer moved to that dimension's last
+    index, so the same buffer holds every element (index i of ``dim`` lands where index n-1-i was):
+    how a caller describes a tensor walked backwards (spec 4.2 "MUST honor provided strides")."""
+    n, s = t.shape[dim], t.stride[dim]
+    stride = tuple(-x if i == dim else x for i, x in enumerate(t.stride))
+    return dataclasses.replace(t, stride=stride, origin=t.origin + (n - 1) * s)
 
 
 def canonical_shape(geom: Geometry, layout: Layout, pack: int | None = None) -> tuple[int, ...]:
@@ -235,6 +259,8 @@ class IOLayout:
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     layout: Layout = Layout.BLOCK_CUSTOM
+    #: elements from the start of the buffer to the data pointer (``reversed``: a negative stride)
+    origin: int = 0
 
     @classmethod
     def dense(cls, dtype: DType, num_tokens: int, num_kv_heads: int, head_dim: int) -> "IOLayout":
@@ -246,9 +272,11 @@ class IOLayout:
         return cls(dtype, (seq_count, max_seq_len, num_kv_heads, head_dim), (max_seq_len * hd, hd, head_dim, 1))
 
     def span_elements(self) -> int:
-        if any(s <= 0 for s in self.shape):
-            return 0
-        return 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.stride))
+        return _span(self.shape, self.stride, self.origin)
+
+    def reversed(self, dim: int) -> "IOLayout":
+        """The same elements with dimension ``dim`` walked backwards (``_reversed``)."""
+        return _reversed(self, dim)
 
 
 @dataclass
@@ -269,6 +297,8 @@ def to_c_tensor(t: TensorLayout | IOLayout, data: int, memory: Memory, size: int
     for i, (n, s) in enumerate(zip(t.shape[: abi.MAX_TENSOR_DIMS], t.stride[: abi.MAX_TENSOR_DIMS])):
         c.shape[i] = n
         c.stride[i] = s
+    if data and t.origin:
+        data += t.origin * abi.DTYPE_SIZE[t.dtype]  # the data pointer of a tensor with negative strides
     c.data = data or None
     if size is not None:
         c.size = size

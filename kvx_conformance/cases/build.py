@@ -417,8 +417,11 @@ def case_features(case) -> list[str]:
             f = None
         if f and f not in feats:
             feats.append(f)
+        if any(x < 0 for x in t.stride):
+            if "negative_strides" not in feats:  # the feature of such a tensor, whatever else its strides do
+                feats.append("negative_strides")
         # CUSTOM is described by its strides (spec 4.2): any stride pattern is the feature itself
-        if t.layout != Layout.BLOCK_CUSTOM and not _canonical(t, c.geom) and "noncanonical_strides" not in feats:
+        elif t.layout != Layout.BLOCK_CUSTOM and not _canonical(t, c.geom) and "noncanonical_strides" not in feats:
             feats.append("noncanonical_strides")
     if c.k.layout != c.v.layout or c.k.dtype != c.v.dtype or c.k.stride != c.v.stride:
         feats.append("mixed_layouts")
@@ -428,7 +431,10 @@ def case_features(case) -> list[str]:
         if len(io.shape) == 4 and "gather_4d" not in feats:
             feats.append("gather_4d")
         dense = contiguous_strides(tuple(io.shape))
-        if tuple(io.stride) != dense and "io_strides" not in feats:
+        if any(x < 0 for x in io.stride):
+            if "negative_strides" not in feats:
+                feats.append("negative_strides")
+        elif tuple(io.stride) != dense and "io_strides" not in feats:
             feats.append("io_strides")
         # into or out of an FP8 cache a different IO dtype is the FP8 feature (quantization)
         fp8_cache = c.k.dtype in FP8_DTYPES or c.v.dtype in FP8_DTYPES

@@ -113,7 +113,7 @@ def _cache_offsets(t: TensorLayout, geom) -> np.ndarray:
 
     pack = int(t.shape[4]) if t.layout == Layout.BLOCK_HND_PACKED and len(t.shape) > 4 else 1
     b, tok, h, d = np.indices((geom.num_blocks, geom.block_size, geom.num_kv_heads, geom.head_dim), dtype=np.int64)
-    return cache_offsets(t.layout, tuple(t.stride), pack, b, tok, h, d)
+    return cache_offsets(t.layout, tuple(t.stride), pack, b, tok, h, d) + t.origin
 
 
 def _io_offsets(io: IOLayout) -> np.ndarray:
@@ -122,7 +122,7 @@ def _io_offsets(io: IOLayout) -> np.ndarray:
 
     rows = int(np.prod(io.shape[:-2]))
     r, h, d = np.indices((rows, io.shape[-2], io.shape[-1]), dtype=np.int64)
-    return io_offsets(tuple(io.shape), tuple(io.stride), r, h, d)
+    return io_offsets(tuple(io.shape), tuple(io.stride), r, h, d) + io.origin
 
 
 def _locate(offsets: np.ndarray, flat_index: int) -> tuple[int, ...] | None:
@@ -486,18 +486,22 @@ def verify_validate(
 def verify_write(
     provider, case: WriteCase, opts: execute.CallOptions | None = None, *, clause: str,
     feature: str | tuple[str, ...] | None = None, statuses: Iterable[int] | None = None,
-    partial: Callable[[], Result] | None = None, expect: int | None = None,
+    partial: Callable[[], Result] | None = None, expect: int | None = None, served: tuple[str, ...] = (),
 ) -> Result:
     """Run ``kvx_write_kv``; status, guards and the whole cache bit-exact against the oracle.
 
     ``statuses`` widens the acceptable statuses (default: exactly the oracle's);
     ``partial`` gives the memory of the call's valid part, acceptable with a
-    data-dependent error status (and with OK on DEVICE memory, R-DEVICE-STATUS).
+    data-dependent error status (and with OK on DEVICE memory, R-DEVICE-STATUS);
+    ``served``: rules the reference refuses that the oracle serves here (``rules.SERVABLE``):
+    the call is held to the served result (``expect`` still names the refused answer).
     """
     opts = opts or execute.CallOptions()
     case = away_from_run_memory(case, opts.memory)
     exp = _oracle().expected_write(case, opts.memory)
     _agree(exp, expect, case)
+    if served:
+        exp = _oracle().expected_write(case, opts.memory, served=served)
     got = execute.run_write(provider, case, opts)
     core = provider_core_layout(provider, opts.memory) if feature is not None and got.status != exp.status else None
     return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=partial)
@@ -506,13 +510,16 @@ def verify_write(
 def verify_gather(
     provider, case: GatherCase, opts: execute.CallOptions | None = None, *, clause: str,
     feature: str | tuple[str, ...] | None = None, statuses: Iterable[int] | None = None,
-    partial: Callable[[], Result] | None = None, expect: int | None = None,
+    partial: Callable[[], Result] | None = None, expect: int | None = None, served: tuple[str, ...] = (),
 ) -> Result:
-    """Run ``kvx_gather_kv``; status, guards, untouched cache and outputs bit-exact."""
+    """Run ``kvx_gather_kv``; status, guards, untouched cache and outputs bit-exact (``served``: as
+    :func:`verify_write`)."""
     opts = opts or execute.CallOptions()
     case = away_from_run_memory(case, opts.memory)
     exp = _oracle().expected_gather(case, opts.memory)
     _agree(exp, expect, case)
+    if served:
+        exp = _oracle().expected_gather(case, opts.memory, served=served)
     got = execute.run_gather(provider, case, opts)
     core = provider_core_layout(provider, opts.memory) if feature is not None and got.status != exp.status else None
     return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=partial)

@@ -11,6 +11,7 @@ after the call, on host and device alike (docs/spec-readings.md R-INPUTS).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import dataclass, field
 
@@ -19,6 +20,11 @@ import numpy as np
 from ..abi import header as abi, buffers, descriptors as d, health
 from ..abi.header import Memory, TableFormat
 from .case import CacheCase, GatherCase, Result, ValidateCase, WriteCase
+
+
+#: the default of ``CallOptions.seal_inputs``: off only where a store into an input must not end
+#: the process (the mutant check runs its killers in its own process: harness.mutants)
+SEAL_INPUTS = True
 
 
 @dataclass
@@ -32,14 +38,17 @@ class CallOptions:
     after_call: object = None
     #: DEVICE memory: the CUDA device the buffers go on (None: the current device)
     device: int | None = None
+    #: inputs and descriptors read-only while the call runs (``_Arena.sealed``); off, only the
+    #: comparison after the call sees a changed input (as on device memory)
+    seal_inputs: bool = field(default_factory=lambda: SEAL_INPUTS)
 
 
 class _Arena:
     """The buffers of one call, by name; checks all their guards, and that the read-only
     ones still hold what was put in, at the end."""
 
-    def __init__(self, memory: Memory, misalign: int, device: int | None = None):
-        self.memory, self.misalign, self.device = memory, misalign, device
+    def __init__(self, memory: Memory, misalign: int, device: int | None = None, seal: bool = True):
+        self.memory, self.misalign, self.device, self.seal = memory, misalign, device, seal
         self.bufs: dict[str, buffers.Buffer] = {}
         self.readonly: dict[str, np.ndarray] = {}
 
@@ -72,6 +81,25 @@ class _Arena:
         for b in self.bufs.values():
             out.extend(b.violations())
         return out
+
+    @contextlib.contextmanager
+    def sealed(self, args: dict[str, object]):
+        """The call's arguments with every descriptor copied into pages of its own, and those
+        pages and the read-only host buffers made read-only while the call runs: inputs are
+        const (spec 7.2, kvx_abi.h), so a store into one faults in the call that made it, even
+        one undone before the return (docs/spec-readings.md R-INPUTS)."""
+        if not self.seal:
+            yield args
+            return
+        copies = {k: buffers.ReadOnlyWhileCalled(v) for k, v in args.items() if isinstance(v, ctypes.Structure)}
+        held = [c for c in copies.values()] + [self.bufs[n] for n in self.readonly]
+        for h in held:
+            h.seal(True)
+        try:
+            yield {**args, **{k: c.struct for k, c in copies.items()}}
+        finally:
+            for h in held:
+                h.seal(False)
 
 
 def apply_overrides(roots: dict[str, ctypes.Structure], overrides: dict) -> dict[str, object]:
@@ -120,10 +148,10 @@ def _place_cache(arena: _Arena, cache: CacheCase, memory: Memory, *, readonly: b
 def run_validate(provider, case: ValidateCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     health.set_case(case)  # named if the call leaves a device fault
-    arena = _Arena(opts.memory, opts.misalign, opts.device)
+    arena = _Arena(opts.memory, opts.misalign, opts.device, opts.seal_inputs)
     c = _place_cache(arena, case.cache, opts.memory, readonly=True)
-    args = apply_overrides({"cache": c}, case.c_overrides)
-    st = provider.validate_cache_desc(args["cache"])
+    with arena.sealed(apply_overrides({"cache": c}, case.c_overrides)) as args:
+        st = provider.validate_cache_desc(args["cache"])
     buffers.synchronize(opts.memory, opts.device)
     return Result(st, {}, arena.violations(), input_changes=arena.input_changes())
 
@@ -138,7 +166,7 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
     opts = opts or CallOptions()
     health.set_case(case)  # named if the call leaves a device fault
     mem = opts.memory
-    arena = _Arena(mem, opts.misalign, opts.device)
+    arena = _Arena(mem, opts.misalign, opts.device, opts.seal_inputs)
     cache = _place_cache(arena, case.cache, mem, readonly=False)
     g = case.cache.geom
     kp = arena.put("key", case.key, data=True, readonly=True)
@@ -155,8 +183,8 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
         ptr = (arena.put(f"{side}_scale_desc data", np.asarray(spec.values, np.float32), readonly=True)
                if spec is not None else 0)
         setattr(desc, f"{side}_scale_desc", d.to_c_scale(spec, ptr))
-    args = apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)
-    st = provider.write_kv(args["cache"], args["desc"], opts.stream)
+    with arena.sealed(apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)) as args:
+        st = provider.write_kv(args["cache"], args["desc"], opts.stream)
     if opts.after_call is not None:
         opts.after_call()
     buffers.synchronize(mem, opts.device)
@@ -169,7 +197,7 @@ def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> R
     opts = opts or CallOptions()
     health.set_case(case)  # named if the call leaves a device fault
     mem = opts.memory
-    arena = _Arena(mem, opts.misalign, opts.device)
+    arena = _Arena(mem, opts.misalign, opts.device, opts.seal_inputs)
     cache = _place_cache(arena, case.cache, mem, readonly=True)
     g = case.cache.geom
     kp = arena.put("out key", case.out_k_init, data=True)
@@ -183,8 +211,8 @@ def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> R
     desc.io = io
     desc.block_table = d.to_c_table(t, ip, pp)
     desc.seq_lens = d.to_c_seq_lens(case.seq_lens, lp)
-    args = apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)
-    st = provider.gather_kv(args["cache"], args["desc"], opts.stream)
+    with arena.sealed(apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)) as args:
+        st = provider.gather_kv(args["cache"], args["desc"], opts.stream)
     if opts.after_call is not None:
         opts.after_call()
     buffers.synchronize(mem, opts.device)

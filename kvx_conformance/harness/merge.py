@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ..abi.loader import EXIT_BAD_INPUT_FILE, EXIT_CERTIFIED, EXIT_MERGE_REFUSED, EXIT_NOT_CERTIFIED, EXIT_USAGE
 from ..results.claims import Claims, Waiver
-from ..results.record import SCHEMA_VERSION, KIND, TestRecord, _atomic_write_json, load_results, now_iso, summarize
+from ..results.record import (RUN_WIDE_PREFIX, SCHEMA_VERSION, KIND, TestRecord, _atomic_write_json, load_results,
+                              now_iso, summarize)
 from ..results.shards import selection_hash
 
 #: (label, getter) of what every part must share
@@ -99,6 +100,8 @@ def check_parts(parts: list[tuple[str, dict]]) -> None:
     owner: dict[str, str] = {}
     for where, d in parts:
         for t in d.get("tests", []):
+            if t["nodeid"].startswith(RUN_WIDE_PREFIX):
+                continue  # a part's own run-wide record (each part may hold one): joined below
             if t["nodeid"] in owner:
                 raise MergeRefused(f"test {t['id']} is in two parts ({owner[t['nodeid']]} and {where}): the parts "
                                    "overlap")
@@ -113,7 +116,14 @@ def merge_documents(parts: list[tuple[str, dict]]) -> dict:
     """One results document from checked parts, summarized as a full run would be."""
     parts = sorted(parts, key=lambda p: p[1]["shard"]["index"])
     first = parts[0][1]
-    tests = [TestRecord.from_dict(t) for _, d in parts for t in d.get("tests", [])]
+    tests, run_wide = [], set()
+    for _, d in parts:
+        for t in d.get("tests", []):
+            if t["nodeid"].startswith(RUN_WIDE_PREFIX):
+                if t["nodeid"] in run_wide:
+                    continue  # the first part's finding stands for the run
+                run_wide.add(t["nodeid"])
+            tests.append(TestRecord.from_dict(t))
     claims = Claims.from_dict(first.get("claims"))
     waivers = [Waiver(w["id"], w.get("reason", "")) for w in first.get("waivers") or []]
     cfg = dict(first.get("config") or {})

@@ -362,7 +362,9 @@ def run_selected(provider: str, ids: list[str], nodefiles: list[str], out: Path,
     no xdist) and return id -> record from the results.json the plugin wrote.
 
     Only for providers that do not crash: a crash takes this process down (use the CLI
-    for crashing mutants, as :func:`check` does)."""
+    for crashing mutants, as :func:`check` does). Inputs are not sealed read-only here
+    (``execute.SEAL_INPUTS``): a mutant that stores into one fails its killers as it did in
+    the sweep's records, where the CLI's sealed calls make it crash (both catch it)."""
     import pytest
 
     from ..results.certificate import suite_root
@@ -372,9 +374,15 @@ def run_selected(provider: str, ids: list[str], nodefiles: list[str], out: Path,
     out.mkdir(parents=True, exist_ok=True)
     (out / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
     files = sorted({str(root / f.split("::")[0]) for f in nodefiles}) or [str(root)]
+    from ..cases import execute
+
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        rc = int(pytest.main(_pytest_args(provider, out, ids, files, root, timeout_s, examples)))
+    sealed, execute.SEAL_INPUTS = execute.SEAL_INPUTS, False  # a store into an input: a fail here, not a crash
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            rc = int(pytest.main(_pytest_args(provider, out, ids, files, root, timeout_s, examples)))
+    finally:
+        execute.SEAL_INPUTS = sealed
     res = out / "results.json"
     if not res.exists():
         raise RuntimeError(f"pytest exit {rc} wrote no results for {provider}:\n{buf.getvalue()[-2000:]}")

@@ -450,7 +450,8 @@ def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, wor
     import pytest
 
     from ..results.claims import load_expectations
-    from ..results.record import RERUN, _atomic_write_json, load_results, merge_attempts, records, resummarize
+    from ..results.record import (RERUN, RUN_WIDE_PREFIX, _atomic_write_json, load_results, merge_attempts, records,
+                                  resummarize)
 
     try:
         doc = load_results(out / "results.json")
@@ -460,7 +461,7 @@ def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, wor
         return {}
     tests = records(doc)
     first = {t.nodeid: t for t in tests}
-    todo = [t.nodeid for t in tests if t.outcome in RERUN]
+    todo = [t.nodeid for t in tests if t.outcome in RERUN and not t.nodeid.startswith(RUN_WIDE_PREFIX)]
     later: dict[str, list] = {n: [] for n in todo}
     for k in range(1, reruns + 1):
         if not todo:

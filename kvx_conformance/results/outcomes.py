@@ -54,6 +54,7 @@ PROFILES = {
 OPTIONAL_FEATURES = {
     "custom_layout": "BLOCK_CUSTOM layout",
     "noncanonical_strides": "non-contiguous stride patterns (4.2)",
+    "negative_strides": "negative strides, cache or IO (4.2; the reference refuses them, R-STRIDE-NEG)",
     "mixed_layouts": "K and V in different layouts or dtypes",
     "mixed_io_dtype": "IO dtype different from the cache dtype",
     "fp8": "FP8 caches (4.3, 10)",
@@ -78,7 +79,8 @@ OPTIONAL_FEATURES = {
 #: Optional features whose refusal the spec says SHOULD be UNSUPPORTED (4.2 strides; 4.4
 #: alignment, as the readings take it): refused with INVALID_ARGUMENT instead, the refusal
 #: is accepted and a recommended-level warning is recorded on the test.
-SHOULD_REFUSE_WITH_UNSUPPORTED = {"noncanonical_strides": "spec 4.2", "misaligned": "spec 4.4"}
+SHOULD_REFUSE_WITH_UNSUPPORTED = {"noncanonical_strides": "spec 4.2", "negative_strides": "spec 4.2",
+                                  "misaligned": "spec 4.4"}
 
 
 def conformance(

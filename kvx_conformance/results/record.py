@@ -54,6 +54,10 @@ def profile_served(required: list["TestRecord"]) -> bool:
                for t in required)
 
 
+#: node ids of records the harness adds for the whole run (no pytest item behind them: never re-run)
+RUN_WIDE_PREFIX = "kvx-conform::"
+
+
 @dataclass
 class TestRecord:
     """One finished test (the elements of ``results.json``'s ``tests``)."""

@@ -141,6 +141,56 @@ def test_transposed(kvx_provider, kvx_call_options, which, op):
               seed=40, label=f"{which} strides {t.stride}")
 
 
+# A tensor walked backwards along some dimensions: those strides negative, the data pointer at their
+# last index, every element inside the buffer. The reference refuses them (R-STRIDE-NEG); a provider
+# that serves them must honour them (spec 4.2), so the answer is the correct result or a refusal.
+NEGATIVE = {  # cache kind, dimensions of the cache walked backwards, dimensions of the IO rows
+    "nhd_blocks": ("nhd", (0,), ()),
+    "nhd_dim": ("nhd", (3,), ()),
+    "hnd_heads_tokens": ("hnd", (1, 2), ()),
+    "io_rows": ("nhd", (), (0,)),
+    "hnd_io_heads_dim": ("hnd", (), (1, 2)),
+    "nhd_all": ("nhd", (0, 1, 2, 3), (0, 1, 2)),
+}
+CL_NEGATIVE = CL_STRIDES + " (negative strides; R-STRIDE-NEG: a correct result or UNSUPPORTED)"
+
+
+@conformance("layout.negative_strides", CL_NEGATIVE, REQUIRED, "layouts", ("write", "gather"),
+             feature="negative_strides")
+@pytest.mark.parametrize("which", list(NEGATIVE))
+@OPS
+def test_negative_strides(kvx_provider, kvx_call_options, which, op):
+    kind, cache_dims, io_dims = NEGATIVE[which]
+    t = cb.layout(G, kind, DType.F16)
+    for dim in cache_dims:
+        t = t.reversed(dim)
+    cache = cb.make_cache(G, t, t, seed=47)
+    served = ("R-CACHE.stride_negative",) * bool(cache_dims) + ("R-IO.stride_negative",) * bool(io_dims)
+
+    def flip(io):
+        for dim in io_dims:
+            io = io.reversed(dim)
+        return io
+
+    label = f"{which}: cache strides {t.stride}"
+    if op == "write":
+        slots = cb.spread_slots(G, 14, 48).tolist()
+        slots[3:3] = [-1]
+        case = cb.write_case(cache, slots, seed=49, label=label)
+        key = flip(case.key_layout)
+        case = cb.replace(case, key_layout=key, value_layout=flip(case.value_layout),
+                          label=f"{label}, io strides {key.stride}")
+        verify_write(kvx_provider, case, kvx_call_options(), clause=CL_NEGATIVE, feature="negative_strides",
+                     served=served)
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(G, 3, 3, 50), [3 * G.block_size, G.block_size + 1, 2],
+                                3 * G.block_size, seed=51, label=label)
+        out = flip(case.out_layout)
+        case = cb.replace(case, out_layout=out, label=f"{label}, output strides {out.stride}")
+        verify_gather(kvx_provider, case, kvx_call_options(), clause=CL_NEGATIVE, feature="negative_strides",
+                      served=served)
+
+
 @conformance("layout.stride_zero_extent_one", CL_STRIDES + " (stride 0 on an extent-1 dimension)", RECOMMENDED,
              "layouts", ("write", "gather"), feature="noncanonical_strides")
 @OPS

@@ -141,7 +141,7 @@ def _tensor_rule(mutate, calls=("validate", "write", "gather"), gather_formats=N
             side = _pick(rng, ("k", "v"))
             ov = mutate(rng, case, side, getattr(case.cache, side))
             if ov is not None:
-                return _with(case, ov)
+                return _with(case, ov) if isinstance(ov, dict) else ov
         raise RuntimeError("no case fits this rule")
     return build
 
@@ -209,8 +209,13 @@ def _m_overflow(rng, case, side, t):
 
 
 def _m_stride_negative(rng, case, side, t):
-    i = int(rng.integers(len(t.shape)))
-    return {f"cache.{side}.stride[{i}]": -max(1, abs(int(t.stride[i])))}
+    """The tensor walked backwards along one dimension: a negative stride and the data pointer at
+    that dimension's last index, so every element stays in the buffer (a provider may serve it)."""
+    dims = [i for i, x in enumerate(t.stride) if x > 0]
+    if not dims:
+        return None
+    cache = dataclasses.replace(case.cache, **{side: t.reversed(int(_pick(rng, dims)))})
+    return dataclasses.replace(case, cache=cache)
 
 
 def _io_rule(mutate, calls=("write", "gather"), **gen_kw):
@@ -224,7 +229,7 @@ def _io_rule(mutate, calls=("write", "gather"), **gen_kw):
             layout = (case.key_layout if name == "key" else case.value_layout) if call == "write" else case.out_layout
             ov = mutate(rng, case, name, layout)
             if ov is not None:
-                return _with(case, ov)
+                return _with(case, ov) if isinstance(ov, dict) else ov
         raise RuntimeError("no case fits this rule")
     return build
 
@@ -272,9 +277,15 @@ def _m_io_overflow(rng, case, name, layout):
 
 
 def _m_io_stride_negative(rng, case, name, layout):
-    dims = [i for i, n in enumerate(layout.shape) if n > 1] or [0]
-    i = int(_pick(rng, dims))
-    return {f"desc.io.{name}.stride[{i}]": -max(1, abs(int(layout.stride[i])))}
+    """The IO tensor walked backwards along one dimension (as ``_m_stride_negative``); a gather's
+    key and value outputs share one layout, so both are."""
+    dims = [i for i, (n, x) in enumerate(zip(layout.shape, layout.stride)) if n > 1 and x > 0]
+    if not dims:
+        return None
+    new = layout.reversed(int(_pick(rng, dims)))
+    if isinstance(case, WriteCase):
+        return dataclasses.replace(case, **{f"{name}_layout": new})
+    return dataclasses.replace(case, out_layout=new)
 
 
 def _write(mutate, **gen_kw):

@@ -100,6 +100,13 @@ class RunConfig:
 _RC = pytest.StashKey[RunConfig]()
 
 
+def whole_selection(config: pytest.Config) -> bool:
+    """The run (or one shard of it) selects every test of its suites, not a part by ``-k`` /
+    ``--id`` / ``-m``, and is not ``--quick``: a run whose verdict can certify."""
+    narrowed = config.getoption("keyword") or config.getoption("kvx_id") or config.getoption("markexpr")
+    return not narrowed and not config.getoption("kvx_quick")
+
+
 def run_config(config: pytest.Config) -> RunConfig:
     if _RC in config.stash:
         return config.stash[_RC]

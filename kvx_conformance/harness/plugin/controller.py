@@ -16,7 +16,7 @@ import pytest
 from ...abi.buffers import LATER_TEST
 from ...results.claims import InputFileError, load_expectations
 from ...results.outcomes import Outcome
-from ...results.record import ResultsWriter, TestRecord, _atomic_write_json, first_line
+from ...results.record import RUN_WIDE_PREFIX, ResultsWriter, TestRecord, _atomic_write_json, first_line
 from .config import (
     BREAKER_FILE,
     CL_LIFETIME,
@@ -96,6 +96,10 @@ def sanitizer_excerpt(state_dir: Path | None, pid: int | None, limit: int = 40) 
     body = lines[first:first + limit]
     return body[0].strip(), "\n".join(body)
 
+
+
+#: entry points whose inputs and descriptors are sealed read-only during the call (execute._Arena.sealed)
+_SEALED_ENTRIES = ("kvx_write_kv", "kvx_gather_kv", "kvx_validate_cache_desc")
 
 class _Controller:
     """Hooks of the process that schedules tests and writes results."""
@@ -279,6 +283,9 @@ class _Controller:
                 crash["thread"] = "provider"
                 crash["possible_cause"] = "a thread the provider left running (not inside any call)"
                 msg += "; it happened in a thread the provider started, not inside a call of this test"
+            elif crash["entry"] in _SEALED_ENTRIES and run_config(self.config).memory.name == "HOST":
+                msg += ("; a call's input buffers and descriptors are read-only while it runs on host memory "
+                        "(R-INPUTS: spec 7.2, kvx_abi.h const), so a store into one ends the worker inside the call")
             res = {"when": "call", "outcome": Outcome.CRASH.value, "message": msg, "detail": frames,
                    "duration": elapsed, "crash": crash}
         if wid in self.tainted:
@@ -525,7 +532,40 @@ class _Controller:
         elif self.total:
             self._progress(force=True)
         if self.writer is not None:
+            self._run_wide_late_writes()
             self.writer.close(complete=not interrupted and not self.writer.collection_errors)
+
+    #: the record of writes into freed buffers charged to no single test (docs/device-faults.md)
+    RUN_LATE_ID = "lifetime.freed_buffers_untouched"
+
+    def _run_wide_late_writes(self) -> None:
+        """A buffer freed by one test and written while a later test ran is a write after return
+        (spec 7.2) or an out-of-bounds write of the later test; which one, the timing cannot tell,
+        so no single test is charged, but the run is: one required record fails, naming both
+        tests, in the profile of the test whose buffer was written (a profile the run holds: a
+        provider that writes into freed memory is never certified)."""
+        rows = [w for w in self.writer.late_writes if w.get("where") == LATER_TEST]
+        if not rows:
+            return
+        first = rows[0]
+        profile = (self._meta(first.get("nodeid") or "") or {}).get("profile") or "concurrency"
+        rc = run_config(self.config)
+        parts = ["kvx-conform", "run", *([str(rc.provider_path)] if rc.provider_path is not None else []),
+                 "--memory", rc.memory.name.lower(), "-n", "1", "--id", first["test"]]
+        if first.get("seen_in") and first["seen_in"] != first["test"]:
+            parts += ["--id", first["seen_in"]]
+        got = (f"{len(rows)} finding(s); first: a buffer of {first['test']} written while "
+               f"{first.get('seen_in') or 'a later test'} ran: {first['what']}")
+        rec = TestRecord(
+            id=self.RUN_LATE_ID, nodeid=f"{RUN_WIDE_PREFIX}{self.RUN_LATE_ID}", clause=CL_LIFETIME, level="required",
+            profile=profile, entry=["write", "gather"], feature=None, outcome=Outcome.FAIL.value,
+            message=f"buffers the harness had freed were written while later tests ran: writes after return, or "
+                    f"out-of-bounds writes of the later tests ({got})",
+            repro=" ".join(shlex.quote(p) for p in parts),
+            failure={"what": "freed buffers were written", "got": got, "clause": CL_LIFETIME, "case": "",
+                     "expected": "no byte of a buffer written after the call that used it returned"})
+        self.counts[Outcome.FAIL.value] += 1
+        self.writer.add(rec)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report, config):
