@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvx_conformance.abi import health, native
+from kvx_conformance.abi.header import Memory
 from kvx_conformance.cases.isolation import isolated_map
 from kvx_conformance.harness.plugin.config import _RECORD_MARK, _START_MARK
 from kvx_conformance.harness.plugin.controller import _Controller, _read_crash_detail
@@ -95,7 +96,8 @@ def test_single_process_marks_the_fault_and_skips_the_rest(tmp_path):
 
 def _controller(tmp: Path) -> SimpleNamespace:
     ctl = SimpleNamespace(state_dir=tmp, tainted={}, writer=None, metas={}, _late_printed=0, done=set(),
-                          _amend={}, config=SimpleNamespace(getoption=lambda name: "sanitize-python.sh"))
+                          _amend={}, config=SimpleNamespace(getoption=lambda name: "sanitize-python.sh"),
+                          rc=SimpleNamespace(memory=Memory.HOST))
     ctl._sanitizer_report = lambda fault: _Controller._sanitizer_report(ctl, fault)
     ctl._meta = lambda nodeid: {"id": nodeid.split("::")[-1]}
     ctl._print = lambda *a, **k: None
@@ -139,6 +141,7 @@ def test_controller_turns_each_record_into_the_right_outcome(tmp_path):
     res = _Controller.crash_result(ctl, "m.py::t_segv", "gw1", 0.1, 30, *_read_crash_detail(tmp_path, "gw1",
                                                                                            "m.py::t_segv"))
     assert res["crash"] == {"kind": "signal", "entry": "kvx_write_kv"}
+    assert "read-only while it runs on host memory" in res["message"]  # a store into an input faults there
     # a signal in a thread with no Python frame: a thread the provider left running
     _fault_log(tmp_path, "gw2", "m.py::t_thread", "Fatal Python error: Segmentation fault", "",
                "Thread 0x01 (most recent call first):", '  File "/x/_pytest/python.py", line 1 in f')

@@ -12,6 +12,8 @@
 - ``host_scribble_input`` / ``host_touch_desc``: a write stores into the caller's slots (and
   restores them) or into its const descriptor (the same value): nothing changed is left to
   compare, but the read-only pages of the call fault, a crash of the test.
+- ``host_harness_detect``: writes only where the environment names a pytest test or worker;
+  the harness hides those from every provider call, so it is seen.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -115,6 +117,7 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("abs_strides", ["layout.negative_strides*"], "layouts"),
     ("scribble_input", ["inputs.write.*"], "core"),
     ("touch_desc", ["inputs.write.*"], "core"),
+    ("harness_detect", ["write.slots.valid*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

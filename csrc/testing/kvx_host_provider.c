@@ -24,6 +24,8 @@
  *                         before returning (spec 7.2 / const inputs: no change is left to see)
  *   DEFECT_TOUCH_DESC     a write stores the write descriptor's invalid_slot over itself (a store
  *                         into a const descriptor that changes no byte)
+ *   DEFECT_HARNESS_DETECT a write returns OK and writes nothing unless the environment names a
+ *                         pytest test or worker (correct only where it believes it is tested)
  */
 #define DEFECT_NONE 0
 #define DEFECT_IGNORE_STRIDES 1
@@ -32,6 +34,7 @@
 #define DEFECT_ABS_STRIDES 4
 #define DEFECT_SCRIBBLE_INPUT 5
 #define DEFECT_TOUCH_DESC 6
+#define DEFECT_HARNESS_DETECT 7
 #ifndef KVX_HOST_DEFECT
 #define KVX_HOST_DEFECT DEFECT_NONE
 #endif
@@ -46,6 +49,7 @@
 #define KVX_BUILD_PROVIDER 1
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvx/kvx_abi.h"
@@ -388,6 +392,9 @@ KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* c, const kvx_write_des
   kvx_status_t s = sizes_cache(c);
   if (s != KVX_STATUS_OK) return s;
   REQUIRE(w->size >= sizeof(kvx_write_desc_t), INV);
+#if KVX_HOST_DEFECT == DEFECT_HARNESS_DETECT
+  if (getenv("PYTEST_CURRENT_TEST") == NULL && getenv("PYTEST_XDIST_WORKER") == NULL) return KVX_STATUS_OK;
+#endif
 #if KVX_HOST_DEFECT == DEFECT_TOUCH_DESC
   *(volatile int64_t*)&((kvx_write_desc_t*)w)->slots.invalid_slot = w->slots.invalid_slot;
 #endif

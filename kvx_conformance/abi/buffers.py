@@ -420,3 +420,243 @@ def input_change(name: str, before: np.ndarray, after: np.ndarray) -> str | None
     i = int(bad[0])
     return (f"{name}: {bad.size} of {b.size} element(s) changed by the call; first at element {i}: "
             f"{_element_text(b, i)} before, {_element_text(raw.view(b.dtype), i)} after")
+
+
+# ----------------------------------------------------------------------------- sparse
+
+
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+#: /proc/self/pagemap entry bits: page present, page swapped out
+_PM_PRESENT, _PM_SWAPPED = 1 << 63, 1 << 62
+
+
+class SparseBuffer:
+    """A zero-filled buffer of many gigabytes whose untouched memory is never materialized:
+    a cache larger than 2^31 elements that a call touches in a few rows (tests of 64-bit
+    offsets). Guards of ``guard`` bytes (a position-dependent pattern, as :class:`Buffer`)
+    sit right before and after the data region, which starts page aligned.
+
+    - HOST: a private anonymous mapping, no swap reserved (``MAP_NORESERVE``): untouched
+      pages read as the shared zero page. :meth:`nonzero_words` scans only the pages the
+      process touched (``/proc/self/pagemap``: present or swapped), the whole region where
+      that cannot be read. ``seal`` makes the pages read-only while a call runs.
+    - DEVICE: ``torch.zeros`` on the GPU, scanned there.
+    - UNIFIED: ``cudaMallocManaged`` zeroed with ``cudaMemset``, scanned on the GPU through
+      a device staging buffer; small reads and writes go through the host mapping.
+
+    Not quarantined when freed (a canary fill would materialize every page): :meth:`close`
+    gives the memory back at once.
+    """
+
+    def __init__(self, nbytes: int, memory: Memory, name: str = "buffer", *, guard: int = 4096,
+                 salt: int = 0, device: int | None = None):
+        self.memory, self.name, self.nbytes, self.salt = Memory(memory), name, int(nbytes), salt
+        if self.nbytes % 8:
+            raise ValueError("a sparse buffer holds a whole number of 8-byte words")
+        page = mmap.PAGESIZE
+        self._pre = -(-max(int(guard), 8) // page) * page
+        self.guard = int(guard)
+        self._total = self._pre + self.nbytes + self.guard
+        self._pre_pattern = guard_pattern(self._pre, salt)
+        # the pattern repeats every 256 bytes (start taken modulo 256: uint32 positions)
+        self._post_pattern = guard_pattern(self.guard, salt, start=(self._pre + self.nbytes) % 256)
+        self._map = self._raw = self._t = self._managed = None
+        self.device = device
+        if self.memory == Memory.HOST:
+            if device is not None:
+                raise ValueError("a device index applies to DEVICE memory only")
+            self._map = mmap.mmap(-1, self._total, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE,
+                                  prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            self._raw = np.frombuffer(self._map, dtype=np.uint8, count=self._total)
+            base = self._raw.ctypes.data
+        elif self.memory == Memory.DEVICE:
+            torch = _torch()
+            where = "cuda" if device is None else f"cuda:{int(device)}"
+            self._t = torch.zeros(self._total, dtype=torch.uint8, device=where)
+            self.device = self._t.device.index
+            base = self._t.data_ptr()
+        else:
+            if device is not None:
+                raise ValueError("a device index applies to DEVICE memory only")
+            lib = _Cudart.lib()
+            p = ctypes.c_void_p()
+            if lib.cudaMallocManaged(ctypes.byref(p), ctypes.c_size_t(self._total), ctypes.c_uint(1)) != 0:
+                raise RuntimeError(f"cudaMallocManaged of {self._total} bytes failed")
+            self._managed = base = p.value
+            if lib.cudaMemset(ctypes.c_void_p(base), 0, ctypes.c_size_t(self._total)) != 0:
+                raise RuntimeError("cudaMemset of managed memory failed")
+            lib.cudaDeviceSynchronize()
+        self._base = base
+        self.ptr = base + self._pre
+        self._put(0, self._pre_pattern)
+        self._put(self._pre + self.nbytes, self._post_pattern)
+
+    # -- bytes at offsets of the whole allocation
+
+    def _host_view(self, start: int, n: int) -> np.ndarray:
+        if self._raw is not None:
+            return self._raw[start : start + n]
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(self._base + start)) if n else \
+            np.zeros(0, np.uint8)
+
+    def _put(self, start: int, data: np.ndarray) -> None:
+        b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if not b.size:
+            return
+        if self._t is not None:
+            torch = _torch()
+            self._t[start : start + b.size].copy_(torch.from_numpy(b.copy()))
+            torch.cuda.synchronize(self.device)
+            return
+        if self._managed is not None:
+            _Cudart.lib().cudaDeviceSynchronize()
+        self._host_view(start, b.size)[:] = b
+
+    def _get(self, start: int, n: int) -> np.ndarray:
+        if self._t is not None:
+            torch = _torch()
+            torch.cuda.synchronize(self.device)
+            return self._t[start : start + n].cpu().numpy().copy()
+        if self._managed is not None:
+            _Cudart.lib().cudaDeviceSynchronize()
+        return self._host_view(start, n).copy()
+
+    # -- the data region
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        """Store ``data``'s bytes at byte ``offset`` of the data region."""
+        b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if offset < 0 or offset + b.size > self.nbytes:
+            raise IndexError(f"{self.name}: bytes {offset}..{offset + b.size} outside the buffer")
+        self._put(self._pre + offset, b)
+
+    def read(self, offset: int, n: int) -> np.ndarray:
+        """A copy of ``n`` bytes at byte ``offset`` of the data region."""
+        if offset < 0 or offset + n > self.nbytes:
+            raise IndexError(f"{self.name}: bytes {offset}..{offset + n} outside the buffer")
+        return self._get(self._pre + offset, n)
+
+    def violations(self) -> list[str]:
+        """As :meth:`Buffer.violations`: one line per guard (before, after) with a changed byte."""
+        out = []
+        for label, start, expect in (("before", 0, self._pre_pattern),
+                                     ("after", self._pre + self.nbytes, self._post_pattern)):
+            bad = np.nonzero(self._get(start, expect.size) != expect)[0]
+            if bad.size:
+                where = (int(bad[0]) - expect.size) if label == "before" else int(bad[0])
+                out.append(f"{self.name}: {bad.size} guard byte(s) {label} the buffer changed (first at byte "
+                           f"offset {where:+d} from the {'start' if label == 'before' else 'end'})")
+        return out
+
+    def seal(self, on: bool) -> None:
+        """Host memory: the whole allocation read-only (``on``) or writable again."""
+        if self._raw is not None:
+            _mprotect(self._base, self._total, writable=not on)
+
+    def _touched_host_pages(self) -> np.ndarray | None:
+        """Indices of the pages of the data region the process touched (present or swapped
+        out), from ``/proc/self/pagemap``; None where it cannot be read or is not believable
+        (the guard pages, written at allocation, must show as touched)."""
+        import os
+
+        page = mmap.PAGESIZE
+        first, count = self._base // page, -(-self._total // page)
+        try:
+            with open("/proc/self/pagemap", "rb", buffering=0) as f:
+                raw = os.pread(f.fileno(), count * 8, first * 8)
+        except OSError:
+            return None
+        if len(raw) != count * 8:
+            return None
+        touched = (np.frombuffer(raw, dtype=np.uint64) & np.uint64(_PM_PRESENT | _PM_SWAPPED)) != 0
+        last_guard = (self._pre + self.nbytes) // page
+        if not (touched[0] and touched[last_guard]):
+            return None
+        pre_pages = self._pre // page
+        return np.flatnonzero(touched[pre_pages:]).astype(np.int64)  # pages from the data start
+
+    def nonzero_words(self, limit: int = 4096, chunk: int = 1 << 28) -> tuple[int, np.ndarray]:
+        """The number of non-zero 8-byte words of the data region, and the word indices of
+        (at most ``limit``) of them, in ascending order. Reads no untouched host page twice
+        and never the whole region into host memory."""
+        found: list[np.ndarray] = []
+        total = 0
+        kept = 0
+
+        def take(idx: np.ndarray) -> None:
+            nonlocal kept
+            if kept < limit and idx.size:
+                found.append(idx[: limit - kept])
+                kept += min(idx.size, limit - kept)
+
+        if self._raw is not None:
+            data = self._raw[self._pre : self._pre + self.nbytes].view(np.uint64)
+            pages = self._touched_host_pages()
+            if pages is None:
+                spans = [(w, min(w + chunk // 8, data.size)) for w in range(0, data.size, chunk // 8)]
+            else:
+                wpp = mmap.PAGESIZE // 8
+                pages = pages[pages * wpp < data.size]
+                spans = []
+                if pages.size:
+                    breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+                    for run in np.split(pages, breaks):
+                        spans.append((int(run[0]) * wpp, min((int(run[-1]) + 1) * wpp, data.size)))
+            for a, b in spans:
+                for s in range(a, b, chunk // 8):
+                    part = data[s : min(b, s + chunk // 8)]
+                    nz = np.flatnonzero(part)
+                    total += int(nz.size)
+                    take(nz + s)
+            return total, (np.concatenate(found) if found else np.zeros(0, np.int64))
+        torch = _torch()
+        if self._t is not None:
+            torch.cuda.synchronize(self.device)
+            words = self._t[self._pre : self._pre + self.nbytes].view(torch.int64)
+            for s in range(0, words.numel(), chunk // 8):
+                part = words[s : s + chunk // 8]
+                n = int(torch.count_nonzero(part))
+                total += n
+                if n and kept < limit:
+                    take(torch.nonzero(part).reshape(-1)[: limit - kept].cpu().numpy().astype(np.int64) + s)
+            return total, (np.concatenate(found) if found else np.zeros(0, np.int64))
+        # UNIFIED: copied chunk by chunk into a device staging buffer (the pages stay on the GPU)
+        lib = _Cudart.lib()
+        lib.cudaDeviceSynchronize()
+        stage = torch.empty(min(chunk, self.nbytes) or 8, dtype=torch.uint8, device="cuda")
+        for s in range(0, self.nbytes, chunk):
+            n_bytes = min(chunk, self.nbytes - s)
+            if lib.cudaMemcpy(ctypes.c_void_p(stage.data_ptr()), ctypes.c_void_p(self.ptr + s),
+                              ctypes.c_size_t(n_bytes), 4) != 0:  # cudaMemcpyDefault
+                raise RuntimeError("cudaMemcpy from managed memory failed")
+            part = stage[:n_bytes].view(torch.int64)
+            n = int(torch.count_nonzero(part))
+            total += n
+            if n and kept < limit:
+                take(torch.nonzero(part).reshape(-1)[: limit - kept].cpu().numpy().astype(np.int64) + s // 8)
+        torch.cuda.synchronize()
+        return total, (np.concatenate(found) if found else np.zeros(0, np.int64))
+
+    def close(self) -> None:
+        """Give the memory back now (host: unmapped; device: freed and the cache emptied)."""
+        if self._raw is not None:
+            self._raw = None
+            try:
+                self._map.close()
+            except BufferError:  # a view still holds it: freed with the view
+                pass
+            self._map = None
+        if self._t is not None:
+            self._t = None
+            _torch().cuda.empty_cache()
+        if self._managed:
+            lib = _Cudart.lib()
+            lib.cudaDeviceSynchronize()
+            lib.cudaFree(ctypes.c_void_p(self._managed))
+            self._managed = None
+
+    def __enter__(self) -> "SparseBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -35,6 +35,16 @@ EXIT_MERGE_REFUSED = 14  # kvx-conform merge: the parts are not one run split in
 EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C)
 
 
+
+def hide_test_environment() -> None:
+    """No ``PYTEST_*`` variable (pytest's and xdist's names of the test phase, the worker, the
+    version) in the environment a provider call sees: pytest sets the test's name again in each
+    phase, so this runs before every call (a no-op once they are gone). A provider cannot learn
+    from its environment that a test harness calls it; other signs, the harness does not hide."""
+    if any(k.startswith("PYTEST_") for k in os.environ):
+        for k in [k for k in os.environ if k.startswith("PYTEST_")]:
+            os.environ.pop(k, None)
+
 class ProviderLoadError(Exception):
     """A provider that cannot be used; ``str(e)`` is the one-line message."""
 
@@ -118,24 +128,29 @@ class Provider:
             return obj
         return ctypes.addressof(obj)
 
-    # Each call is followed by health.after_call: on device / unified runs it synchronizes
-    # and turns a sticky CUDA error into a device fault charged to this entry point.
+    # Each call is preceded by hide_test_environment and followed by health.after_call: on device /
+    # unified runs it synchronizes and turns a sticky CUDA error into a device fault charged to
+    # this entry point.
     def get_version_raw(self, version: abi.kvx_version_t | None) -> int:
+        hide_test_environment()
         st = self._get_version(ctypes.byref(version) if version is not None else None)
         health.after_call("kvx_get_version")
         return st
 
     def validate_cache_desc(self, cache) -> int:
+        hide_test_environment()
         st = self._validate(self._ref(cache))
         health.after_call("kvx_validate_cache_desc")
         return st
 
     def write_kv(self, cache, desc, stream: int | None = None) -> int:
+        hide_test_environment()
         st = self._write(self._ref(cache), self._ref(desc), stream)
         health.after_call("kvx_write_kv")
         return st
 
     def gather_kv(self, cache, desc, stream: int | None = None) -> int:
+        hide_test_environment()
         st = self._gather(self._ref(cache), self._ref(desc), stream)
         health.after_call("kvx_gather_kv")
         return st

@@ -91,9 +91,11 @@ class WriteCase:
     def describe(self) -> str:
         c = self.cache
         return (
-            f"write {self.label} seed={self.seed} geom={c.geom} k={c.k} v={c.v} io={self.key_layout} "
-            f"tokens={self.num_tokens} slots[{self.slots.dtype.name}, invalid={self.slots.invalid_slot}]="
+            f"write {self.label} seed={self.seed} geom={c.geom} k={c.k} v={c.v} key={self.key_layout} "
+            + (f"value={self.value_layout} " if self.value_layout != self.key_layout else "")
+            + f"tokens={self.num_tokens} slots[{self.slots.dtype.name}, invalid={self.slots.invalid_slot}]="
             f"{np.asarray(self.slots.slots)[:16].tolist()}{'...' if len(self.slots.slots) > 16 else ''}"
+            + (f" overrides={self.c_overrides}" if self.c_overrides else "")
         )
 
 
@@ -120,6 +122,7 @@ class GatherCase:
             f"table={t.format.name}[{t.index_dtype.name}] seqs={t.seq_count} beam={t.beam_width} "
             f"max_blocks={t.max_blocks_per_seq} lens={np.asarray(self.seq_lens.lengths).tolist()[:16]} "
             f"max_seq_len={self.max_seq_len}"
+            + (f" overrides={self.c_overrides}" if self.c_overrides else "")
         )
 
 

@@ -419,6 +419,13 @@ def _judge(
     check_inputs(got, case=case)  # whatever the answer, the inputs are the caller's (R-INPUTS)
     if feature is not None and is_refusal(got.status, exp_status, allowed):
         _unsupported(got, case, feature, clause, core)
+    if int(got.status) not in allowed and got.guard_violations:
+        # both wrong: the status is the finding, the stray stores are said with it (not lost)
+        raise ConformanceFailure(
+            "unexpected status, and memory outside the described tensors was modified",
+            expected=statuses_text(sorted(allowed)) + ", no byte outside the described elements changed",
+            got=f"{status_name(int(got.status))}; " + "; ".join(got.guard_violations),
+            clause=clause, case=_case_text(case), seed=_seed(case))
     check_status(got.status, allowed, clause=clause, case=case)
     check_guards(got, clause=clause, case=case)
     if isinstance(case, ValidateCase):

@@ -73,6 +73,13 @@ class _Arena:
                 out.append(line)
         return out
 
+    def refill(self, name: str, array: np.ndarray) -> None:
+        """New contents for a buffer already placed (the same pointer; as many bytes)."""
+        a = np.ascontiguousarray(array)
+        self.bufs[name].upload(a)
+        if name in self.readonly:
+            self.readonly[name] = a.copy()
+
     def get(self, name: str, dtype: np.dtype) -> np.ndarray:
         return self.bufs[name].download().view(dtype)
 
@@ -162,11 +169,8 @@ def _scale_value_ptr(arena: _Arena, name: str, value: float | None) -> int:
     return arena.put(name, np.array([value], dtype=np.float32), readonly=True)
 
 
-def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Result:
-    opts = opts or CallOptions()
-    health.set_case(case)  # named if the call leaves a device fault
-    mem = opts.memory
-    arena = _Arena(mem, opts.misalign, opts.device, opts.seal_inputs)
+def _place_write(arena: _Arena, case: WriteCase, mem: Memory):
+    """The buffers and C structs of a write: (cache, desc)."""
     cache = _place_cache(arena, case.cache, mem, readonly=False)
     g = case.cache.geom
     kp = arena.put("key", case.key, data=True, readonly=True)
@@ -183,21 +187,60 @@ def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Res
         ptr = (arena.put(f"{side}_scale_desc data", np.asarray(spec.values, np.float32), readonly=True)
                if spec is not None else 0)
         setattr(desc, f"{side}_scale_desc", d.to_c_scale(spec, ptr))
+    return cache, desc
+
+
+def _call_write(provider, arena: _Arena, case: WriteCase, cache, desc, opts: CallOptions) -> Result:
     with arena.sealed(apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)) as args:
         st = provider.write_kv(args["cache"], args["desc"], opts.stream)
     if opts.after_call is not None:
         opts.after_call()
-    buffers.synchronize(mem, opts.device)
+    buffers.synchronize(arena.memory, opts.device)
     kdt, vdt = case.cache.k_init.dtype, case.cache.v_init.dtype
     arrays = {"k": arena.get("k cache", kdt), "v": arena.get("v cache", vdt)}
     return Result(st, arrays, arena.violations(), input_changes=arena.input_changes())
 
 
-def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> Result:
+def run_write(provider, case: WriteCase, opts: CallOptions | None = None) -> Result:
     opts = opts or CallOptions()
     health.set_case(case)  # named if the call leaves a device fault
-    mem = opts.memory
-    arena = _Arena(mem, opts.misalign, opts.device, opts.seal_inputs)
+    arena = _Arena(opts.memory, opts.misalign, opts.device, opts.seal_inputs)
+    cache, desc = _place_write(arena, case, opts.memory)
+    return _call_write(provider, arena, case, cache, desc, opts)
+
+
+def _same_shapes(cases, *fields: str) -> None:
+    for c in cases[1:]:
+        for f in fields:
+            x, y = getattr(cases[0], f), getattr(c, f)
+            x = x.encoded() if hasattr(x, "encoded") else x
+            y = y.encoded() if hasattr(y, "encoded") else y
+            if x is not None and (np.asarray(x).nbytes != np.asarray(y).nbytes):
+                raise ValueError(f"a call sequence reuses the first call's buffers: {f} must keep its size")
+
+
+def run_write_sequence(provider, cases: list[WriteCase], opts: CallOptions | None = None) -> list[Result]:
+    """The writes of ``cases`` through one set of buffers and descriptors, as an engine keeps a
+    persistent slot mapping and input rows (CUDA graphs): the first case places the cache, the IO
+    rows and the slots; before each later call its IO rows and slots are copied into those same
+    buffers (same pointers). The cache carries over; one Result per call (the cache after it)."""
+    opts = opts or CallOptions()
+    _same_shapes(cases, "key", "value", "slots")
+    arena = _Arena(opts.memory, opts.misalign, opts.device, opts.seal_inputs)
+    cache, desc = _place_write(arena, cases[0], opts.memory)
+    out = []
+    for i, case in enumerate(cases):
+        health.set_case(case)
+        if i:
+            arena.refill("key", case.key)
+            arena.refill("value", case.value)
+            arena.refill("slots", case.slots.encoded())
+        out.append(_call_write(provider, arena, case, cache, desc, opts))
+    return out
+
+
+def _place_gather(arena: _Arena, case: GatherCase, mem: Memory):
+    """The buffers and C structs of a gather: (cache, desc)."""
     cache = _place_cache(arena, case.cache, mem, readonly=True)
     g = case.cache.geom
     kp = arena.put("out key", case.out_k_init, data=True)
@@ -211,11 +254,52 @@ def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> R
     desc.io = io
     desc.block_table = d.to_c_table(t, ip, pp)
     desc.seq_lens = d.to_c_seq_lens(case.seq_lens, lp)
+    return cache, desc
+
+
+def _call_gather(provider, arena: _Arena, case: GatherCase, cache, desc, opts: CallOptions) -> Result:
     with arena.sealed(apply_overrides({"cache": cache, "desc": desc}, case.c_overrides)) as args:
         st = provider.gather_kv(args["cache"], args["desc"], opts.stream)
     if opts.after_call is not None:
         opts.after_call()
-    buffers.synchronize(mem, opts.device)
+    buffers.synchronize(arena.memory, opts.device)
     arrays = {"k": arena.get("out key", case.out_k_init.dtype), "v": arena.get("out value", case.out_v_init.dtype)}
     # a gather only reads the cache: a change to it is a changed input
     return Result(st, arrays, arena.violations(), input_changes=arena.input_changes())
+
+
+def run_gather(provider, case: GatherCase, opts: CallOptions | None = None) -> Result:
+    opts = opts or CallOptions()
+    health.set_case(case)  # named if the call leaves a device fault
+    arena = _Arena(opts.memory, opts.misalign, opts.device, opts.seal_inputs)
+    cache, desc = _place_gather(arena, case, opts.memory)
+    return _call_gather(provider, arena, case, cache, desc, opts)
+
+
+def run_gather_sequence(provider, cases: list[GatherCase], opts: CallOptions | None = None) -> list[Result]:
+    """The gathers of ``cases`` through one set of buffers and descriptors (as
+    :func:`run_write_sequence`): the first case places the cache, the outputs, the block table and
+    the lengths; before each later call its table and lengths are copied into those same buffers
+    and the outputs poisoned again. One Result per call (the outputs after it)."""
+    opts = opts or CallOptions()
+    _same_shapes(cases, "out_k_init", "out_v_init")
+    for c in cases[1:]:
+        if (c.table.encoded_indices().nbytes, c.seq_lens.encoded().nbytes) != (
+                cases[0].table.encoded_indices().nbytes, cases[0].seq_lens.encoded().nbytes):
+            raise ValueError("a call sequence reuses the first call's buffers: the table and lengths keep their sizes")
+    arena = _Arena(opts.memory, opts.misalign, opts.device, opts.seal_inputs)
+    cache, desc = _place_gather(arena, cases[0], opts.memory)
+    out = []
+    for i, case in enumerate(cases):
+        health.set_case(case)
+        if i:
+            arena.refill("out key", case.out_k_init)
+            arena.refill("out value", case.out_v_init)
+            if len(case.table.indices):
+                arena.refill("indices", case.table.encoded_indices())
+            if case.table.encoded_indptr() is not None:
+                arena.refill("indptr", case.table.encoded_indptr())
+            if len(case.seq_lens.lengths):
+                arena.refill("seq_lens", case.seq_lens.encoded())
+        out.append(_call_gather(provider, arena, case, cache, desc, opts))
+    return out

@@ -101,10 +101,12 @@ def refused_features(results: dict) -> list[str]:
 
 def coverage(results: dict) -> str:
     """One line: the verdict, the memory types it was earned on, and the optional features
-    the provider refused, e.g. "certified on device memory; refused: HND_PACKED, RAGGED"."""
+    the provider refused, e.g. "certified on device memory; refused: HND_PACKED, RAGGED, FP8 (in part)"."""
     verdict = str(results.get("verdict") or "unknown")
     mem = results.get("memory_types") or [(results.get("config") or {}).get("memory") or "?"]
-    refused = [FEATURE_LABELS.get(f, f) for f in refused_features(results)]
+    served = {t.get("feature") for t in results.get("tests", []) if t.get("outcome") == "pass"}
+    # a feature whose own tests also passed was refused in part (e.g. one optional form of it)
+    refused = [FEATURE_LABELS.get(f, f) + (" (in part)" if f in served else "") for f in refused_features(results)]
     return (f"{verdict} on {' and '.join(mem)} memory; "
             + (f"refused: {', '.join(refused)}" if refused else "nothing refused"))
 
@@ -143,6 +145,8 @@ def build_certificate(results: dict) -> dict:
         "counts": results.get("counts", {}),
         "waivers": [{"id": w["id"], "reason": w["reason"], "applied_to": w["applied_to"]} for w in waivers],
         "warnings": results.get("warnings", []),
+        "informational_failures": [t["id"] for t in results.get("tests", []) if t.get("level") == "informational"
+                                   and t.get("outcome") in ("fail", "crash", "timeout", "error", "flaky")],
         "breaker": {e: b.get("message") for e, b in (results.get("breaker") or {}).items() if b.get("tripped")},
     }
 

@@ -73,6 +73,7 @@ OPTIONAL_FEATURES = {
     "host_memory": "KVX_MEMORY_HOST",
     "fp4": "KVX 1.2 FP4 caches",
     "multi_device": "DEVICE buffers on a GPU other than the current one (R-PLACEMENT)",
+    "large_cache": "caches of more than 2^31 elements and 2^24 slots (64-bit offsets)",
 }
 
 
@@ -90,10 +91,13 @@ def conformance(
     profile: str = "core",
     entry: str | tuple[str, ...] = (),
     feature: str | None = None,
+    seeded: bool = False,
 ):
     """Mark a test: stable ``id``, spec ``clause``(s), ``level``, ``profile``, the entry
-    point(s) it calls (``"version"``, ``"validate"``, ``"write"``, ``"gather"``) and the
-    optional ``feature`` it exercises (UNSUPPORTED is acceptable only then)."""
+    point(s) it calls (``"version"``, ``"validate"``, ``"write"``, ``"gather"``), the
+    optional ``feature`` it exercises (UNSUPPORTED is acceptable only then) and whether the
+    run's ``--seed`` draws its cases (``seeded``: the repro command then names the seed; other
+    tests fix their seeds, printed in the failure)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}")
     if feature is not None and feature not in OPTIONAL_FEATURES:
@@ -101,4 +105,5 @@ def conformance(
     import pytest  # imported here so that the CLI's vocabulary imports stay light
 
     entries = (entry,) if isinstance(entry, str) else tuple(entry)
-    return pytest.mark.kvx(id=id, clause=clause, level=Level(level).value, profile=profile, entry=entries, feature=feature)
+    return pytest.mark.kvx(id=id, clause=clause, level=Level(level).value, profile=profile, entry=entries, feature=feature,
+                           seeded=seeded)

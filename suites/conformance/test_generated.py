@@ -100,19 +100,19 @@ def _valid_test(strategy, provider, opts, rc, claims):
     inner()
 
 
-@conformance("generated.valid.validate", CL_VALID, REQUIRED, "generated", "validate")
+@conformance("generated.valid.validate", CL_VALID, REQUIRED, "generated", "validate", seeded=True)
 def test_generated_validate(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
     prof = gen.profile_for(kvx_generator_features)
     _valid_test(strat.validate_cases(profile=prof), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
 
 
-@conformance("generated.valid.write", CL_VALID, REQUIRED, "generated", "write")
+@conformance("generated.valid.write", CL_VALID, REQUIRED, "generated", "write", seeded=True)
 def test_generated_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
     prof = gen.profile_for(kvx_generator_features)
     _valid_test(strat.write_cases(profile=prof), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
 
 
-@conformance("generated.valid.gather", CL_VALID, REQUIRED, "generated", "gather")
+@conformance("generated.valid.gather", CL_VALID, REQUIRED, "generated", "gather", seeded=True)
 def test_generated_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
     prof = gen.profile_for(kvx_generator_features)
     _valid_test(strat.gather_cases(profile=prof), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
@@ -122,14 +122,14 @@ def _required_profile(provider, opts):
     return gen.profile_for(served.required_only(provider, opts.memory))
 
 
-@conformance("generated.core.write", CL_VALID + " (core features only)", REQUIRED, "generated", "write")
+@conformance("generated.core.write", CL_VALID + " (core features only)", REQUIRED, "generated", "write", seeded=True)
 def test_generated_core_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
     opts = kvx_call_options()
     _valid_test(strat.write_cases(profile=_required_profile(kvx_provider, opts)), kvx_provider, opts,
                 kvx_run_config, kvx_claims)
 
 
-@conformance("generated.core.gather", CL_VALID + " (core features only)", REQUIRED, "generated", "gather")
+@conformance("generated.core.gather", CL_VALID + " (core features only)", REQUIRED, "generated", "gather", seeded=True)
 def test_generated_core_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
     opts = kvx_call_options()
     _valid_test(strat.gather_cases(profile=_required_profile(kvx_provider, opts)), kvx_provider, opts,
@@ -137,7 +137,7 @@ def test_generated_core_gather(kvx_provider, kvx_call_options, kvx_run_config, k
 
 
 @conformance("generated.invalid.descriptor", CL_INVALID + "; R-SIZE, R-CACHE, R-IO, R-WRITE, R-GATHER", REQUIRED,
-             "generated", ("validate", "write", "gather"))
+             "generated", ("validate", "write", "gather"), seeded=True)
 def test_generated_invalid(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
     opts = kvx_call_options()
 
@@ -152,7 +152,7 @@ def test_generated_invalid(kvx_provider, kvx_call_options, kvx_run_config, kvx_c
 
 
 @conformance("generated.invalid.data", CL_INVALID + "; R-DATA, R-WRITE (data-dependent: OUT_OF_RANGE or "
-             "INVALID_ARGUMENT, never out of bounds)", RECOMMENDED, "generated", ("write", "gather"))
+             "INVALID_ARGUMENT, never out of bounds)", RECOMMENDED, "generated", ("write", "gather"), seeded=True)
 def test_generated_data_errors(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
     opts = kvx_call_options()
 

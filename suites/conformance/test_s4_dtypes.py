@@ -17,7 +17,7 @@ import pytest
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import verify_gather, verify_write
-from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.results.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
 
 G = cb.GEOM
 BASE = [DType.F16, DType.BF16, DType.F32]
@@ -137,7 +137,6 @@ def test_scale_ignored_for_non_fp8(kvx_provider, kvx_call_options):
 
 SCALES = {
     "none": {},
-    "k_scale_pointer": {"k_scale": 0.37, "v_scale": 2.5},
     "per_tensor_desc": {"k_scale_desc": ("t", [0.21]), "v_scale_desc": ("t", [3.3])},
     "per_head_desc": {"k_scale_desc": ("h", [0.5, 1.7]), "v_scale_desc": ("h", [2.25, 0.093])},
     "desc_over_pointer": {"k_scale": 9.0, "v_scale": 9.0, "k_scale_desc": ("t", [0.61]),
@@ -167,6 +166,16 @@ def test_fp8_write_scales(kvx_provider, kvx_call_options, scales, dtype):
            **_scale_kw(SCALES[scales]))
 
 
+@conformance("fp8.write.scale_pointer_fallback", "spec 6.9 (with k_scale_desc.data NULL, implementations MAY fall "
+             "back to k_scale / v_scale as per-tensor F32); R-FP8", INFORMATIONAL, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_scale_pointer(kvx_provider, kvx_call_options, dtype):
+    """The flat k_scale / v_scale pointers alone: the reading uses them (R-FP8); the spec lets a
+    provider decline that fallback, so this result does not weigh on certification."""
+    _write(kvx_provider, kvx_call_options(), dtype, DType.F32, 10, feature="fp8", clause=CL_FP8,
+           k_scale=0.37, v_scale=2.5)
+
+
 @conformance("fp8.write.io_dtypes", CL_FP8, REQUIRED, "fp8", "write", feature="fp8")
 @pytest.mark.parametrize("io_dtype", [DType.F16, DType.BF16], ids=["io_f16", "io_bf16"])
 @pytest.mark.parametrize("dtype", FP8_PARAMS)
@@ -182,7 +191,7 @@ def test_fp8_saturation(kvx_provider, kvx_call_options, dtype):
     opts = kvx_call_options()
     cache = _cache(kvx_provider, opts.memory, dtype, 12)
     case = cb.write_case(cache, cb.spread_slots(G, 10, 12), io_dtype=DType.F32, seed=13, specials=True,
-                         k_scale=0.5, label="inf, NaN, huge values into FP8")
+                         k_scale_desc=cb.scale_spec([0.5]), label="inf, NaN, huge values into FP8")
     big = np.float32(1e6 if dtype == DType.F8_E4M3 else 1e9)
     key = case.key.copy()
     key[8::5] = big * np.sign(key[8::5] + np.float32(0.5))
@@ -195,7 +204,7 @@ def test_fp8_saturation(kvx_provider, kvx_call_options, dtype):
 @pytest.mark.parametrize("dtype", FP8_PARAMS)
 def test_fp8_write_raw(kvx_provider, kvx_call_options, dtype):
     _write(kvx_provider, kvx_call_options(), dtype, dtype, 14, feature="fp8", clause="spec 4.3; R-CONVERT",
-           k_scale=3.0)
+           k_scale_desc=cb.scale_spec([3.0]))  # a scale, not applied to a raw copy
 
 
 @conformance("fp8.gather.raw_bytes", "spec 4.3; R-CONVERT (gather from FP8 copies raw bytes)", REQUIRED, "fp8",

@@ -283,7 +283,7 @@ class _Controller:
                 crash["thread"] = "provider"
                 crash["possible_cause"] = "a thread the provider left running (not inside any call)"
                 msg += "; it happened in a thread the provider started, not inside a call of this test"
-            elif crash["entry"] in _SEALED_ENTRIES and run_config(self.config).memory.name == "HOST":
+            elif crash["entry"] in _SEALED_ENTRIES and self.rc.memory.name == "HOST":
                 msg += ("; a call's input buffers and descriptors are read-only while it runs on host memory "
                         "(R-INPUTS: spec 7.2, kvx_abi.h const), so a store into one ends the worker inside the call")
             res = {"when": "call", "outcome": Outcome.CRASH.value, "message": msg, "detail": frames,

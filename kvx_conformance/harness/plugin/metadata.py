@@ -24,7 +24,7 @@ def item_meta(item: pytest.Item, default_timeout: float | None) -> dict:
             "id": base + param, "clause": str(kw.get("clause", "")), "level": str(kw.get("level", "required")),
             "profile": str(kw.get("profile", "core")),
             "entry": [entry_function(e) for e in ((entry,) if isinstance(entry, str) else entry)],
-            "feature": kw.get("feature"), "marked": True,
+            "feature": kw.get("feature"), "marked": True, "seeded": bool(kw.get("seeded")),
         }
     else:
         meta = {"id": f"unmarked:{item.nodeid}", "clause": "", "level": "informational", "profile": "(unmarked)",
@@ -47,7 +47,7 @@ def repro_command(config: pytest.Config, meta: dict, seed: int | None) -> str:
         parts += ["-k", name]
     else:
         parts += ["--id", meta["id"]]
-    if seed is not None:
+    if seed is not None and meta.get("seeded"):  # other tests fix their own seeds (printed in the failure)
         parts += ["--seed", str(seed)]
     cmd = " ".join(shlex.quote(p) for p in parts)
     extra = config.getoption("kvx_repro_extra")

@@ -1,0 +1,486 @@
+"""Spec 4.1, 4.2, 7 (R-CACHE): a cache of more than 2^32 elements and 2^24 slots (64-bit offsets).
+
+Slot and element arithmetic done in 32 bits, or slot indices carried in float32, go wrong
+only past 2^31 elements (signed offsets), 2^32 elements (unsigned offsets) or 2^24 slots
+(float32 mantissa); the small caches of the other suites never get there. Here one F16 cache
+of 2^20 + 64 blocks of 16 slots x 2 heads x 128 (2^32 + 2^18 elements, 8 GiB per tensor) is
+written and gathered at the rows that cross those lines:
+
+- ``large_cache.write_high_slots``: a write of a few tokens whose slots straddle 2^23 (element
+  offset 2^31), 2^24 (element offset 2^32; float32 rounds odd slots above it), and the last
+  slots, with one low slot for contrast. Each written row must hold exactly the IO bits at the
+  element offsets of ``reference_impl.addressing.cache_offsets``, and no other byte of either
+  cache may change (every non-zero word of the caches is accounted for).
+- ``large_cache.gather_high_blocks``: a PACKED gather of blocks that straddle the same lines,
+  filled by the harness (one block partly: its other slots read as zeros), compared bit-exactly
+  with the oracle's gather of the same blocks in a compact cache; the cache is left unchanged.
+
+The cache is never materialized: on HOST memory it is a private anonymous mapping whose
+untouched pages read as the zero page, scanned only where the process touched it
+(``buffers.SparseBuffer``); on DEVICE memory zeroed GPU memory (16 GiB) scanned on the GPU;
+on UNIFIED memory zeroed managed memory scanned on the GPU. A provider may refuse a cache it
+cannot address (UNSUPPORTED or INVALID_ARGUMENT, writing nothing): the optional feature
+``large_cache``. It may never write, or read, the wrong elements.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance.abi import buffers, health
+from kvx_conformance.abi import descriptors as d
+from kvx_conformance.abi import header as abi
+from kvx_conformance.abi.descriptors import BlockTable, Geometry, IOLayout, SeqLens, SlotMapping, TensorLayout
+from kvx_conformance.abi.header import DType, Layout, Memory, Status
+from kvx_conformance.abi.loader import status_name
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases import execute
+from kvx_conformance.cases.case import Result
+from kvx_conformance.cases.checks import check_guards, check_inputs, check_status
+from kvx_conformance.reference_impl.addressing import cache_offsets
+from kvx_conformance.results.outcomes import REQUIRED, ConformanceFailure, Unsupported, conformance, note_served_call
+
+FEATURE = "large_cache"
+BS, H, D = 16, 2, 128
+#: 2^20 + 64 blocks: 2^24 + 1024 slots, 2^32 + 2^18 elements (8 GiB of F16) per tensor
+GEOM = Geometry(num_blocks=(1 << 20) + 64, block_size=BS, num_kv_heads=H, head_dim=D)
+ROW = H * D  # elements of one slot
+ITEM = 2  # bytes of an F16 element
+
+CL_WRITE = ("spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx % block_size), 4.2 (strides in "
+            "elements, int64), 7 (kvx_write_kv writes every token) - 64-bit offsets; R-CACHE")
+CL_GATHER = ("spec 4.1, 4.2 (strides in elements, int64), 5.1 (PACKED block table), 6.10, 7 (kvx_gather_kv) - "
+             "64-bit offsets; R-CACHE, R-GATHER")
+REFUSALS = (Status.UNSUPPORTED, Status.INVALID_ARGUMENT)
+
+S23, S24, LAST = 1 << 23, 1 << 24, GEOM.num_slots - 1
+#: written slots: why each one is there
+WRITE_SLOTS = {
+    5: "a low slot (contrast)",
+    S23 - 1: "the last slot below element offset 2^31",
+    S23: "element offset 2^31 (int32 offsets overflow)",
+    S23 + 1: "past element offset 2^31",
+    S24 - 1: "the last slot below element offset 2^32",
+    S24: "slot 2^24, element offset 2^32 (uint32 offsets wrap to 0)",
+    S24 + 1: "slot 2^24 + 1 (float32 rounds it to 2^24)",
+    S24 + 3: "slot 2^24 + 3 (float32 rounds it to 2^24 + 4)",
+    S24 + 2 * BS + 7: "an odd slot two blocks past 2^24",
+    S24 + 517: "an odd slot past 2^24",
+    LAST - 1: "the last slot but one",
+    LAST: "the last slot",
+}
+B19, B20, LAST_BLOCK = 1 << 19, 1 << 20, GEOM.num_blocks - 1
+#: gathered blocks, three sequences of three blocks; LAST_BLOCK is filled only in its first 9 slots
+GATHER_TABLE = [[B19 - 1, B19, 3], [B20 - 1, B20, B20 + 1], [B20 + 33, LAST_BLOCK - 1, LAST_BLOCK]]
+GATHER_LENS = [40, 48, 48]
+PARTIAL_BLOCK, PARTIAL_FILL = LAST_BLOCK, 9
+SEED_WRITE, SEED_GATHER = 4_2024, 4_2031
+
+
+def _pow2(n: int) -> str:
+    """``n`` near a power of two, readably: 2147483648 -> "2^31", 4294967297 -> "2^32 + 1"."""
+    n = int(n)
+    if n < 1 << 20:
+        return str(n)
+    p = n.bit_length() - 1
+    if n - (1 << p) > (1 << (p + 1)) - n:
+        p += 1
+    rest = n - (1 << p)
+    if abs(rest) > 1 << (p - 6):
+        return str(n)
+    return f"2^{p}" + ("" if rest == 0 else f" {'+' if rest > 0 else '-'} {abs(rest)}")
+
+
+def _layout(provider, memory: Memory) -> TensorLayout:
+    """The provider's core layout (NHD or HND, canonical): required of it, never the reason to refuse."""
+    return cb.layout(GEOM, cb.core_layout(provider, memory), DType.F16)
+
+
+def _locate(t: TensorLayout, off: int) -> tuple[int, int, int, int]:
+    """(block, token, head, dim) of the element at element offset ``off`` of a canonical NHD / HND tensor."""
+    s = t.stride
+    b, r = divmod(int(off), s[0])
+    if t.layout == Layout.BLOCK_HND:
+        h, r = divmod(r, s[1])
+        tok, dim = divmod(r, s[2])
+    else:
+        tok, r = divmod(r, s[1])
+        h, dim = divmod(r, s[2])
+    return b, tok, h, dim
+
+
+def _where(t: TensorLayout, off: int) -> str:
+    """The cache element at element offset ``off``, by name."""
+    b, tok, h, dim = _locate(t, off)
+    return f"slot {b * BS + tok} (block {b}, token {tok}, head {h}, dim {dim}; element offset {_pow2(off)})"
+
+
+def _row_offsets(t: TensorLayout, slots: np.ndarray) -> np.ndarray:
+    """``[tokens, H, D]`` element offsets of the rows of ``slots`` (R-CACHE addressing, int64)."""
+    s = np.asarray(slots, np.int64)[:, None, None]
+    h = np.arange(H, dtype=np.int64)[None, :, None]
+    dd = np.arange(D, dtype=np.int64)[None, None, :]
+    return cache_offsets(t.layout, tuple(t.stride), 1, s // BS, s % BS, h, dd)
+
+
+def _f16_bits(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` random normal F16 values (never zero, infinite or NaN) as uint16 bits: a stored one is
+    told apart from the zero-filled cache, and any copy that is not bit-exact is seen."""
+    sign = rng.integers(0, 2, n, dtype=np.uint16) << 15
+    exp = rng.integers(1, 31, n, dtype=np.uint16) << 10
+    return sign | exp | rng.integers(0, 1 << 10, n, dtype=np.uint16)
+
+
+def _check_memory_available(memory: Memory) -> None:
+    if memory == Memory.HOST:
+        return
+    import torch
+
+    need = 2 * (GEOM.num_slots * ROW * ITEM) + (1 << 30)
+    free, _ = torch.cuda.mem_get_info()
+    if free < need:
+        pytest.skip(f"the large cache needs {need / 2**30:.1f} GiB of free GPU memory ({free / 2**30:.1f} GiB free)")
+
+
+class _Caches:
+    """The K and V caches of GEOM, zero-filled and sparse (``buffers.SparseBuffer``)."""
+
+    def __init__(self, t: TensorLayout, opts: execute.CallOptions):
+        _check_memory_available(opts.memory)
+        self.t = t
+        self.nbytes = t.span_elements() * ITEM
+        dev = opts.device if opts.memory == Memory.DEVICE else None
+        self.bufs: dict[str, buffers.SparseBuffer] = {}
+        for i, side in enumerate(("k", "v")):
+            self.bufs[side] = buffers.SparseBuffer(self.nbytes, opts.memory, f"{side} cache", salt=40 + i,
+                                                   device=dev)
+
+    def c_desc(self, memory: Memory) -> abi.kvx_cache_desc_t:
+        return d.to_c_cache(GEOM, self.t, self.bufs["k"].ptr, self.t, self.bufs["v"].ptr, memory)
+
+    def store_rows(self, side: str, offsets: np.ndarray, bits: np.ndarray) -> None:
+        """``bits[i, h, d]`` at element ``offsets[i, h, d]`` (harness writes, row by row)."""
+        buf = self.bufs[side]
+        for off, val in zip(offsets, bits):
+            lo, hi = int(off.min()), int(off.max())
+            span = np.frombuffer(buf.read(lo * ITEM, (hi - lo + 1) * ITEM).tobytes(), np.uint16).copy()
+            span[(off - lo).reshape(-1)] = val.reshape(-1)
+            buf.write(lo * ITEM, span)
+
+    def load_rows(self, side: str, offsets: np.ndarray) -> np.ndarray:
+        """The uint16 bits at ``offsets[i, h, d]``, same shape."""
+        buf = self.bufs[side]
+        out = np.empty(offsets.shape, np.uint16)
+        for i, off in enumerate(offsets):
+            lo, hi = int(off.min()), int(off.max())
+            span = np.frombuffer(buf.read(lo * ITEM, (hi - lo + 1) * ITEM).tobytes(), np.uint16)
+            out[i] = span[off - lo]
+        return out
+
+    def stray(self, side: str, expected_words: set[int], rows: np.ndarray | None = None,
+              slots: np.ndarray | None = None, limit: int = 4) -> tuple[int, list[str]]:
+        """Non-zero words of a cache outside ``expected_words`` (8-byte word indices): how many,
+        and one line for each of the first ``limit`` slots they lie in, naming its first non-zero
+        element and, where the slot holds one of ``rows`` (``[tokens, H, D]`` uint16 bits: the
+        rows the call wrote), which."""
+        buf = self.bufs[side]
+        total, words = buf.nonzero_words(limit=len(expected_words) + 4096)
+        extra = [int(w) for w in words if int(w) not in expected_words]
+        n = total - self._nonzero_among(side, expected_words)
+        lines, seen = [], set()
+        for w in extra:
+            vals = np.frombuffer(buf.read(w * 8, 8).tobytes(), np.uint16)
+            j = int(np.flatnonzero(vals)[0]) if vals.any() else 0
+            b, tok, _, _ = _locate(self.t, w * 4 + j)
+            slot = b * BS + tok
+            if slot in seen:
+                continue
+            seen.add(slot)
+            line = f"{_where(self.t, w * 4 + j)} holds 0x{int(vals[j]):04x}"
+            if rows is not None:
+                have = self.load_rows(side, _row_offsets(self.t, np.array([slot], np.int64)))[0]
+                line += _whose(have, rows, slots)
+            lines.append(line)
+            if len(lines) == limit:
+                break
+        return n, lines
+
+    def _nonzero_among(self, side: str, words: set[int]) -> int:
+        """How many of ``words`` (8-byte word indices) are non-zero, read in contiguous runs."""
+        w = np.array(sorted(words), np.int64)
+        n = 0
+        for run in np.split(w, np.flatnonzero(np.diff(w) != 1) + 1) if w.size else []:
+            raw = self.bufs[side].read(int(run[0]) * 8, int(run.size) * 8)
+            n += int(np.count_nonzero(np.frombuffer(raw.tobytes(), np.uint64)))
+        return n
+
+    def violations(self) -> list[str]:
+        return [v for b in self.bufs.values() for v in b.violations()]
+
+    def seal(self, on: bool) -> None:
+        for b in self.bufs.values():
+            b.seal(on)
+
+    def close(self) -> None:
+        for b in self.bufs.values():
+            b.close()
+
+
+def _whose(have: np.ndarray, rows: np.ndarray, slots: np.ndarray | None = None) -> str:
+    """", the row of token i" when ``have`` ([H, D] bits) is one of ``rows`` ([tokens, H, D])."""
+    hit = np.flatnonzero((rows == have[None]).reshape(len(rows), -1).all(axis=1))
+    if not hit.size:
+        return ""
+    i = int(hit[0])
+    return f", the row of token {i}" + (f" (slot {int(slots[i])})" if slots is not None else "")
+
+
+def _geom_text(t: TensorLayout) -> str:
+    n = t.span_elements()
+    return (f"cache of {GEOM.num_blocks} ({_pow2(GEOM.num_blocks)}) blocks x {BS} slots x {H} heads x {D} "
+            f"({t.layout.name} F16, strides {t.stride}): {GEOM.num_slots} ({_pow2(GEOM.num_slots)}) slots, "
+            f"{n} ({_pow2(n)}) elements, {n * ITEM / 2**30:.2f} GiB per tensor")
+
+
+def _refused(got: Result, label: str, clause: str, case: str, seed: int, changed: list[str]) -> None:
+    """A refusal must have written nothing (``changed``: what it wrote, one line each; the guards);
+    then it is the feature's to excuse."""
+    name = status_name(got.status)
+    bad = changed + got.guard_violations
+    if bad:
+        raise ConformanceFailure(f"the provider answered {name} but modified memory",
+                                 expected="a refusal writes nothing", got="; ".join(bad), clause=clause,
+                                 case=case, seed=seed)
+    raise Unsupported(f"provider answered {name} for {label}", (FEATURE,), refused_with=name)
+
+
+# ---------------------------------------------------------------------------- write
+
+
+@conformance("large_cache.write_high_slots", CL_WRITE, REQUIRED, "robustness", "write", feature=FEATURE)
+@pytest.mark.parametrize("slot_dtype", [DType.S64, DType.S32], ids=["s64", "s32"])
+def test_write_high_slots(kvx_provider, kvx_call_options, slot_dtype):
+    opts = kvx_call_options()
+    mem = opts.memory
+    t = _layout(kvx_provider, mem)
+    seed = SEED_WRITE + int(slot_dtype)
+    rng = cb.rng_for(seed)
+    slots = np.array(list(WRITE_SLOTS), np.int64)
+    slots = slots[rng.permutation(len(slots))]  # not in ascending order
+    n = len(slots)
+    key, value = _f16_bits(rng, n * ROW), _f16_bits(rng, n * ROW)
+    io = IOLayout.dense(DType.F16, n, H, D)
+    sm = SlotMapping(slots, dtype=slot_dtype)
+    case = (f"write of {n} F16 tokens (IO dense [{n}, {H}, {D}], slots {slot_dtype.name}) into a {_geom_text(t)}; "
+            f"slots {slots.tolist()}")
+    health.set_case(case)
+    caches = _Caches(t, opts)
+    try:
+        arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
+        kp = arena.put("key", key.view(np.float16), data=True, readonly=True)
+        vp = arena.put("value", value.view(np.float16), data=True, readonly=True)
+        sp = arena.put("slots", sm.encoded(), readonly=True)
+        desc = abi.kvx_write_desc_t.new()
+        desc.io = d.to_c_io(io, kp, io, vp, mem, n, H, D)
+        desc.slots = d.to_c_slots(sm, sp)
+        desc.k_scale_desc, desc.v_scale_desc = d.to_c_scale(None, 0), d.to_c_scale(None, 0)  # sized, no scale
+        with arena.sealed({"cache": caches.c_desc(mem), "desc": desc}) as args:
+            st = kvx_provider.write_kv(args["cache"], args["desc"], opts.stream)
+        buffers.synchronize(mem, opts.device)
+        got = Result(int(st), {}, arena.violations() + caches.violations(), input_changes=arena.input_changes())
+        check_inputs(got, case=case)
+        offsets = _row_offsets(t, slots)
+        words = {int(w) for w in np.unique(offsets.reshape(-1) * ITEM // 8)}
+        if int(st) in (int(s) for s in REFUSALS):
+            stray = []
+            for side in ("k", "v"):
+                k_n, lines = caches.stray(side, set())
+                if k_n:
+                    stray.append(f"{side.upper()} cache: {k_n} word(s) written; " + "; ".join(lines))
+            _refused(got, f"a write into a {_geom_text(t)}", CL_WRITE, case, seed, stray)
+        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_WRITE, case=case,
+                     what="status (OK, or a refusal of the large cache)")
+        check_guards(got, clause=CL_WRITE, case=case)
+        bad: list[str] = []
+        for side, io_bits in (("k", key), ("v", value)):
+            want = io_bits.reshape(n, H, D)
+            have = caches.load_rows(side, offsets)
+            rows = [i for i in range(n) if not np.array_equal(have[i], want[i])]
+            for i in rows[:6]:
+                h, dd = (int(x) for x in np.argwhere(have[i] != want[i])[0])
+                wrong = int(np.count_nonzero(have[i] != want[i]))
+                bad.append(f"{side.upper()} cache, token {i} -> slot {int(slots[i])} ({WRITE_SLOTS[int(slots[i])]}): "
+                           f"{wrong} of {ROW} elements wrong, first {_where(t, int(offsets[i, h, dd]))}: expected "
+                           f"0x{int(want[i, h, dd]):04x}, got 0x{int(have[i, h, dd]):04x}"
+                           + (" (never written)" if not have[i].any() else
+                              f" (the slot holds{_whose(have[i], want, slots)[1:]})" if _whose(have[i], want) else ""))
+            k_n, lines = caches.stray(side, words, want, slots)
+            if k_n:
+                bad.append(f"{side.upper()} cache: {k_n} word(s) outside every written row changed (the cache was "
+                           f"zero-filled); " + "; ".join(lines))
+        if bad:
+            raise ConformanceFailure(
+                "a write into a cache beyond 2^31 elements and 2^24 slots answered OK but misplaced or dropped tokens",
+                expected="every token's K and V rows, bit-exact, at the element offsets of slot_idx / block_size, "
+                         "slot_idx % block_size (64-bit arithmetic), and no other element changed",
+                got="\n            ".join(bad), clause=CL_WRITE, case=case, seed=seed)
+        note_served_call()
+    finally:
+        caches.close()
+
+
+# ---------------------------------------------------------------------------- gather
+
+
+def _gather_contents(rng: np.random.Generator) -> dict[int, dict[str, np.ndarray]]:
+    """Per gathered block: ``{"k", "v"}`` uint16 bits ``[BS, H, D]`` (zeros past PARTIAL_FILL in
+    PARTIAL_BLOCK: slots never written read as zeros)."""
+    out = {}
+    for b in sorted({b for row in GATHER_TABLE for b in row}):
+        blk = {}
+        for side in ("k", "v"):
+            bits = _f16_bits(rng, BS * ROW).reshape(BS, H, D)
+            if b == PARTIAL_BLOCK:
+                bits[PARTIAL_FILL:] = 0
+            blk[side] = bits
+        out[b] = blk
+    return out
+
+
+def _compact_case(t_kind: str, contents: dict[int, dict[str, np.ndarray]], seed: int):
+    """The same gather from a compact cache holding only the gathered blocks (renumbered): the
+    oracle's answer for it is the answer for the large cache."""
+    ids = sorted(contents)
+    g = Geometry(num_blocks=len(ids), block_size=BS, num_kv_heads=H, head_dim=D)
+    t = cb.layout(g, t_kind, DType.F16)
+    bb, tt, hh, dd = np.indices((len(ids), BS, H, D), dtype=np.int64)
+    off = cache_offsets(t.layout, tuple(t.stride), 1, bb, tt, hh, dd)
+    init = {}
+    for side in ("k", "v"):
+        flat = np.zeros(t.span_elements(), np.uint16)
+        flat[off] = np.stack([contents[b][side] for b in ids])
+        init[side] = flat.view(np.float16)
+    cache = cb.make_cache(g, t, t, seed=seed)
+    cache = cb.replace(cache, k_init=init["k"], v_init=init["v"])
+    table = [[ids.index(b) for b in row] for row in GATHER_TABLE]
+    msl = len(GATHER_TABLE[0]) * BS
+    return cb.packed_gather(cache, table, GATHER_LENS, msl, seed=seed, label="large cache (compact proxy)")
+
+
+@conformance("large_cache.gather_high_blocks", CL_GATHER, REQUIRED, "robustness", "gather", feature=FEATURE)
+def test_gather_high_blocks(kvx_provider, kvx_call_options):
+    from kvx_conformance import reference_impl
+
+    opts = kvx_call_options()
+    mem = opts.memory
+    kind = cb.core_layout(kvx_provider, mem)
+    t = cb.layout(GEOM, kind, DType.F16)
+    seed = SEED_GATHER
+    rng = cb.rng_for(seed)
+    contents = _gather_contents(rng)
+    proxy = _compact_case(kind, contents, seed)
+    exp = reference_impl.expected_gather(proxy, mem)
+    if int(exp.status) != Status.OK:
+        raise RuntimeError(f"harness: the oracle answers {status_name(int(exp.status))} (rule {exp.rule}) for "
+                           f"{proxy.describe()}")
+    msl = proxy.max_seq_len
+    table = BlockTable.packed(np.array(GATHER_TABLE, np.int64))
+    lens = SeqLens(np.array(GATHER_LENS, np.int64))
+    case = (f"PACKED gather into a {_geom_text(t)}; table {GATHER_TABLE} (S32), lengths {GATHER_LENS} (S32), "
+            f"max_seq_len {msl}; block {PARTIAL_BLOCK} holds its first {PARTIAL_FILL} slots, every other slot of "
+            f"the gathered blocks is filled, the rest of the cache is zero")
+    health.set_case(case)
+    caches = _Caches(t, opts)
+    try:
+        ids = sorted(contents)
+        blk_off = _row_offsets(t, np.array([b * BS + s for b in ids for s in range(BS)], np.int64))
+        filled = {}
+        for side in ("k", "v"):
+            bits = np.concatenate([contents[b][side] for b in ids])  # [blocks * BS, H, D]
+            caches.store_rows(side, blk_off, bits)
+            filled[side] = bits
+        words = {int(w) for w in np.unique(blk_off.reshape(-1) * ITEM // 8)}
+        arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
+        kp = arena.put("out key", proxy.out_k_init, data=True)
+        vp = arena.put("out value", proxy.out_v_init, data=True)
+        ip = arena.put("indices", table.encoded_indices(), readonly=True)
+        lp = arena.put("seq_lens", lens.encoded(), readonly=True)
+        desc = abi.kvx_gather_desc_t.new(max_seq_len=msl)
+        desc.io = d.to_c_io(proxy.out_layout, kp, proxy.out_layout, vp, mem, proxy.num_tokens, H, D)
+        desc.block_table = d.to_c_table(table, ip, 0)
+        desc.seq_lens = d.to_c_seq_lens(lens, lp)
+        if opts.seal_inputs:
+            caches.seal(True)  # the cache is an input of a gather: a store into it faults
+        try:
+            with arena.sealed({"cache": caches.c_desc(mem), "desc": desc}) as args:
+                st = kvx_provider.gather_kv(args["cache"], args["desc"], opts.stream)
+        finally:
+            caches.seal(False)
+        buffers.synchronize(mem, opts.device)
+        got = Result(int(st), {"k": arena.get("out key", np.float16), "v": arena.get("out value", np.float16)},
+                     arena.violations() + caches.violations(), input_changes=arena.input_changes())
+        check_inputs(got, case=case)
+        changed = []  # the cache is an input: unchanged
+        for side in ("k", "v"):
+            now = caches.load_rows(side, blk_off)
+            diff = np.argwhere(now != filled[side])
+            if diff.size:
+                i, h, dd = (int(x) for x in diff[0])
+                changed.append(f"{side.upper()} cache: {len(diff)} element(s) of the gathered blocks changed, first "
+                               f"{_where(t, int(blk_off[i, h, dd]))}: 0x{int(filled[side][i, h, dd]):04x} before, "
+                               f"0x{int(now[i, h, dd]):04x} after")
+            k_n, lines = caches.stray(side, words)
+            if k_n:
+                changed.append(f"{side.upper()} cache: {k_n} word(s) of the zero-filled cache changed; "
+                               + "; ".join(lines))
+        if changed:
+            raise ConformanceFailure("the provider modified an input it may only read", expected="the cache "
+                                     "unchanged by a gather", got="; ".join(changed),
+                                     clause="spec 7.2 (kvx_abi.h declares the inputs const); R-INPUTS",
+                                     case=case, seed=seed)
+        if int(st) in (int(s) for s in REFUSALS):
+            outs = [f"{label}: changed" for label, g_, init in (("out key", got.arrays["k"], proxy.out_k_init),
+                                                                 ("out value", got.arrays["v"], proxy.out_v_init))
+                    if not np.array_equal(g_.view(np.uint16), init.view(np.uint16))]
+            _refused(got, f"a gather from a {_geom_text(t)}", CL_GATHER, case, seed, outs)
+        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_GATHER, case=case,
+                     what="status (OK, or a refusal of the large cache)")
+        check_guards(got, clause=CL_GATHER, case=case)
+        bad = []
+        slot_ids = np.array([b * BS + j for b in ids for j in range(BS)], np.int64)
+        for side, label in (("k", "gathered keys"), ("v", "gathered values")):
+            g_ = got.arrays[side].view(np.uint16).reshape(-1, H, D)
+            e_ = exp.arrays[side].view(np.uint16).reshape(-1, H, D)
+            rows = np.flatnonzero((g_ != e_).reshape(len(g_), -1).any(axis=1))
+            if rows.size:
+                bad.append(f"{label}: {rows.size} of {len(g_)} row(s) differ")
+            groups: dict[tuple[int, int], list[int]] = {}  # (sequence, logical block or -1: past the length)
+            for r in rows.tolist():
+                s_, pos = divmod(r, msl)
+                groups.setdefault((s_, pos // BS if pos < GATHER_LENS[s_] else -1), []).append(r)
+            for (s_, lb), rs in list(groups.items())[:6]:
+                r = rs[0]
+                pos = r % msl
+                h, dd = (int(x) for x in np.argwhere(g_[r] != e_[r])[0])
+                if lb >= 0:
+                    blk = GATHER_TABLE[s_][lb]
+                    slot = blk * BS + pos % BS
+                    src = (f"block {blk}; first row {r} from {_where(t, int(_row_offsets(t, np.array([slot]))[0, h, dd]))}")
+                    hit = np.flatnonzero((filled[side] == g_[r][None]).reshape(len(slot_ids), -1).all(axis=1))
+                    held = ("zeros (a part of the cache nothing was written to)" if not g_[r].any() else
+                            f"the contents of slot {int(slot_ids[hit[0]])} (block {int(slot_ids[hit[0]]) // BS})"
+                            if hit.size else "")
+                else:
+                    src = f"rows past the sequence's length {GATHER_LENS[s_]} (they keep their initial bytes); first row {r}"
+                    held = ""
+                bad.append(f"  sequence {s_}, {len(rs)} row(s) of {src}: head {h} dim {dd}: expected "
+                           f"0x{int(e_[r, h, dd]):04x}, got 0x{int(g_[r, h, dd]):04x}" + (f"; the row holds {held}" if held else ""))
+        if bad:
+            raise ConformanceFailure(
+                "a gather from a cache beyond 2^31 elements and 2^24 slots answered OK but read the wrong elements",
+                expected="bit-exact equality with the reference (kvx_conformance.reference_impl) gathering the same "
+                         "blocks, 64-bit offsets",
+                got="\n            ".join(bad), clause=CL_GATHER, case=case, seed=seed)
+        note_served_call()
+    finally:
+        caches.close()

@@ -1,0 +1,103 @@
+"""Spec 7.2 ("The API is stateless aside from user-provided buffers"), 5.2, 5.1: calls that
+reuse the caller's buffers, and batches of engine size.
+
+- Engines keep persistent input buffers (a slot mapping, a block table, sequence lengths
+  that CUDA-graph replays read at fixed addresses) and rewrite their contents between
+  calls. A sequence of calls here passes the same pointers and descriptors each time with
+  new contents (``execute.run_write_sequence`` / ``run_gather_sequence``); every call must
+  act on what the buffers hold at that call, so a provider that keeps what it decoded from
+  a pointer (a cache keyed by address) is seen.
+- A prefill write of 4096 tokens and a decode gather of 320 sequences: every token and
+  every sequence of a call is served, not only the first tile of them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvx_conformance.abi.descriptors import Geometry
+from kvx_conformance.abi.header import DType, Status
+from kvx_conformance.cases import build as cb
+from kvx_conformance import reference_impl as oracle
+from kvx_conformance.cases.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
+from kvx_conformance.cases.execute import run_gather_sequence, run_write_sequence
+from kvx_conformance.results.outcomes import REQUIRED, conformance
+
+CL_STATE = ("spec 7.2 (the API is stateless aside from user-provided buffers); 5.2 (the slot of each token in "
+            "the write batch); 5.1, 5.3 (the block table and lengths of the call)")
+CL_BATCH = "spec 7 (kvx_write_kv writes K/V for tokens using a slot mapping; kvx_gather_kv gathers K/V), 5.1, 5.2"
+G = Geometry(num_blocks=16, block_size=8, num_kv_heads=2, head_dim=16)
+CALLS = 3
+
+
+def _judge_sequence(results, expected, cases, clause: str) -> None:
+    for i, (got, exp, case) in enumerate(zip(results, expected, cases)):
+        check_status(got.status, Status.OK, clause=clause, case=case, what=f"status of call {i + 1} of {len(cases)}")
+        check_guards(got, clause=clause, case=case)
+        check_arrays(got, exp, case, clause=clause,
+                     what=f"call {i + 1} of {len(cases)} through the same buffers differs from the reference")
+
+
+@conformance("state.persistent_slots", CL_STATE, REQUIRED, "core", "write")
+@pytest.mark.parametrize("slot_dtype", [DType.S32, DType.S64], ids=["s32", "s64"])
+def test_persistent_slot_mapping(kvx_provider, kvx_call_options, slot_dtype):
+    """Three writes through one slot-mapping buffer (and one set of IO rows) whose contents change
+    between the calls; each call's slots overlap the previous call's on purpose."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=301)
+    cases, expected = [], []
+    for i in range(CALLS):
+        slots = cb.spread_slots(G, 24, 310 + i).tolist()
+        slots[5] = -1  # an invalid slot, a no-op (5.2)
+        case = cb.write_case(cache, slots, seed=320 + i, slot_dtype=slot_dtype,
+                             label=f"call {i + 1} of {CALLS} through one slots buffer: slots {slots[:6]}...")
+        exp = oracle.expected_write(case, opts.memory)
+        cases.append(case)
+        expected.append(exp)
+        cache = cb.replace(cache, k_init=exp.arrays["k"], v_init=exp.arrays["v"])
+    _judge_sequence(run_write_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE)
+
+
+@conformance("state.persistent_table", CL_STATE, REQUIRED, "core", "gather")
+def test_persistent_block_table(kvx_provider, kvx_call_options):
+    """Three PACKED gathers through one block-table buffer and one lengths buffer whose contents
+    change between the calls (other blocks, other lengths), into the same outputs."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=330)
+    cases = []
+    for i in range(CALLS):
+        table = cb.distinct_table(G, 3, 4, 340 + i)
+        lens = [[32, 9, 17], [5, 32, 24], [20, 1, 31]][i]
+        cases.append(cb.packed_gather(cache, table, lens, 32, seed=350 + i,
+                                      label=f"call {i + 1} of {CALLS} through one table buffer: rows {table[:, 0]}"))
+    expected = [oracle.expected_gather(c, opts.memory) for c in cases]
+    _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE)
+
+
+# ---------------------------------------------------------------------------- engine-sized batches
+
+BATCH = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
+
+
+@conformance("write.prefill_batch", CL_BATCH, REQUIRED, "core", "write")
+def test_prefill_sized_write(kvx_provider, kvx_call_options):
+    """4096 tokens in one write (a prefill chunk), random distinct slots and a few invalid ones."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=360)
+    slots = cb.spread_slots(BATCH, 4096, 361).tolist()
+    for i in (0, 1023, 1024, 2047, 4095):
+        slots[i] = -1
+    verify_write(kvx_provider, cb.write_case(cache, slots, seed=362, label="4096-token write"), opts, clause=CL_BATCH)
+
+
+@conformance("gather.decode_batch", CL_BATCH, REQUIRED, "core", "gather")
+def test_decode_sized_gather(kvx_provider, kvx_call_options):
+    """320 sequences in one PACKED gather (a decode batch), lengths 0 to 64 tokens."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=370)
+    rng = cb.rng_for(371)
+    seqs, mb = 320, 4
+    table = rng.integers(0, BATCH.num_blocks, size=(seqs, mb))
+    lens = rng.integers(0, mb * BATCH.block_size + 1, size=seqs).tolist()
+    case = cb.packed_gather(cache, table, lens, mb * BATCH.block_size, seed=372, label="320-sequence gather")
+    verify_gather(kvx_provider, case, opts, clause=CL_BATCH)
