@@ -224,18 +224,27 @@ def run_write_sequence(provider, cases: list[WriteCase], opts: CallOptions | Non
     persistent slot mapping and input rows (CUDA graphs): the first case places the cache, the IO
     rows and the slots; before each later call its IO rows and slots are copied into those same
     buffers (same pointers). The cache carries over; one Result per call (the cache after it)."""
-    opts = opts or CallOptions()
     _same_shapes(cases, "key", "value", "slots")
+
+    def refill(arena: _Arena, case: WriteCase) -> None:
+        arena.refill("key", case.key)
+        arena.refill("value", case.value)
+        arena.refill("slots", case.slots.encoded())
+
+    return _sequence(provider, cases, opts or CallOptions(), _place_write, _call_write, refill)
+
+
+def _sequence(provider, cases: list, opts: CallOptions, place, call, refill) -> list[Result]:
+    """The calls of ``cases`` through the buffers ``place`` makes for the first one, ``refill``
+    giving each later case's inputs to those buffers before its ``call``."""
     arena = _Arena(opts.memory, opts.misalign, opts.device, opts.seal_inputs)
-    cache, desc = _place_write(arena, cases[0], opts.memory)
+    cache, desc = place(arena, cases[0], opts.memory)
     out = []
     for i, case in enumerate(cases):
         health.set_case(case)
         if i:
-            arena.refill("key", case.key)
-            arena.refill("value", case.value)
-            arena.refill("slots", case.slots.encoded())
-        out.append(_call_write(provider, arena, case, cache, desc, opts))
+            refill(arena, case)
+        out.append(call(provider, arena, case, cache, desc, opts))
     return out
 
 
@@ -281,25 +290,20 @@ def run_gather_sequence(provider, cases: list[GatherCase], opts: CallOptions | N
     :func:`run_write_sequence`): the first case places the cache, the outputs, the block table and
     the lengths; before each later call its table and lengths are copied into those same buffers
     and the outputs poisoned again. One Result per call (the outputs after it)."""
-    opts = opts or CallOptions()
     _same_shapes(cases, "out_k_init", "out_v_init")
     for c in cases[1:]:
         if (c.table.encoded_indices().nbytes, c.seq_lens.encoded().nbytes) != (
                 cases[0].table.encoded_indices().nbytes, cases[0].seq_lens.encoded().nbytes):
             raise ValueError("a call sequence reuses the first call's buffers: the table and lengths keep their sizes")
-    arena = _Arena(opts.memory, opts.misalign, opts.device, opts.seal_inputs)
-    cache, desc = _place_gather(arena, cases[0], opts.memory)
-    out = []
-    for i, case in enumerate(cases):
-        health.set_case(case)
-        if i:
-            arena.refill("out key", case.out_k_init)
-            arena.refill("out value", case.out_v_init)
-            if len(case.table.indices):
-                arena.refill("indices", case.table.encoded_indices())
-            if case.table.encoded_indptr() is not None:
-                arena.refill("indptr", case.table.encoded_indptr())
-            if len(case.seq_lens.lengths):
-                arena.refill("seq_lens", case.seq_lens.encoded())
-        out.append(_call_gather(provider, arena, case, cache, desc, opts))
-    return out
+
+    def refill(arena: _Arena, case: GatherCase) -> None:
+        arena.refill("out key", case.out_k_init)
+        arena.refill("out value", case.out_v_init)
+        if len(case.table.indices):
+            arena.refill("indices", case.table.encoded_indices())
+        if case.table.encoded_indptr() is not None:
+            arena.refill("indptr", case.table.encoded_indptr())
+        if len(case.seq_lens.lengths):
+            arena.refill("seq_lens", case.seq_lens.encoded())
+
+    return _sequence(provider, cases, opts or CallOptions(), _place_gather, _call_gather, refill)
