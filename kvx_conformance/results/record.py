@@ -166,8 +166,8 @@ def summarize(
         req_pass = sum(t.outcome == Outcome.PASS.value for t in required)
         req_unsup = sum(t.outcome == Outcome.UNSUPPORTED.value for t in required)
         served = bool(mine) and profile_served(required)
-        if not mine:
-            verdict = VERDICT_NOT_RUN
+        if not mine or (partial and not required and not blocking):
+            verdict = VERDICT_NOT_RUN  # (a partial selection with none of the profile's required tests)
         elif blocking:
             verdict = VERDICT_NOT_CERTIFIED
         elif required and not served and not waived:
