@@ -37,6 +37,8 @@ COMBINED = {
         "K and V that differ, written / gathered through F32 IO: mixed_layouts with mixed_io_dtype "
         "(excused unless both are claimed)",
     r"layout\.padded_rows\[.*hnd_packed.*\]": "padding of an HND_PACKED cache needs HND_PACKED",
+    r"gather\.packed\.output_4d_sequence_stride": "a 4-D output with its own sequence stride is a 4-D output "
+                                                   "(gather_4d) with non-dense strides (io_strides)",
 }
 #: profiles whose tests excuse a refusal per case (engine scenarios) or draw what the provider
 #: served (generated: part 2 audits the generators)

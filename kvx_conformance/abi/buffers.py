@@ -75,13 +75,14 @@ class Buffer:
 _LIBC = None
 
 
-def _mprotect(addr: int, nbytes: int, writable: bool) -> None:
-    """mprotect(2) whole pages from ``addr`` (page aligned): read-only, or read-write again."""
+def _mprotect(addr: int, nbytes: int, writable: bool, readable: bool = True) -> None:
+    """mprotect(2) whole pages from ``addr`` (page aligned): read-only, read-write, or (not
+    ``readable``) no access at all."""
     global _LIBC
     if _LIBC is None:
         _LIBC = ctypes.CDLL(None, use_errno=True)
         _LIBC.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    prot = (mmap.PROT_READ if readable else 0) | (mmap.PROT_WRITE if writable else 0)
     if _LIBC.mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), prot) != 0:
         raise OSError(ctypes.get_errno(), f"mprotect of {nbytes} bytes failed")
 
@@ -92,17 +93,23 @@ def _pages(nbytes: int) -> mmap.mmap:
 
 
 class ReadOnlyWhileCalled:
-    """A ctypes struct copied into pages of its own, read-only while a call runs (``sealed``):
-    the descriptors a provider gets are const (kvx_abi.h), so a store into one faults at once,
-    even one undone before the call returns."""
+    """A ctypes struct copied into pages of its own, read-only while a call runs (``seal``),
+    ending (to within its 8-byte alignment) where an inaccessible page begins: the descriptors
+    a provider gets are const (kvx_abi.h), so a store into one faults at once, even one undone
+    before the call returns, and so does a read past the struct (a provider built for a newer
+    minor that reads fields beyond ``size`` without checking it, spec 6 / R-SIZE)."""
 
     def __init__(self, struct: ctypes.Structure):
-        self._map = _pages(ctypes.sizeof(struct))
-        self.struct = type(struct).from_buffer(self._map)
-        ctypes.memmove(ctypes.addressof(self.struct), ctypes.addressof(struct), ctypes.sizeof(struct))
+        n = ctypes.sizeof(struct)
+        self._data_bytes = -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._map = mmap.mmap(-1, self._data_bytes + mmap.PAGESIZE)
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        _mprotect(self._base + self._data_bytes, mmap.PAGESIZE, writable=False, readable=False)
+        self.struct = type(struct).from_buffer(self._map, (self._data_bytes - n) & ~7)
+        ctypes.memmove(ctypes.addressof(self.struct), ctypes.addressof(struct), n)
 
     def seal(self, on: bool) -> None:
-        _mprotect(ctypes.addressof(self.struct), len(self._map), writable=not on)
+        _mprotect(self._base, self._data_bytes, writable=not on)
 
 
 class HostBuffer(Buffer):

@@ -120,7 +120,8 @@ class GatherCase:
         return (
             f"gather {self.label} seed={self.seed} geom={c.geom} k={c.k} v={c.v} out={self.out_layout} "
             f"table={t.format.name}[{t.index_dtype.name}] seqs={t.seq_count} beam={t.beam_width} "
-            f"max_blocks={t.max_blocks_per_seq} lens={np.asarray(self.seq_lens.lengths).tolist()[:16]} "
+            f"max_blocks={t.max_blocks_per_seq} lens[{self.seq_lens.dtype.name}]="
+            f"{np.asarray(self.seq_lens.lengths).tolist()[:16]} "
             f"max_seq_len={self.max_seq_len}"
             + (f" overrides={self.c_overrides}" if self.c_overrides else "")
         )

@@ -11,9 +11,12 @@
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
+from kvx_conformance.abi.dtypes import np_dtype
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import verify_gather, verify_write
@@ -223,3 +226,76 @@ def test_fp8_gather_dequantize(kvx_provider, kvx_call_options, dtype):
     case = cb.packed_gather(cache, cb.distinct_table(G, 1, 2, 16), [6], 8, io_dtype=DType.F16, seed=17,
                             label="FP8 cache into F16 output")
     verify_gather(kvx_provider, case, opts, clause="spec 4.3; R-CONVERT", expect=Status.UNSUPPORTED)
+
+
+# FP8 write with scales where ``x / s`` and ``x * RN32(1 / s)`` give different FP8 codes.
+CL_FP8_DIV = ("spec 6.6, 6.9; R-FP8 (q = float32(x) / scale: IEEE FP32 division, not a reciprocal multiply, "
+              "then RNE)")
+#: scales whose F32 reciprocal is inexact and leaves many discriminating values in both formats
+DIV_SCALES = {
+    "per_tensor_desc": {"k_scale_desc": ("t", [0.21]), "v_scale_desc": ("t", [2.9])},
+    "per_head_desc": {"k_scale_desc": ("h", [0.093, 1.7]), "v_scale_desc": ("h", [0.0071, 13.7])},
+}
+#: discriminating values the search must find per (dtype, scale), else the test has lost its teeth
+DIV_MIN_VALUES = 32
+
+
+@functools.lru_cache(maxsize=None)
+def _division_values(dtype: DType, scale: float) -> np.ndarray:
+    """F32 ``x`` (both signs) with ``RN_fp8(x / s) != RN_fp8(x * RN32(1 / s))`` for ``s = float32(scale)``.
+
+    The candidates are ``RN32(m * s)`` and its 2 neighbouring F32 values either side, for
+    every midpoint ``m`` between adjacent finite FP8 values (subnormals included): there
+    ``x / s`` sits within an ulp of an FP8 rounding boundary, where the reciprocal
+    product's extra rounding can move it across. Both paths go through the oracle's
+    quantize (clamp, then RNE as ml_dtypes casts); deterministic, no randomness."""
+    from kvx_conformance.reference_impl.convert import quantize
+
+    s = np.float32(scale)
+    fp8 = np.arange(0x80, dtype=np.uint8).view(np_dtype(dtype)).astype(np.float32)
+    fp8 = np.unique(fp8[np.isfinite(fp8)])
+    mids = (fp8[:-1] + fp8[1:]) / np.float32(2)  # exact in F32
+    bits = (mids * s).view(np.uint32).astype(np.int64)[:, None] + np.arange(-2, 3)
+    x = bits.astype(np.uint32).view(np.float32).ravel()
+    x = np.unique(np.concatenate([x, -x]))
+    x = x[np.isfinite(x) & (x != 0)]
+    recip = np.float32(1) / s
+    by_div = quantize(x, s, dtype).view(np.uint8)
+    by_recip = quantize(x * recip, np.float32(1), dtype).view(np.uint8)
+    return x[by_div != by_recip]
+
+
+def _division_io(io: np.ndarray, dtype: DType, granularity: str, scales, n: int, seed: int) -> np.ndarray:
+    """``io`` (dense ``[n, H, D]`` F32) refilled with discriminating values for the scale of each head."""
+    rng = cb.rng_for(seed)
+    out = io.reshape(n, G.num_kv_heads, G.head_dim).copy()
+    for h in range(G.num_kv_heads):
+        s = scales[0] if granularity == "t" else scales[h]
+        pool = _division_values(dtype, s)
+        if len(pool) < DIV_MIN_VALUES:  # a harness fault (outcome "error"), never a skip
+            raise RuntimeError(f"fp8.write.division_not_reciprocal: only {len(pool)} values found where "
+                               f"{NAMES[dtype]}(x / {s}) and {NAMES[dtype]}(x * RN32(1 / {s})) differ, "
+                               f"fewer than {DIV_MIN_VALUES}: the test would not tell division from a reciprocal")
+        out[:, h, :] = rng.choice(pool, size=(n, G.head_dim), replace=len(pool) < n * G.head_dim)
+    return out.reshape(io.shape)
+
+
+@conformance("fp8.write.division_not_reciprocal", CL_FP8_DIV, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("scales", list(DIV_SCALES))
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_division_not_reciprocal(kvx_provider, kvx_call_options, scales, dtype):
+    """Every K and V element sits where the R-FP8 division and a multiply by the F32
+    reciprocal of the scale round to different FP8 codes (values near FP8 rounding
+    midpoints, times the scale), so a provider computing ``x * (1 / scale)`` fails here."""
+    opts = kvx_call_options()
+    spec = DIV_SCALES[scales]
+    cache = _cache(kvx_provider, opts.memory, dtype, 18)
+    n = 12
+    case = cb.write_case(cache, cb.spread_slots(G, n, 18), io_dtype=DType.F32, seed=19,
+                         label=f"f32 -> {NAMES[dtype]} cache, x / scale vs x * (1 / scale) discriminating values",
+                         **_scale_kw(spec))
+    (kg, ks), (vg, vs) = spec["k_scale_desc"], spec["v_scale_desc"]
+    key = _division_io(case.key, dtype, kg, ks, n, 20)
+    value = _division_io(case.value, dtype, vg, vs, n, 21)
+    case = cb.replace(case, key=key, value=value)
+    verify_write(kvx_provider, case, opts, clause=CL_FP8_DIV, feature="fp8")

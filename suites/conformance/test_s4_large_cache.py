@@ -4,7 +4,7 @@ Slot and element arithmetic done in 32 bits, or slot indices carried in float32,
 only past 2^31 elements (signed offsets), 2^32 elements (unsigned offsets) or 2^24 slots
 (float32 mantissa); the small caches of the other suites never get there. Here one F16 cache
 of 2^20 + 64 blocks of 16 slots x 2 heads x 128 (2^32 + 2^18 elements, 8 GiB per tensor) is
-written and gathered at the rows that cross those lines:
+written and gathered at the rows that cross those lines (and KV_OFFSETS pools read past them):
 
 - ``large_cache.write_high_slots``: a write of a few tokens whose slots straddle 2^23 (element
   offset 2^31), 2^24 (element offset 2^32; float32 rounds odd slots above it), and the last
@@ -14,9 +14,17 @@ written and gathered at the rows that cross those lines:
 - ``large_cache.gather_high_blocks``: a PACKED gather of blocks that straddle the same lines,
   filled by the harness (one block partly: its other slots read as zeros), compared bit-exactly
   with the oracle's gather of the same blocks in a compact cache; the cache is left unchanged.
+- ``large_cache.kv_offsets_high_indices``: a KV_OFFSETS gather (2 sequences x 2 beams) from a
+  primary and a secondary pool of 2^26 + 64 blocks of 128 bytes (8 GiB + 8 KiB each) whose
+  K entries (primary) and V entries (secondary, four primary) name blocks whose byte offset
+  ``index * bytes_per_block`` straddles 2^31, 2^32 (uint32 byte offsets wrap) and 2^33
+  (element offset 2^32), and the last blocks; pool indices are not bounded by num_blocks
+  (R-DATA). Compared bit-exactly with the oracle's gather of the same blocks in compact
+  pools; the pools are left unchanged. A refusal is excused by ``large_cache``,
+  ``kv_offsets`` or ``secondary_pool``.
 
-The cache is never materialized: on HOST memory it is a private anonymous mapping whose
-untouched pages read as the zero page, scanned only where the process touched it
+The cache (and the pools) are never materialized: on HOST memory a private anonymous mapping
+whose untouched pages read as the zero page, scanned only where the process touched it
 (``buffers.SparseBuffer``); on DEVICE memory zeroed GPU memory (16 GiB) scanned on the GPU;
 on UNIFIED memory zeroed managed memory scanned on the GPU. A provider may refuse a cache it
 cannot address (UNSUPPORTED or INVALID_ARGUMENT, writing nothing): the optional feature
@@ -35,8 +43,8 @@ from kvx_conformance.abi.header import DType, Layout, Memory, Status
 from kvx_conformance.abi.loader import status_name
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases import execute
-from kvx_conformance.cases.case import Result
-from kvx_conformance.cases.checks import check_guards, check_inputs, check_status
+from kvx_conformance.cases.case import PoolCase, Result
+from kvx_conformance.cases.checks import check_guards, check_inputs, check_status, refusable_features
 from kvx_conformance.reference_impl.addressing import cache_offsets
 from kvx_conformance.results.outcomes import REQUIRED, ConformanceFailure, Unsupported, conformance, note_served_call
 
@@ -131,15 +139,15 @@ def _f16_bits(rng: np.random.Generator, n: int) -> np.ndarray:
     return sign | exp | rng.integers(0, 1 << 10, n, dtype=np.uint16)
 
 
-def _check_memory_available(memory: Memory) -> None:
+def _check_memory_available(memory: Memory, need: int | None = None, what: str = "the large cache") -> None:
     if memory == Memory.HOST:
         return
     import torch
 
-    need = 2 * (GEOM.num_slots * ROW * ITEM) + (1 << 30)
+    need = (2 * (GEOM.num_slots * ROW * ITEM) if need is None else int(need)) + (1 << 30)
     free, _ = torch.cuda.mem_get_info()
     if free < need:
-        pytest.skip(f"the large cache needs {need / 2**30:.1f} GiB of free GPU memory ({free / 2**30:.1f} GiB free)")
+        pytest.skip(f"{what} needs {need / 2**30:.1f} GiB of free GPU memory ({free / 2**30:.1f} GiB free)")
 
 
 class _Caches:
@@ -242,16 +250,17 @@ def _geom_text(t: TensorLayout) -> str:
             f"{n} ({_pow2(n)}) elements, {n * ITEM / 2**30:.2f} GiB per tensor")
 
 
-def _refused(got: Result, label: str, clause: str, case: str, seed: int, changed: list[str]) -> None:
+def _refused(got: Result, label: str, clause: str, case: str, seed: int, changed: list[str],
+             features: tuple[str, ...] = (FEATURE,)) -> None:
     """A refusal must have written nothing (``changed``: what it wrote, one line each; the guards);
-    then it is the feature's to excuse."""
+    then it is the features' to excuse (any one of ``features`` unclaimed excuses it)."""
     name = status_name(got.status)
     bad = changed + got.guard_violations
     if bad:
         raise ConformanceFailure(f"the provider answered {name} but modified memory",
                                  expected="a refusal writes nothing", got="; ".join(bad), clause=clause,
                                  case=case, seed=seed)
-    raise Unsupported(f"provider answered {name} for {label}", (FEATURE,), refused_with=name)
+    raise Unsupported(f"provider answered {name} for {label}", tuple(features), refused_with=name)
 
 
 # ---------------------------------------------------------------------------- write
@@ -484,3 +493,231 @@ def test_gather_high_blocks(kvx_provider, kvx_call_options):
         note_served_call()
     finally:
         caches.close()
+
+
+# ---------------------------------------------------------------------------- KV_OFFSETS pools
+
+CL_KVO = ("spec 5.1 (KV_OFFSETS: block address = (bit 31 ? pool.secondary : pool.primary) + (index & 0x7fffffff) * "
+          "bytes_per_block), 6.7, 6.10, 7 (kvx_gather_kv); kvx-abi-1.1; R-GATHER, R-DATA (pool indices are not "
+          "bounded by num_blocks) - 64-bit offsets")
+SEC = cb.SECONDARY
+#: small blocks, so that few indices reach far: HND [2, 4, 8] F16, 128 bytes a block
+KBS, KH, KD = 4, 2, 8
+#: cache.k / cache.v: validated, not read (pool indices are not bounded by num_blocks)
+KGEOM = Geometry(num_blocks=4, block_size=KBS, num_kv_heads=KH, head_dim=KD)
+BPB = KH * KBS * KD * ITEM
+P24, P25, P26 = 1 << 24, 1 << 25, 1 << 26  # byte offsets 2^31, 2^32, 2^33 (element offsets 2^30, 2^31, 2^32)
+#: 2^26 + 64 blocks per pool: 8 GiB + 8 KiB (bytes and elements past 2^32)
+POOL_BLOCKS = P26 + 64
+POOL_LAST = POOL_BLOCKS - 1
+#: pool indices read, by why each one is there (index * 128 is the byte offset)
+POOL_INDICES = {
+    3: "a low block (contrast)",
+    P24 - 1: "the last block below byte offset 2^31",
+    P24: "int32 byte offsets overflow",
+    P24 + 1: "float32 rounds the index to 2^24",
+    P24 + 3: "float32 rounds the index to 2^24 + 4",
+    P25 - 1: "the last block below byte offset 2^32",
+    P25: "uint32 byte offsets wrap to block 0",
+    P25 + 1: "uint32 byte offsets wrap to block 1",
+    P25 + 3: "uint32 byte offsets wrap to block 3",
+    3 * P24: "index 3 x 2^24, byte offset 3 x 2^31",
+    P26 - 1: "the last block below element offset 2^32",
+    P26: "element offset 2^32: uint32 element offsets wrap to 0",
+    P26 + 1: "float32 rounds the index to 2^26",
+    P26 + 3: "float32 rounds the index to 2^26 + 4",
+    POOL_LAST - 1: "the last block but one",
+    POOL_LAST: "the last block of the pool",
+}
+#: V entries in the primary pool (blocks no K entry reads)
+V_PRIMARY = {P24 + 2: "a V entry in the primary pool, past byte offset 2^31",
+             P25 + 2: "a V entry in the primary pool, uint32 byte offsets wrap to block 2",
+             P26 + 2: "a V entry in the primary pool, past element offset 2^32",
+             POOL_LAST - 2: "a V entry in the primary pool, the last block but two"}
+#: secondary pool blocks the V entries read
+V_SECONDARY = [i for i in POOL_INDICES if i not in (P24 + 3, 3 * P24, P26 + 3, POOL_LAST - 1)]
+KVO_SEQS, KVO_BEAMS, KVO_MB = 2, 2, 4
+KVO_LENS = [16, 14]  # sequence 1 uses 2 tokens of its last block
+SEED_KVO = 4_2047
+
+
+def _kvo_offsets(rng: np.random.Generator) -> np.ndarray:
+    """``[seq, beam, K|V, block]`` KVCacheIndex values: every K entry a primary block of
+    POOL_INDICES, V entries the secondary blocks of V_SECONDARY and four primary blocks of
+    V_PRIMARY, each in scrambled order (V is not K + 1)."""
+    n = KVO_SEQS * KVO_BEAMS * KVO_MB
+    k = np.array(list(POOL_INDICES), np.int64)[rng.permutation(n)]
+    v = np.array([SEC | i for i in V_SECONDARY] + list(V_PRIMARY), np.int64)[rng.permutation(n)]
+    off = np.empty((KVO_SEQS, KVO_BEAMS, 2, KVO_MB), np.int64)
+    off[:, :, 0, :] = k.reshape(KVO_SEQS, KVO_BEAMS, KVO_MB)
+    off[:, :, 1, :] = v.reshape(KVO_SEQS, KVO_BEAMS, KVO_MB)
+    return off
+
+
+def _kvo_entry_text(e: int) -> str:
+    """A KVCacheIndex value by name: pool, index, byte offset, why it is there."""
+    i = int(e) & 0x7FFFFFFF
+    pool = "secondary" if int(e) & SEC else "primary"
+    why = V_PRIMARY.get(i) if pool == "primary" and i in V_PRIMARY else POOL_INDICES.get(i, "")
+    return (f"0x{int(e):08x}: {pool} pool block {_pow2(i)}, byte offset {_pow2(i * BPB)}"
+            + (f" - {why}" if why else ""))
+
+
+@conformance("large_cache.kv_offsets_high_indices", CL_KVO, REQUIRED, "robustness", "gather", feature=FEATURE)
+def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
+    from kvx_conformance import reference_impl
+
+    opts = kvx_call_options()
+    mem = opts.memory
+    kind = cb.core_layout(kvx_provider, mem)
+    t = cb.layout(KGEOM, kind, DType.F16)
+    seed = SEED_KVO
+    rng = cb.rng_for(seed)
+    offsets = _kvo_offsets(rng)
+    used = {"primary": sorted(int(e) for e in offsets.reshape(-1) if not int(e) & SEC),
+            "secondary": sorted(int(e) & 0x7FFFFFFF for e in offsets.reshape(-1) if int(e) & SEC)}
+    # per used block: its HND [H, block_size, D] bits, distinct random values
+    contents = {pool: {i: _f16_bits(rng, KH * KBS * KD).reshape(KH, KBS, KD) for i in ids}
+                for pool, ids in used.items()}
+    # the oracle's gather of the same blocks in compact pools (renumbered)
+    compact = np.array([(SEC | used["secondary"].index(int(e) & 0x7FFFFFFF)) if int(e) & SEC
+                        else used["primary"].index(int(e)) for e in offsets.reshape(-1)],
+                       np.int64).reshape(offsets.shape)
+    pools = PoolCase(bytes_per_block=BPB,
+                     primary=np.concatenate([contents["primary"][i].reshape(-1) for i in used["primary"]]).view(
+                         np.float16),
+                     secondary=np.concatenate([contents["secondary"][i].reshape(-1) for i in used["secondary"]]
+                                              ).view(np.float16))
+    cache = cb.make_cache(KGEOM, t, t, seed=seed, pool=pools)
+    msl = KVO_MB * KBS
+    proxy = cb.kv_offsets_gather(cache, compact, KVO_LENS, msl, seed=seed, label="large pools (compact proxy)")
+    exp = reference_impl.expected_gather(proxy, mem)
+    if int(exp.status) != Status.OK:
+        raise RuntimeError(f"harness: the oracle answers {status_name(int(exp.status))} (rule {exp.rule}) for "
+                           f"{proxy.describe()}")
+    features = refusable_features(proxy, FEATURE, kind)  # large_cache, kv_offsets, secondary_pool
+    table = BlockTable.kv_offsets(offsets)
+    lens = SeqLens(np.array(KVO_LENS, np.int64))
+    pool_bytes = POOL_BLOCKS * BPB
+    k_text = [_pow2(int(e)) for e in offsets[:, :, 0].reshape(-1)]
+    v_text = [f"S|{_pow2(int(e) & 0x7FFFFFFF)}" if int(e) & SEC else _pow2(int(e))
+              for e in offsets[:, :, 1].reshape(-1)]
+    case = (f"KV_OFFSETS gather (S32 KVCacheIndex, {KVO_SEQS} sequences x {KVO_BEAMS} beams x K|V x {KVO_MB} "
+            f"blocks, lengths {KVO_LENS}, max_seq_len {msl}) from a primary and a secondary pool of {POOL_BLOCKS} "
+            f"({_pow2(POOL_BLOCKS)}) blocks of {BPB} bytes (HND [{KH}, {KBS}, {KD}] F16; {pool_bytes / 2**30:.2f} "
+            f"GiB each; cache.k / cache.v {kind.upper()} of {KGEOM.num_blocks} blocks); K entries (primary) "
+            f"{k_text}, V entries (S|: secondary) {v_text}; the read blocks are filled, the rest of the pools is zero")
+    health.set_case(case)
+    _check_memory_available(mem, 2 * pool_bytes, "the large pools")
+    dev = opts.device if mem == Memory.DEVICE else None
+    bufs: dict[str, buffers.SparseBuffer] = {}
+    try:
+        for j, pool in enumerate(("primary", "secondary")):
+            bufs[pool] = buffers.SparseBuffer(pool_bytes, mem, f"{pool} pool", salt=50 + j, device=dev)
+            for i, bits in contents[pool].items():
+                bufs[pool].write(i * BPB, bits)
+        words = {pool: {w for i in ids for w in range(i * BPB // 8, (i + 1) * BPB // 8)} for pool, ids in used.items()}
+        arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
+        kc = arena.put("k cache", cache.k_init, data=True, readonly=True)
+        vc = arena.put("v cache", cache.v_init, data=True, readonly=True)
+        kp = arena.put("out key", proxy.out_k_init, data=True)
+        vp = arena.put("out value", proxy.out_v_init, data=True)
+        ip = arena.put("indices", table.encoded_indices(), readonly=True)
+        lp = arena.put("seq_lens", lens.encoded(), readonly=True)
+        c_cache = d.to_c_cache(KGEOM, t, kc, t, vc, mem, pool_bytes_per_block=BPB,
+                               pool_primary=bufs["primary"].ptr, pool_secondary=bufs["secondary"].ptr)
+        desc = abi.kvx_gather_desc_t.new(max_seq_len=msl)
+        desc.io = d.to_c_io(proxy.out_layout, kp, proxy.out_layout, vp, mem, proxy.num_tokens, KH, KD)
+        desc.block_table = d.to_c_table(table, ip, 0)
+        desc.seq_lens = d.to_c_seq_lens(lens, lp)
+        if opts.seal_inputs:
+            for b in bufs.values():
+                b.seal(True)  # the pools are inputs of a gather: a store into them faults
+        try:
+            with arena.sealed({"cache": c_cache, "desc": desc}) as args:
+                st = kvx_provider.gather_kv(args["cache"], args["desc"], opts.stream)
+        finally:
+            for b in bufs.values():
+                b.seal(False)
+        buffers.synchronize(mem, opts.device)
+        got = Result(int(st), {"k": arena.get("out key", np.float16), "v": arena.get("out value", np.float16)},
+                     arena.violations() + [v for b in bufs.values() for v in b.violations()],
+                     input_changes=arena.input_changes())
+        check_inputs(got, case=case)
+        changed = []  # the pools are inputs: unchanged
+        for pool, buf in bufs.items():
+            for i in used[pool]:
+                now = np.frombuffer(buf.read(i * BPB, BPB).tobytes(), np.uint16).reshape(KH, KBS, KD)
+                diff = np.argwhere(now != contents[pool][i])
+                if diff.size:
+                    h, tok, dd = (int(x) for x in diff[0])
+                    changed.append(f"{pool} pool block {_pow2(i)}: {len(diff)} element(s) changed, first head {h} "
+                                   f"token {tok} dim {dd}: 0x{int(contents[pool][i][h, tok, dd]):04x} before, "
+                                   f"0x{int(now[h, tok, dd]):04x} after")
+            total, nz = buf.nonzero_words(limit=len(words[pool]) + 64)
+            extra = [int(w) for w in nz if int(w) not in words[pool]]
+            n_extra = total - sum(1 for w in nz if int(w) in words[pool])
+            if n_extra:
+                first = (f", first at byte offset {_pow2(extra[0] * 8)} (block {_pow2(extra[0] * 8 // BPB)})"
+                         if extra else "")
+                changed.append(f"{pool} pool: {n_extra} word(s) of the zero-filled pool changed{first}")
+        if changed:
+            raise ConformanceFailure("the provider modified an input it may only read", expected="the pools "
+                                     "unchanged by a gather", got="; ".join(changed),
+                                     clause="spec 7.2 (kvx_abi.h declares the inputs const); R-INPUTS",
+                                     case=case, seed=seed)
+        if int(st) in (int(s) for s in REFUSALS):
+            outs = [f"{label}: changed" for label, g_, init in (("out key", got.arrays["k"], proxy.out_k_init),
+                                                                 ("out value", got.arrays["v"], proxy.out_v_init))
+                    if not np.array_equal(g_.view(np.uint16), init.view(np.uint16))]
+            _refused(got, f"a KV_OFFSETS gather from pools of {pool_bytes / 2**30:.2f} GiB", CL_KVO, case, seed,
+                     outs, features)
+        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_KVO, case=case,
+                     what="status (OK, or a refusal of the large pools; pool indices are not bounded by num_blocks)")
+        check_guards(got, clause=CL_KVO, case=case)
+        # where a wrong row came from: (pool, block, token) of every filled row
+        origin = {}
+        for pool in ("primary", "secondary"):
+            for i, blk in contents[pool].items():
+                for tok in range(KBS):
+                    origin.setdefault(blk[:, tok, :].tobytes(), f"token {tok} of {pool} pool block {_pow2(i)}")
+        bad = []
+        for kv, side, label in ((0, "k", "gathered keys"), (1, "v", "gathered values")):
+            g_ = got.arrays[side].view(np.uint16).reshape(-1, KH, KD)
+            e_ = exp.arrays[side].view(np.uint16).reshape(-1, KH, KD)
+            rows = np.flatnonzero((g_ != e_).reshape(len(g_), -1).any(axis=1))
+            if rows.size:
+                bad.append(f"{label}: {rows.size} of {len(g_)} row(s) differ")
+            groups: dict[tuple[int, int, int], list[int]] = {}  # (sequence, beam, logical block or -1)
+            for r in rows.tolist():
+                sb, tok = divmod(r, msl)
+                s_, beam = divmod(sb, KVO_BEAMS)
+                groups.setdefault((s_, beam, tok // KBS if tok < KVO_LENS[s_] else -1), []).append(r)
+            for (s_, beam, j), rs in list(groups.items())[:8]:
+                r = rs[0]
+                tok = r % msl
+                h, dd = (int(x) for x in np.argwhere(g_[r] != e_[r])[0])
+                if j >= 0:
+                    e = int(offsets[s_, beam, kv, j])
+                    pos = ((s_ * KVO_BEAMS + beam) * 2 + kv) * KVO_MB + j
+                    src = (f"{side.upper()} entry [sequence {s_}, beam {beam}, block {j}] (indices[{pos}] = "
+                           f"{_kvo_entry_text(e)}), first row {r} (token {tok})")
+                    held = ("zeros (pool memory nothing was written to)" if not g_[r].any()
+                            else origin.get(g_[r].tobytes(), ""))
+                else:
+                    src = (f"sequence {s_} beam {beam}: rows past the sequence's length {KVO_LENS[s_]} (they keep "
+                           f"their initial bytes), first row {r}")
+                    held = ""
+                bad.append(f"  {len(rs)} row(s) of {src}: head {h} dim {dd}: expected 0x{int(e_[r, h, dd]):04x}, "
+                           f"got 0x{int(g_[r, h, dd]):04x}" + (f"; the row holds {held}" if held else ""))
+        if bad:
+            raise ConformanceFailure(
+                "a KV_OFFSETS gather from pools beyond 2^32 bytes answered OK but read the wrong blocks",
+                expected="bit-exact equality with the reference (kvx_conformance.reference_impl) gathering the same "
+                         "blocks from compact pools: block address = pool base + (index & 0x7fffffff) * "
+                         "bytes_per_block in 64 bits",
+                got="\n            ".join(bad), clause=CL_KVO, case=case, seed=seed)
+        note_served_call()
+    finally:
+        for b in bufs.values():
+            b.close()

@@ -271,7 +271,7 @@ def test_mixed_k_v_io_convert(kvx_provider, kvx_call_options, which, op):
 # ---------------------------------------------------------------------------- IO strides
 
 
-@conformance("io.strided", "spec 6.8; R-IO (other IO strides: correct or UNSUPPORTED)", RECOMMENDED, "layouts",
+@conformance("io.strided", "spec 6.8; R-IO (other IO strides: correct or UNSUPPORTED)", REQUIRED, "layouts",
              ("write", "gather"), feature="io_strides")
 @pytest.mark.parametrize("io_kind", ["padded", "head_major"])
 @OPS

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance.abi.descriptors import BlockTable
+from kvx_conformance.abi.descriptors import BlockTable, IOLayout
 from kvx_conformance.abi.header import DType, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import partial_gather, verify_gather
@@ -184,6 +184,16 @@ def test_packed_wide_negative_seq_len_status(kvx_provider, kvx_call_options):
     verify_gather(kvx_provider, case, opts, clause="spec 5.3, 8; R-DATA", partial=partial_gather(case))
 
 
+@conformance("gather.packed.negative_seq_len_s32", "spec 5.3; R-DATA (a negative length is INVALID_ARGUMENT; S32 "
+             "lengths are sign-extended, -1 is not 2^32 - 1)", REQUIRED, "core", "gather")
+def test_packed_negative_seq_len_s32(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 40), _table(2, 2, 41), [5, -1], 2 * BS, seed=42,
+                            lens_dtype=DType.S32, label="S32 lengths [5, -1]")
+    verify_gather(kvx_provider, case, opts, clause="spec 5.3; R-DATA", expect=Status.INVALID_ARGUMENT,
+                  partial=partial_gather(case))
+
+
 def _beyond_capacity(provider, memory):
     return cb.packed_gather(_cache(provider, memory, 24), _table(2, 2, 25), [3, 11], 12, seed=26,
                             label="length 11 needs 3 blocks, table holds 2")
@@ -211,6 +221,23 @@ def test_packed_4d(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
     case = cb.packed_gather(_cache(kvx_provider, opts.memory, 27), _table(3, 2, 28), [6, 0, 8], 8, seed=29,
                             out4d=True, label="4-D output [seq, max_seq_len, H, D]")
+    verify_gather(kvx_provider, case, opts, clause="spec 6.8, 6.10; R-IO", feature="gather_4d")
+
+
+@conformance("gather.packed.output_4d_sequence_stride", "spec 6.8, 6.10; R-IO (4-D output with its own strides: "
+             "sequence s at s * stride[0], not at s * shape[1] * stride[1]; a correct result or a refusal)", REQUIRED,
+             "core", "gather", feature="gather_4d")
+def test_packed_4d_sequence_stride(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    base = cb.packed_gather(_cache(kvx_provider, opts.memory, 27), _table(3, 2, 28), [6, 0, 8], 8, seed=29,
+                            out4d=True, label="4-D output, 3 padding rows between sequences")
+    lay = base.out_layout
+    hd = G.num_kv_heads * G.head_dim
+    lay = IOLayout(lay.dtype, lay.shape, (lay.stride[0] + 3 * hd, *lay.stride[1:]))
+    rng = cb.rng_for(30)
+    n = lay.span_elements()
+    case = cb.replace(base, out_layout=lay, out_k_init=cb.poison(rng, lay.dtype, n),
+                      out_v_init=cb.poison(rng, lay.dtype, n), label=f"4-D output strides {lay.stride}")
     verify_gather(kvx_provider, case, opts, clause="spec 6.8, 6.10; R-IO", feature="gather_4d")
 
 
@@ -402,13 +429,17 @@ def _kv_bad(provider, memory, what):
     if what == "null_index":
         off[1, 1, 1, 1] = NULL
         cache = _kv_cache(provider, memory, 73)
+    elif what == "null_index_with_secondary":
+        # a live secondary pool: the null index must not read as secondary block 0x7FFFFFFF
+        off[1, 1, 1, 1] = NULL
+        cache = _kv_cache(provider, memory, 73, secondary=3)
     else:
         off[1, 0, 0, 1] = SEC | 1
         cache = _kv_cache(provider, memory, 73, secondary=3, secondary_null=True)
     return cb.kv_offsets_gather(cache, off, [5, 8], 8, seed=74, label=f"used entry: {what}")
 
 
-KV_BAD = ["null_index", "secondary_while_null"]
+KV_BAD = ["null_index", "null_index_with_secondary", "secondary_while_null"]
 
 
 @conformance("gather.kv_offsets.unusable_entry_no_oob", "spec 5.1, 10; R-DATA (never dereferenced)", REQUIRED,

@@ -88,6 +88,9 @@ SENTINELS = {
     "zero": 0,
     "beyond_range": N + 2,  # a sentinel tokens use must not turn into OUT_OF_RANGE
     "int64_max": 2 ** 63 - 1,
+    # the low 32 bits are slot 5, which the tokens also use: a sentinel compared in 32 bits
+    # (narrowed to an S32 slot's width) turns that valid slot into a no-op
+    "high_bits": 2 ** 32 + 5,
 }
 
 
@@ -100,11 +103,14 @@ def test_invalid_slot_sentinel(kvx_provider, kvx_call_options, sentinel, slot_dt
     else:
         sentinel_slot = sentinel
     opts = kvx_call_options()
-    valid = cb.spread_slots(G, 7, seed=14, exclude={sentinel} if sentinel >= 0 else None)
+    low = sentinel & 0xFFFFFFFF if sentinel >= 2 ** 32 else None  # its low 32 bits as a valid slot
+    valid = cb.spread_slots(G, 7, seed=14, exclude={sentinel, low} - {None} if sentinel >= 0 else None)
     slots = valid.tolist()
     if sentinel_slot is not None:
         slots[1:1] = [sentinel_slot]
         slots[5:5] = [sentinel_slot, sentinel_slot]
+    if low is not None and low < N:
+        slots[3:3] = [low]
     case = cb.write_case(_cache(kvx_provider, opts.memory, 15), slots, slot_dtype=slot_dtype,
                          invalid_slot=sentinel, seed=16, label=f"invalid_slot={sentinel}")
     verify_write(kvx_provider, case, opts, clause=CL_NOOP)

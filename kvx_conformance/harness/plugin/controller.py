@@ -285,7 +285,8 @@ class _Controller:
                 msg += "; it happened in a thread the provider started, not inside a call of this test"
             elif crash["entry"] in _SEALED_ENTRIES and self.rc.memory.name == "HOST":
                 msg += ("; a call's input buffers and descriptors are read-only while it runs on host memory "
-                        "(R-INPUTS: spec 7.2, kvx_abi.h const), so a store into one ends the worker inside the call")
+                        "(R-INPUTS: spec 7.2, kvx_abi.h const) and each descriptor ends at an unmapped page (R-SIZE), "
+                        "so a store into an input, or a read past a descriptor's size, ends the worker inside the call")
             res = {"when": "call", "outcome": Outcome.CRASH.value, "message": msg, "detail": frames,
                    "duration": elapsed, "crash": crash}
         if wid in self.tainted:
