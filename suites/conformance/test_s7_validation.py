@@ -436,3 +436,70 @@ def test_rule(kvx_provider, kvx_call_options, violation, level, feature):
         verify_gather(kvx_provider, case, opts, partial=partial_gather(case), **kw)
     else:
         verify_validate(kvx_provider, case, opts, **kw)
+
+
+# ---------------------------------------------------------------------------- order (R-ORDER)
+
+#: descriptor rules (R-ORDER steps 2-3) paired below with a data error of step 5
+ORDER_RULES = {"write": ["R-IO.num_kv_heads", "R-IO.head_dim", "R-IO.shape", "R-CACHE.shape", "R-WRITE.token_count"],
+               "gather": ["R-IO.num_kv_heads", "R-GATHER.num_tokens", "R-CACHE.shape", "R-GATHER.seq_count_match"]}
+CL_ORDER = "spec 7, 8; R-ORDER (checks run in order, the first failing one decides the status)"
+
+
+def _with_data_error(case):
+    """The case plus a step-5 data error: a slot past the cache (write) or a block id past it (a
+    PACKED or RAGGED gather); None where the case has no such value to break."""
+    import dataclasses
+
+    import numpy as np
+
+    from kvx_conformance.abi.header import TableFormat
+
+    g = case.cache.geom
+    if hasattr(case, "slots"):
+        s = np.asarray(case.slots.slots, np.int64).copy()
+        if not len(s):
+            return None
+        s[0] = g.num_slots + 5
+        return dataclasses.replace(case, slots=dataclasses.replace(case.slots, slots=s))
+    t = case.table
+    if t.format not in (TableFormat.PACKED, TableFormat.RAGGED) or not len(t.indices):
+        return None
+    idx = np.asarray(t.indices, np.int64).copy()
+    idx[:] = g.num_blocks + 3  # every entry: whichever a provider reads first is out of range
+    return dataclasses.replace(case, table=dataclasses.replace(t, indices=idx))
+
+
+def _order_params():
+    import numpy as np
+
+    from kvx_conformance.cases.generators import random_invalid_case
+
+    params = []
+    for call, rules in ORDER_RULES.items():
+        for rule in rules:
+            for k in range(200):  # the first seed whose case is this call and can carry a data error
+                seed = _rule_seed(f"order:{rule}:{call}") + k
+                v = random_invalid_case(np.random.default_rng(seed), rule, seed=seed)
+                if not hasattr(v.case, "slots" if call == "write" else "table"):
+                    continue
+                case = _with_data_error(v.case)
+                if case is not None:
+                    params.append(pytest.param(call, rule, case, id=f"{call}-{rule}"))
+                    break
+            else:
+                raise RuntimeError(f"no {call} case for {rule}")
+    return params
+
+
+# the spec does not rank two errors of one call: the reading's order is recommended (a warning)
+@conformance("validation.order.descriptor_before_data", CL_ORDER, RECOMMENDED, "core", ("write", "gather"))
+@pytest.mark.parametrize("call,rule,case", _order_params())
+def test_descriptor_error_before_data_error(kvx_provider, kvx_call_options, call, rule, case):
+    """A malformed descriptor (steps 2-3) and an out-of-range slot or block id (step 5) in one
+    call: INVALID_ARGUMENT, and nothing written: the descriptor is checked before any data."""
+    opts = kvx_call_options()
+    feats = tuple(cb.case_features(case)) or None
+    verify = verify_write if call == "write" else verify_gather
+    verify(kvx_provider, case, opts, clause=f"{CL_ORDER} (rule {rule} with a data error)", feature=feats,
+           expect=Status.INVALID_ARGUMENT)
