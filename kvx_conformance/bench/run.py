@@ -512,8 +512,9 @@ REFUSALS = {1: "INVALID_ARGUMENT", 2: "UNSUPPORTED"}
 def refusal(rec: dict, claimed: set[str], served: set[str] = frozenset()) -> dict | None:
     """The refusal of an optional feature a case records, or None: the provider answered
     UNSUPPORTED or INVALID_ARGUMENT (not timed) for a case that exercises an optional
-    feature the provider neither claims nor served in another, timed case (``served``);
-    those features are the refusal's (docs/benchmarks.md, "Refused cases")."""
+    feature the provider neither claims nor served in another, timed case of the same
+    operation (``served``: the features timed writes, or timed gathers, served); those
+    features are the refusal's (docs/benchmarks.md, "Refused cases")."""
     p = rec.get("impls", {}).get("provider", {})
     st = p.get("status")
     if p.get("bandwidth_Bps") or st not in REFUSALS:
@@ -530,8 +531,11 @@ def summarize(doc: dict) -> dict:
     ok = [r for r in cases if r["impls"].get("provider", {}).get("bandwidth_Bps")]
     failed_verify = [r["case"]["id"] for r in ok if r["impls"]["provider"].get("verified")
                      and not r["impls"]["provider"]["verified"].get("ok")]
-    served = {f for r in ok for f in BenchCase.from_dict(r["case"]).features()}
-    refused = [x for x in (refusal(r, claimed, served) for r in cases) if x]
+    served: dict[str, set[str]] = {}  # per operation: serving HND gathers commits no HND writes
+    for r in ok:
+        c = BenchCase.from_dict(r["case"])
+        served.setdefault(c.op, set()).update(c.features())
+    refused = [x for x in (refusal(r, claimed, served.get(r["case"].get("op"), set())) for r in cases) if x]
     refused_ids = {x["id"] for x in refused}
     resident = [r for r in ok if l2_resident(r)]
     big = [r for r in ok if r["case"]["bytes_moved"] >= 256e6 and not l2_resident(r)]
