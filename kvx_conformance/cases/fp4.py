@@ -554,3 +554,54 @@ def gather_problems(got: dict, want: dict, out_dtype: DType, tier: str, limit: i
         if len(bad) > limit:
             probs.append(f"{k}: {len(bad)} elements differ in all")
     return probs
+
+
+# ----------------------------------------------------------------------------- concurrent writes (R-THREADS)
+
+
+def run_concurrent_writes(provider, cache: Fp4Cache, parts, *, memory=Memory.HOST, stream=None,
+                          timeout_s: float = 60.0) -> tuple[list[int], Fp4Result]:
+    """Write each ``(key, value, slots)`` of ``parts`` into ONE shared FP4 cache, one thread per
+    part, all released together by a barrier right before the provider call (ctypes drops the
+    GIL, so the calls overlap). Every struct and buffer lives in one arena; returns the statuses
+    of the calls (None for a thread that did not return) and the cache as left by all of them."""
+    import threading
+
+    n_parts = len(parts)
+    ro = set(READONLY_WRITE)
+    for i in range(n_parts):
+        ro |= {f"key {i}", f"value {i}", f"slots {i}"}
+    arena = _Arena(Memory(memory), frozenset(ro))
+    c = cache_struct(cache, arena)
+    H, D = cache.num_kv_heads, cache.head_dim
+    descs = []
+    for i, (key, value, slots) in enumerate(parts):
+        n = key.shape[0]
+        dt = {v: k for k, v in IO_NP.items()}[np.dtype(key.dtype)]
+        d = abi.kvx_write_desc_v1_2_t.new()
+        d.io = _io(dt, memory, arena.put(f"key {i}", key), arena.put(f"value {i}", value), n, H, D)
+        d.slots = abi.kvx_slot_mapping_t.new(dtype=int(DType.S64), token_count=n, invalid_slot=-1)
+        d.slots.slots = arena.put(f"slots {i}", np.asarray(slots, np.int64))
+        d.k_scale_desc = abi.kvx_scale_desc_t.new()
+        d.v_scale_desc = abi.kvx_scale_desc_t.new()
+        descs.append(d)
+    barrier = threading.Barrier(n_parts)
+    statuses: list = [None] * n_parts
+    errors: list = []
+
+    def body(i):
+        try:
+            barrier.wait(timeout=timeout_s)
+            statuses[i] = int(provider.write_kv(c, descs[i], stream))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n_parts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+    if errors:
+        raise errors[0]
+    buffers.synchronize(Memory(memory))
+    return statuses, Fp4Result(0, _read_cache(cache, arena), {}, arena.violations(), arena.input_changes())

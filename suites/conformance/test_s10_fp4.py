@@ -358,3 +358,166 @@ def test_exact_edges(kvx_provider, kvx_call_options, fmt):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_exact_gather(kvx_provider, kvx_call_options, fmt, out):
     _gather(kvx_provider, kvx_call_options(), fmt, out, Layout.BLOCK_NHD, 150 + int(fmt) + 3 * int(out), "exact")
+
+
+# ----------------------------------------------------------------------------- slots, raw writes, bad ids, threads
+
+CL_SLOTS = CL_COMPAT + "; spec 5.2 (S32 / S64 slots, invalid_slot: a token whose slot equals it is a no-op); R-WRITE"
+SLOT_CASES = [pytest.param(dt, inv, id=f"{dt.name.lower()}-{name}")
+              for dt in (DType.S32, DType.S64) for inv, name in ((-1, "invalid_minus1"), (7, "invalid_sentinel7"))]
+
+
+@conformance("fp4.write.slots", CL_SLOTS, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("slot_dtype,invalid_slot", SLOT_CASES)
+def test_write_slots(kvx_provider, kvx_call_options, slot_dtype, invalid_slot):
+    """S32 and S64 slots, with invalid_slot -1 or a non-negative sentinel that several tokens carry
+    (the FP4 path shares the v1.1 pre-scan of slots, docs/fp4.md): those tokens write nothing."""
+    _need_fp4(kvx_provider)
+    seed = 160 + int(slot_dtype) + (invalid_slot > 0)
+    fmt, layout = Fp4Format.NVFP4, Layout.BLOCK_NHD
+    n = 16
+    key, value = _data(seed, n, fx.block_values(fmt), edges=False)
+    slots = np.random.default_rng(seed + 99).permutation(NB * BS)[:n].astype(np.int64)
+    slots = slots[slots != 7][:n - 3] if invalid_slot == 7 else slots[:n - 3]
+    slots = np.concatenate([slots, [invalid_slot] * 3])[np.random.default_rng(seed).permutation(n)]  # 3 no-ops
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+    res = fx.run_write(kvx_provider, cache, key, value, slots, memory=kvx_call_options().memory,
+                       invalid_slot=invalid_slot, slot_dtype=slot_dtype)
+    case = _case(fmt, DType.F32, layout, seed, f", {slot_dtype.name} slots {slots.tolist()}, "
+                                               f"invalid_slot {invalid_slot}")
+    _status(res.status, Status.OK, "FP4 write", CL_SLOTS, seed, case)
+    _check_guards(res, CL_SLOTS, seed, case)
+    want = fx.expected_write(cache, key, value, slots, invalid_slot=invalid_slot)
+    _fail_if(fx.compatible_write_problems(cache, res.cache, want, key, value, slots, invalid_slot=invalid_slot),
+             f"FP4 write with {slot_dtype.name} slots and invalid_slot {invalid_slot}",
+             "every valid slot written (compatible tier), tokens whose slot is invalid_slot no-ops, other rows "
+             "untouched", CL_SLOTS, seed, case)
+
+
+CL_RAW_WRITE = CL + " (IO F4_E2M1 with desc.fp4 scales copies codes and scale bytes into the cache); R-WRITE"
+
+
+@conformance("fp4.write.raw", CL_RAW_WRITE, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_write_raw(kvx_provider, kvx_call_options, fmt, layout):
+    _need_fp4(kvx_provider)
+    seed = 170 + int(fmt)
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+    n = 14
+    key, value = _data(seed, n, cache.B)
+    value = value * np.float32(37.0)  # V's scales unlike K's
+    kc, ks = fx.encode_rows(fmt, key, cache.g_per_head("k"))
+    vc, vs = fx.encode_rows(fmt, value, cache.g_per_head("v"))
+    slots = np.random.default_rng(seed + 99).permutation(NB * BS)[:n].astype(np.int64)
+    slots[3] = -1
+    res = fx.run_write(kvx_provider, cache, np.ascontiguousarray(kc), np.ascontiguousarray(vc), slots,
+                       memory=kvx_call_options().memory,
+                       raw_scales=(np.ascontiguousarray(ks), np.ascontiguousarray(vs)))
+    case = _case(fmt, DType.F4_E2M1, layout, seed, ", raw codes and scales (K's unlike V's)")
+    _status(res.status, Status.OK, "raw FP4 write", CL_RAW_WRITE, seed, case)
+    _check_guards(res, CL_RAW_WRITE, seed, case)
+    want = fx.expected_write(cache, key, value, slots)
+    _fail_if(fx.exact_write_problems(res.cache, want), "raw FP4 write did not store the given bytes",
+             "the cache holds exactly the codes and scale bytes written (K's scales to K, V's to V), other rows "
+             "untouched", CL_RAW_WRITE, seed, case)
+
+
+CL_BAD_ID = CL + "; spec 5.1, 8 (block id >= num_blocks: OUT_OF_RANGE); R-DATA (never out of bounds), R-DEVICE-STATUS"
+BAD_FP4_IDS = {"num_blocks_plus_used": None, "int32_max": 2 ** 31 - 1}
+
+
+@conformance("fp4.gather.bad_block_id", CL_BAD_ID, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("out", [pytest.param(DType.F32, id="f32"), pytest.param(DType.F4_E2M1, id="raw")])
+@pytest.mark.parametrize("bad_name", list(BAD_FP4_IDS))
+def test_gather_bad_block_id(kvx_provider, kvx_call_options, bad_name, out):
+    """A PACKED table whose used entry is >= num_blocks (num_blocks + a filled block: a provider
+    taking it modulo num_blocks reads real data). On host memory the status is OUT_OF_RANGE
+    (INVALID_ARGUMENT accepted); on DEVICE memory OK is allowed when only the valid part was
+    written. Each output element is either untouched or as the valid part of the gather leaves it
+    (the bad block's rows untouched)."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    fmt, layout = Fp4Format.NVFP4, Layout.BLOCK_NHD
+    seed = 180 + (bad_name == "int32_max")
+    cache, blocks = _filled_cache(fmt, layout, seed)
+    table = np.array([blocks[:3], blocks[3:6]], np.int64)
+    bad = BAD_FP4_IDS[bad_name] if BAD_FP4_IDS[bad_name] is not None else NB + int(blocks[6])
+    table[1, 1] = bad  # used: sequence 1 has 7 tokens, block_size 4
+    lens, msl = [11, 7], 10
+    res = fx.run_gather(kvx_provider, cache, table.astype(np.int32), lens, msl, out, memory=opts.memory)
+    case = _case(fmt, out, layout, seed, f", gather table {table.tolist()} (num_blocks {NB}) seq_lens {lens} "
+                                         f"max_seq_len {msl}")
+    allowed = {int(Status.OUT_OF_RANGE), int(Status.INVALID_ARGUMENT)}
+    from kvx_conformance.abi.header import Memory
+    if opts.memory == Memory.DEVICE:
+        allowed.add(int(Status.OK))  # R-DEVICE-STATUS: the valid part only
+    if res.status == Status.UNSUPPORTED:
+        raise Unsupported("FP4 gather with a bad block id: UNSUPPORTED", feature="fp4")
+    if res.status not in allowed:
+        raise ConformanceFailure("FP4 gather with a block id >= num_blocks", expected="OUT_OF_RANGE (recommended) "
+                                 "or INVALID_ARGUMENT" + (" (or OK on DEVICE memory, valid part only)"
+                                                          if opts.memory == Memory.DEVICE else ""),
+                                 got=status_name(res.status), clause=CL_BAD_ID, case=case, seed=seed)
+    _check_guards(res, CL_BAD_ID, seed, case)
+    init = fx.out_init(cache, len(lens) * msl, out)
+    good = table.copy()
+    good[1, 1] = blocks[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        part = fx.expected_gather(cache, good, lens, msl, out, init)
+    for s, L in enumerate(lens):  # rows of the bad block: untouched in the valid part
+        for t in range(min(L, msl)):
+            if table[s, t // BS] == bad:
+                for k in part:
+                    part[k][s * msl + t] = init[k][s * msl + t]
+    probs = []
+    for k, e in part.items():
+        g = res.out.get(k)
+        if g is None or g.shape != e.shape:
+            probs.append(f"{k}: output missing or of shape {None if g is None else g.shape}")
+            continue
+        ut = {1: np.uint8, 2: np.uint16, 4: np.uint32}[e.dtype.itemsize]
+        gb, eb, ib = g.view(ut), e.view(ut), init[k].view(ut)
+        for idx in np.argwhere((gb != eb) & (gb != ib))[:4]:
+            t_ = tuple(int(v) for v in idx)
+            probs.append(f"{k}{t_}: got {g[t_]!r}, neither untouched nor the valid part's {e[t_]!r}")
+    _fail_if(probs, "FP4 gather with a bad block id read or wrote what it may not",
+             "each output element untouched or as the valid part leaves it (nothing read out of bounds)",
+             CL_BAD_ID, seed, case)
+
+
+CL_THREADS = CL_COMPAT + "; spec 7.2 (thread-safe on disjoint cache regions); R-THREADS"
+THREADS = 4
+
+
+@conformance("concurrency.threads.fp4_write", CL_THREADS, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_concurrent_fp4_writes(kvx_provider, kvx_call_options, fmt):
+    """4 threads write disjoint slots of ONE shared FP4 cache at once (a barrier right before each
+    provider call); the cache must equal the serial result."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    for rnd in range(4):
+        seed = 190 + 10 * int(fmt) + rnd
+        gk, gv = _g(fmt, seed)
+        cache = fx.new_cache(fmt, NB, BS, H, D, Layout.BLOCK_NHD, k_global=gk, v_global=gv)
+        n = NB * BS
+        key, value = _data(seed, n, cache.B)
+        slots = np.random.default_rng(seed + 99).permutation(n).astype(np.int64)  # disjoint by construction
+        parts = [(np.ascontiguousarray(key[i]), np.ascontiguousarray(value[i]), slots[i])
+                 for i in np.array_split(np.arange(n), THREADS)]
+        statuses, res = fx.run_concurrent_writes(kvx_provider, cache, parts, memory=opts.memory)
+        case = _case(fmt, DType.F32, Layout.BLOCK_NHD, seed, f", round {rnd}: {THREADS} threads, disjoint slots")
+        for st in statuses:
+            if st is None:
+                raise ConformanceFailure("a concurrent FP4 write did not return", expected="every call returns",
+                                         got="a thread still in the provider", clause=CL_THREADS, case=case,
+                                         seed=seed)
+            _status(st, Status.OK, "concurrent FP4 write", CL_THREADS, seed, case)
+        _check_guards(res, CL_THREADS, seed, case)
+        want = fx.expected_write(cache, key, value, slots)
+        _fail_if(fx.compatible_write_problems(cache, res.cache, want, key, value, slots),
+                 "concurrent FP4 writes of disjoint slots differ from the serial result",
+                 "the serial result (compatible tier)", CL_THREADS, seed, case)
