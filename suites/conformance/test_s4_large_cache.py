@@ -376,10 +376,34 @@ def _compact_case(t_kind: str, contents: dict[int, dict[str, np.ndarray]], seed:
     return cb.packed_gather(cache, table, GATHER_LENS, msl, seed=seed, label="large cache (compact proxy)")
 
 
-@conformance("large_cache.gather_high_blocks", CL_GATHER, REQUIRED, "robustness", "gather", feature=FEATURE)
-def test_gather_high_blocks(kvx_provider, kvx_call_options):
+def _expected_gather(proxy, mem: Memory) -> Result:
+    """The oracle's gather of the compact proxy; anything but OK is a harness fault."""
     from kvx_conformance import reference_impl
 
+    exp = reference_impl.expected_gather(proxy, mem)
+    if int(exp.status) != Status.OK:
+        raise RuntimeError(f"harness: the oracle answers {status_name(int(exp.status))} (rule {exp.rule}) for "
+                           f"{proxy.describe()}")
+    return exp
+
+
+def _gather_desc(arena: "execute._Arena", proxy, table: BlockTable, lens: SeqLens, mem: Memory):
+    """The gather descriptor of the real call: the proxy's outputs (same rows and layout), the
+    large table and the lengths, in ``arena``."""
+    g = proxy.cache.geom
+    kp = arena.put("out key", proxy.out_k_init, data=True)
+    vp = arena.put("out value", proxy.out_v_init, data=True)
+    ip = arena.put("indices", table.encoded_indices(), readonly=True)
+    lp = arena.put("seq_lens", lens.encoded(), readonly=True)
+    desc = abi.kvx_gather_desc_t.new(max_seq_len=proxy.max_seq_len)
+    desc.io = d.to_c_io(proxy.out_layout, kp, proxy.out_layout, vp, mem, proxy.num_tokens, g.num_kv_heads, g.head_dim)
+    desc.block_table = d.to_c_table(table, ip, 0)
+    desc.seq_lens = d.to_c_seq_lens(lens, lp)
+    return desc
+
+
+@conformance("large_cache.gather_high_blocks", CL_GATHER, REQUIRED, "robustness", "gather", feature=FEATURE)
+def test_gather_high_blocks(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
     mem = opts.memory
     kind = cb.core_layout(kvx_provider, mem)
@@ -388,10 +412,7 @@ def test_gather_high_blocks(kvx_provider, kvx_call_options):
     rng = cb.rng_for(seed)
     contents = _gather_contents(rng)
     proxy = _compact_case(kind, contents, seed)
-    exp = reference_impl.expected_gather(proxy, mem)
-    if int(exp.status) != Status.OK:
-        raise RuntimeError(f"harness: the oracle answers {status_name(int(exp.status))} (rule {exp.rule}) for "
-                           f"{proxy.describe()}")
+    exp = _expected_gather(proxy, mem)
     msl = proxy.max_seq_len
     table = BlockTable.packed(np.array(GATHER_TABLE, np.int64))
     lens = SeqLens(np.array(GATHER_LENS, np.int64))
@@ -410,14 +431,7 @@ def test_gather_high_blocks(kvx_provider, kvx_call_options):
             filled[side] = bits
         words = {int(w) for w in np.unique(blk_off.reshape(-1) * ITEM // 8)}
         arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
-        kp = arena.put("out key", proxy.out_k_init, data=True)
-        vp = arena.put("out value", proxy.out_v_init, data=True)
-        ip = arena.put("indices", table.encoded_indices(), readonly=True)
-        lp = arena.put("seq_lens", lens.encoded(), readonly=True)
-        desc = abi.kvx_gather_desc_t.new(max_seq_len=msl)
-        desc.io = d.to_c_io(proxy.out_layout, kp, proxy.out_layout, vp, mem, proxy.num_tokens, H, D)
-        desc.block_table = d.to_c_table(table, ip, 0)
-        desc.seq_lens = d.to_c_seq_lens(lens, lp)
+        desc = _gather_desc(arena, proxy, table, lens, mem)
         if opts.seal_inputs:
             caches.seal(True)  # the cache is an input of a gather: a store into it faults
         try:
@@ -565,8 +579,6 @@ def _kvo_entry_text(e: int) -> str:
 
 @conformance("large_cache.kv_offsets_high_indices", CL_KVO, REQUIRED, "robustness", "gather", feature=FEATURE)
 def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
-    from kvx_conformance import reference_impl
-
     opts = kvx_call_options()
     mem = opts.memory
     kind = cb.core_layout(kvx_provider, mem)
@@ -591,10 +603,7 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
     cache = cb.make_cache(KGEOM, t, t, seed=seed, pool=pools)
     msl = KVO_MB * KBS
     proxy = cb.kv_offsets_gather(cache, compact, KVO_LENS, msl, seed=seed, label="large pools (compact proxy)")
-    exp = reference_impl.expected_gather(proxy, mem)
-    if int(exp.status) != Status.OK:
-        raise RuntimeError(f"harness: the oracle answers {status_name(int(exp.status))} (rule {exp.rule}) for "
-                           f"{proxy.describe()}")
+    exp = _expected_gather(proxy, mem)
     features = refusable_features(proxy, FEATURE, kind)  # large_cache, kv_offsets, secondary_pool
     table = BlockTable.kv_offsets(offsets)
     lens = SeqLens(np.array(KVO_LENS, np.int64))
@@ -620,16 +629,9 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
         arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
         kc = arena.put("k cache", cache.k_init, data=True, readonly=True)
         vc = arena.put("v cache", cache.v_init, data=True, readonly=True)
-        kp = arena.put("out key", proxy.out_k_init, data=True)
-        vp = arena.put("out value", proxy.out_v_init, data=True)
-        ip = arena.put("indices", table.encoded_indices(), readonly=True)
-        lp = arena.put("seq_lens", lens.encoded(), readonly=True)
         c_cache = d.to_c_cache(KGEOM, t, kc, t, vc, mem, pool_bytes_per_block=BPB,
                                pool_primary=bufs["primary"].ptr, pool_secondary=bufs["secondary"].ptr)
-        desc = abi.kvx_gather_desc_t.new(max_seq_len=msl)
-        desc.io = d.to_c_io(proxy.out_layout, kp, proxy.out_layout, vp, mem, proxy.num_tokens, KH, KD)
-        desc.block_table = d.to_c_table(table, ip, 0)
-        desc.seq_lens = d.to_c_seq_lens(lens, lp)
+        desc = _gather_desc(arena, proxy, table, lens, mem)
         if opts.seal_inputs:
             for b in bufs.values():
                 b.seal(True)  # the pools are inputs of a gather: a store into them faults
