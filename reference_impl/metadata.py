@@ -48,9 +48,15 @@ def lengths(case: GatherCase, dtype: int, count: int) -> np.ndarray:
     return _read(s.encoded() if len(s.lengths) else None, dtype, count, "seq_lens.lengths")
 
 
-def scale_values(values, count: int, what: str) -> np.ndarray:
-    """F32 scale values as stored by the executor (``np.float32`` of the spec's values)."""
+def scale_values(values, count: int, what: str, stride: int = 1) -> np.ndarray:
+    """F32 scale values as the provider reads them from the buffer the executor stored
+    (``np.float32`` of the case's values): value ``i`` at element ``i * stride`` (R-FP8: a
+    PER_HEAD descriptor's ``stride[0]``; 0 reads as 1)."""
     v = np.asarray(values, np.float32).reshape(-1)
-    if count > v.size:
-        raise CaseError(f"{what}: the provider would read {count} scale values but the case holds {v.size}")
-    return v[:count]
+    stride = stride or 1
+    if stride < 0:
+        raise CaseError(f"{what}: stride {stride}: the oracle reads scale values at strides >= 0 only")
+    if count and (count - 1) * stride >= v.size:
+        raise CaseError(f"{what}: the provider would read {count} scale values {stride} apart but the case "
+                        f"holds {v.size} elements")
+    return v[:(count - 1) * stride + 1:stride] if count else v[:0]

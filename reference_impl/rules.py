@@ -89,6 +89,8 @@ _R = [
     Rule("R-FP8.scale_granularity", "spec 6.6; R-FP8", INVALID, 3, "scale descriptor granularity NONE or not an enum value"),
     Rule("R-FP8.per_head_shape", "spec 6.6; R-FP8", INVALID, 3, "PER_HEAD scale without ndim 1, shape[0] == num_kv_heads"),
     Rule("R-FP8.per_block_unsupported", "spec 6.6; R-FP8", UNSUPPORTED, 3, "PER_BLOCK / PER_BLOCK_HEAD scales"),
+    Rule("R-FP8.scale_stride", "spec 6.6, 4.2; R-FP8", UNSUPPORTED, 3,
+         "PER_HEAD scale whose stride[0] is not 0 or 1 (values not adjacent), num_kv_heads > 1"),
     # -- step 3: gather
     Rule("R-GATHER.format", "spec 5.1, 6.3; R-GATHER", INVALID, 3, "block table format is not PACKED, RAGGED or KV_OFFSETS"),
     Rule("R-GATHER.num_tokens", "spec 6.10; R-GATHER", INVALID, 3, "io.num_tokens != seq_count * beam_width * max_seq_len"),
@@ -137,9 +139,10 @@ _R = [
 RULES: dict[str, Rule] = {r.id: r for r in _R}
 
 #: UNSUPPORTED rules whose calls the oracle can also serve: the reference refuses negative strides
-#: by choice (R-STRIDE-NEG), while spec 4.2 ("Implementations MUST honor provided strides")
-#: defines the result of a provider that serves them.
-SERVABLE: frozenset[str] = frozenset({"R-CACHE.stride_negative", "R-IO.stride_negative"})
+#: (R-STRIDE-NEG) and strided PER_HEAD scale values (R-FP8) by choice, while spec 4.2
+#: ("Implementations MUST honor provided strides") and 6.6 ("Scale strides") define the result
+#: of a provider that serves them.
+SERVABLE: frozenset[str] = frozenset({"R-CACHE.stride_negative", "R-IO.stride_negative", "R-FP8.scale_stride"})
 assert len(RULES) == len(_R), "duplicate rule id"
 
 

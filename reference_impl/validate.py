@@ -194,6 +194,8 @@ def scale_violations(c: abi.kvx_cache_desc_t, s: abi.kvx_scale_desc_t, cache_dty
         shape, _ = dims(s)
         if s.ndim != 1 or shape[0] != c.num_kv_heads:
             out.append("R-FP8.per_head_shape")
+        elif c.num_kv_heads > 1 and s.stride[0] not in (0, 1):
+            out.append("R-FP8.scale_stride")
     elif g in (ScaleGranularity.PER_BLOCK, ScaleGranularity.PER_BLOCK_HEAD):
         out.append("R-FP8.per_block_unsupported")
     elif g != ScaleGranularity.PER_TENSOR:

@@ -45,9 +45,9 @@ def _scale(case: WriteCase, desc: abi.kvx_write_desc_t, side: str, num_kv_heads:
         if spec is None:
             raise CaseError(f"{side}_scale_desc.data is set but the case has no scale values")
         if sd.granularity == ScaleGranularity.PER_HEAD:
-            vals = metadata.scale_values(spec.values, num_kv_heads, f"{side}_scale_desc")
+            vals = metadata.scale_values(spec.buffer(), num_kv_heads, f"{side}_scale_desc", int(sd.stride[0]))
             return vals.reshape(1, num_kv_heads, 1)
-        return metadata.scale_values(spec.values, 1, f"{side}_scale_desc").reshape(1, 1, 1)
+        return metadata.scale_values(spec.buffer(), 1, f"{side}_scale_desc").reshape(1, 1, 1)
     if getattr(desc, f"{side}_scale"):
         value = getattr(case, f"{side}_scale")
         if value is None:

@@ -208,6 +208,20 @@ def test_verdicts_per_profile():
     assert s2["verdict"] == "not certifying (quick)" and s2["claimed_profiles_certified"]
 
 
+def test_exact_tier_not_certified_without_the_compatible_tier():
+    """fp4_exact builds on fp4 (record.PROFILE_INCLUDES): a provider whose compatible-tier test
+    fails reads not certified in both, the failing id among fp4_exact's blockers."""
+    tests = [_rec("fp4.write.compatible[x]", "pass", profile="fp4"), _rec("fp4.write.slots[x]", "fail", profile="fp4"),
+             _rec("fp4_exact.write[x]", "pass", profile="fp4_exact")]
+    p = summarize(tests, Claims(), [], quick=False, partial=False, complete=True)["profiles"]
+    assert p["fp4"]["verdict"] == "not certified" and p["fp4_exact"]["verdict"] == "not certified"
+    assert p["fp4_exact"]["blocking"] == ["fp4.write.slots[x]"] and p["fp4_exact"]["includes"] == ["fp4"]
+    tests[1].outcome = "pass"
+    p = summarize(tests, Claims(), [], quick=False, partial=False, complete=True)["profiles"]
+    assert p["fp4_exact"]["verdict"] == "certified" and p["fp4_exact"]["blocking"] == []
+    assert p["fp4"]["includes"] == []
+
+
 def test_writer_is_readable_at_every_step(tmp_path):
     w = ResultsWriter(tmp_path, {"provider": {"path": "x"}}, every_tests=2, every_seconds=1e9)
     assert load_results(tmp_path / "results.json")["complete"] is False

@@ -114,6 +114,36 @@ def test_write_fp8_per_head_scale():
     assert bits_view(r.arrays["v"]).tolist() == [0x38, 0x7E]
 
 
+def test_write_fp8_per_head_scale_strides():
+    """R-FP8: head h's value at data[h * stride[0]]; the reference refuses stride[0] > 1
+    (UNSUPPORTED); served, the result is that of the same values stored adjacent."""
+    import dataclasses
+
+    g = Geometry(num_blocks=1, block_size=1, num_kv_heads=2, head_dim=1)
+    init = np.frombuffer(bytes([0x11, 0x11]), np.uint8).view(ml_dtypes.float8_e4m3fn)
+    lay = cache_layout(g, Layout.BLOCK_NHD, DType.F8_E4M3)
+    cache = CacheCase(g, lay, lay, init.copy(), init.copy())
+    io = IOLayout.dense(DType.F32, 1, 2, 1)
+    dense = WriteCase(cache, io, io, np.array([2.125, 1000], np.float32), np.array([0.5, 300], np.float32),
+                      SlotMapping(np.array([0])), 1,
+                      k_scale_desc=ScaleSpec(np.array([2.0, 4.0], np.float32), ScaleGranularity.PER_HEAD))
+    strided = dataclasses.replace(dense, k_scale_desc=dataclasses.replace(dense.k_scale_desc, stride=3))
+    assert strided.k_scale_desc.buffer().tolist() == [2.0, -3.0, -3.0, 4.0]
+    r = expected_write(strided)
+    assert (r.status, r.rule) == (Status.UNSUPPORTED, "R-FP8.scale_stride")
+    served, want = expected_write(strided, served=("R-FP8.scale_stride",)), expected_write(dense)
+    assert served.status == Status.OK
+    assert bits_view(served.arrays["k"]).tolist() == bits_view(want.arrays["k"]).tolist() == [0x38, 0x78]
+    # one head: only data[0] is read, whatever the stride
+    one = Geometry(num_blocks=1, block_size=1, num_kv_heads=1, head_dim=1)
+    lay1 = cache_layout(one, Layout.BLOCK_NHD, DType.F8_E4M3)
+    io1 = IOLayout.dense(DType.F32, 1, 1, 1)
+    case1 = WriteCase(CacheCase(one, lay1, lay1, init[:1].copy(), init[:1].copy()), io1, io1,
+                      np.array([2.125], np.float32), np.array([0.5], np.float32), SlotMapping(np.array([0])), 1,
+                      k_scale_desc=ScaleSpec(np.array([2.0], np.float32), ScaleGranularity.PER_HEAD, stride=7))
+    assert expected_write(case1).status == Status.OK
+
+
 # ----------------------------------------------------------------------------
 # gather
 

@@ -28,7 +28,7 @@ from kvx_conformance.cases.served import PROBED
 
 HERE = Path(__file__).parent
 #: a declared feature that needs another one
-IMPLIED = {"secondary_pool": {"kv_offsets"}}
+IMPLIED = {"secondary_pool": {"kv_offsets"}, "scale_strides": {"fp8"}}
 #: required tests whose cases combine features on purpose: id pattern -> reason
 COMBINED = {
     r"layout\.mixed_k_v\[.*vllm_packed_k_transposed_v\]":

@@ -234,7 +234,8 @@ kvx_status_t fp4_scale_tensor_rules(const kvx_cache_desc_t& c, const kvx_tensor_
   return stride_rules(t.shape, t.stride, 4, /*zero_is_invalid=*/true, unsupported);
 }
 
-kvx_status_t fp4_global_rules(const kvx_scale_desc_t& sd, uint32_t num_kv_heads, ScalePlan* out) {
+kvx_status_t fp4_global_rules(const kvx_scale_desc_t& sd, uint32_t num_kv_heads, bool& unsupported,
+                              ScalePlan* out) {
   out->kind = SCALE_ONE;
   out->ptr = nullptr;
   KVX_REQUIRE(!too_small(sd));
@@ -246,6 +247,9 @@ kvx_status_t fp4_global_rules(const kvx_scale_desc_t& sd, uint32_t num_kv_heads,
       break;
     case KVX_SCALE_PER_HEAD:
       KVX_REQUIRE(sd.ndim == 1 && sd.shape[0] == (int64_t)num_kv_heads);
+      /* readings R-FP8 (every PER_HEAD scale): values stride[0] apart are not served */
+      if (!KVX_MUT(SCALE_STRIDE_IGNORED) && num_kv_heads > 1 && sd.stride[0] != 0 && sd.stride[0] != 1)
+        unsupported = true;
       out->kind = SCALE_PER_HEAD;
       break;
     default:
@@ -268,8 +272,8 @@ kvx_status_t fp4_cache_rules(const kvx_cache_desc_t& c, bool& unsupported, Fp4Pl
   p.format = format;
   p.block_values = bv;
   if (format == KVX_FP4_NVFP4) {
-    KVX_TRY(fp4_global_rules(x.k_global, c.num_kv_heads, &p.k_global));
-    KVX_TRY(fp4_global_rules(x.v_global, c.num_kv_heads, &p.v_global));
+    KVX_TRY(fp4_global_rules(x.k_global, c.num_kv_heads, unsupported, &p.k_global));
+    KVX_TRY(fp4_global_rules(x.v_global, c.num_kv_heads, unsupported, &p.v_global));
   } else {
     p.k_global = p.v_global = ScalePlan{SCALE_ONE, nullptr}; /* MXFP4 has no global scale */
   }
@@ -388,6 +392,9 @@ kvx_status_t scale_rules(const kvx_scale_desc_t& sd, const void* fallback, uint3
         break;
       case KVX_SCALE_PER_HEAD:
         KVX_REQUIRE(sd.ndim == 1 && sd.shape[0] == (int64_t)num_kv_heads);
+        /* readings R-FP8: values stride[0] apart are not served (0 and 1 read as adjacent) */
+        if (!KVX_MUT(SCALE_STRIDE_IGNORED) && num_kv_heads > 1 && sd.stride[0] != 0 && sd.stride[0] != 1)
+          unsupported = true;
         out->kind = SCALE_PER_HEAD;
         break;
       case KVX_SCALE_PER_BLOCK:

@@ -66,6 +66,8 @@
 #define KVX_MUT_S64_BLOCK_IDS_TRUNCATED 72
 /* writes after return, later than the lifetime probe used to wait */
 #define KVX_MUT_LATE_WRITE_DELAYED 46
+/* PER_HEAD scale values (FP8, NVFP4 globals) read as adjacent whatever stride[0] says */
+#define KVX_MUT_SCALE_STRIDE_IGNORED 47
 
 #ifndef KVX_MUTANT
 #define KVX_MUTANT KVX_MUT_NONE

@@ -286,6 +286,26 @@ class ScaleSpec:
     values: np.ndarray
     granularity: abi.ScaleGranularity = abi.ScaleGranularity.PER_TENSOR
     dtype: DType = DType.F32
+    #: ``stride[0]`` of a PER_HEAD descriptor in elements: head h's value is ``data[h * stride]``
+    #: (spec 6.6 "Scale strides"; R-FP8). 1 is dense; the elements between are filled with
+    #: :data:`SCALE_GAP`.
+    stride: int = 1
+
+    def buffer(self) -> np.ndarray:
+        """The F32 buffer ``data`` points at: the values ``stride`` elements apart."""
+        vals = np.asarray(self.values, np.float32).reshape(-1)
+        if self.stride == 1 or vals.size <= 1:
+            return vals
+        if self.stride < 1:
+            raise ValueError(f"scale stride {self.stride}: the suites place values at strides >= 1")
+        out = np.full((vals.size - 1) * self.stride + 1, SCALE_GAP, np.float32)
+        out[::self.stride] = vals
+        return out
+
+
+#: what fills the elements between strided scale values: a negative scale flips every sign, so
+#: a provider that reads the values densely cannot land on the right result by chance.
+SCALE_GAP = np.float32(-3.0)
 
 
 # ----------------------------------------------------------------------------
@@ -370,6 +390,8 @@ def to_c_scale(s: ScaleSpec | None, ptr: int) -> abi.kvx_scale_desc_t:
     for i in range(vals.ndim - 1, -1, -1):
         c.stride[i] = acc
         acc *= vals.shape[i]
+    if vals.ndim == 1:
+        c.stride[0] = s.stride
     c.data = ptr or None
     return c
 

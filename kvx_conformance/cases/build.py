@@ -408,6 +408,8 @@ def case_features(case) -> list[str]:
     c = case.cache
     if c.k.dtype in abi.FP8_DTYPES or c.v.dtype in abi.FP8_DTYPES:
         feats.append("fp8")
+        if any(getattr(getattr(case, f"{side}_scale_desc", None), "stride", 1) not in (0, 1) for side in "kv"):
+            feats.append("scale_strides")
     names = {Layout.BLOCK_HND_PACKED: "hnd_packed", Layout.BLOCK_CUSTOM: "custom_layout",
              Layout.BLOCK_NHD: "nhd", Layout.BLOCK_HND: "hnd"}
     for t in (c.k, c.v):

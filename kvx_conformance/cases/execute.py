@@ -184,7 +184,7 @@ def _place_write(arena: _Arena, case: WriteCase, mem: Memory):
     desc.v_scale = _scale_value_ptr(arena, "v_scale", case.v_scale) or None
     for side in ("k", "v"):
         spec = getattr(case, f"{side}_scale_desc")
-        ptr = (arena.put(f"{side}_scale_desc data", np.asarray(spec.values, np.float32), readonly=True)
+        ptr = (arena.put(f"{side}_scale_desc data", spec.buffer(), readonly=True)
                if spec is not None else 0)
         setattr(desc, f"{side}_scale_desc", d.to_c_scale(spec, ptr))
     return cache, desc

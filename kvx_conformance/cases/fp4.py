@@ -13,7 +13,11 @@ Storage of an :class:`Fp4Cache` (numpy, uint8):
   ``[nb, H, bs, D/2]`` (HND); described to the provider in elements (nibbles):
   shape ``[nb, bs, H, D]``, strides ``[bs*H*D, H*D, D, 1]`` (NHD);
 * ``k_scales`` / ``v_scales``: ``[nb, bs, H, D/B]`` or ``[nb, H, bs, D/B]``, the
-  scale pool, indexed by the same physical block ids.
+  scale pool, indexed by the same physical block ids. Dense by default; with
+  ``k_scale_strides`` / ``v_scale_strides`` (bytes = elements, any non-negative
+  pattern, e.g. gaps between blocks, rows and bytes) they are strided views into the
+  buffers ``k_scale_buf`` / ``v_scale_buf`` that the provider is handed, and every
+  oracle function reads and writes through those views (:func:`padded_strides`).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from ..abi import header as abi, buffers
+from ..abi.descriptors import ScaleSpec
 from ..abi.header import DType, Fp4Format, Layout, Memory, ScaleGranularity, TableFormat
 from ..reference_impl import fp4 as oracle
 from .execute import _Arena as CallArena
@@ -67,6 +72,14 @@ class Fp4Cache:
     #: NVFP4 global scales (None: absent = 1.0; a float: PER_TENSOR; a sequence: PER_HEAD)
     k_global: object = None
     v_global: object = None
+    #: ``stride[0]`` of PER_HEAD global scales: head h's value at element h * global_stride (R-FP8,
+    #: R-FP4), the elements between holding descriptors.SCALE_GAP
+    global_stride: int = 1
+    #: scale pool strides in bytes (None: dense); with strides, ``*_scales`` are views into ``*_scale_buf``
+    k_scale_strides: tuple | None = None
+    v_scale_strides: tuple | None = None
+    k_scale_buf: np.ndarray | None = None
+    v_scale_buf: np.ndarray | None = None
 
     @property
     def B(self) -> int:
@@ -91,17 +104,85 @@ class Fp4Cache:
         return np.broadcast_to(np.asarray(g, np.float32), (self.num_kv_heads,)).copy()
 
     def copy(self) -> "Fp4Cache":
-        return replace(self, k_codes=self.k_codes.copy(), v_codes=self.v_codes.copy(),
-                       k_scales=self.k_scales.copy(), v_scales=self.v_scales.copy())
+        out = replace(self, k_codes=self.k_codes.copy(), v_codes=self.v_codes.copy(),
+                      k_scales=self.k_scales.copy(), v_scales=self.v_scales.copy())
+        for side in ("k", "v"):
+            buf = getattr(self, f"{side}_scale_buf")
+            if buf is not None:
+                out.set_scale_buf(side, buf.copy())
+        return out
+
+    def scale_strides(self, side: str) -> tuple:
+        """Strides (bytes) of one side's scale tensor as described to the provider."""
+        st = getattr(self, f"{side}_scale_strides")
+        return tuple(int(x) for x in st) if st is not None else tuple(_dense_strides(self.scale_shape()))
+
+    def scale_storage(self, side: str) -> np.ndarray:
+        """The buffer the provider is handed for one side's scale pool (padded or dense)."""
+        buf = getattr(self, f"{side}_scale_buf")
+        return buf if buf is not None else getattr(self, f"{side}_scales")
+
+    def set_scale_buf(self, side: str, buf: np.ndarray) -> None:
+        """Adopt ``buf`` (flat uint8) as one side's padded scale pool; ``*_scales`` views it."""
+        buf = np.ascontiguousarray(buf, np.uint8).reshape(-1)
+        setattr(self, f"{side}_scale_buf", buf)
+        setattr(self, f"{side}_scales", np.lib.stride_tricks.as_strided(
+            buf, self.scale_shape(), self.scale_strides(side), writeable=True))
+
+    def scale_gaps(self, side: str) -> np.ndarray | None:
+        """Mask of the bytes of a padded scale buffer that no scale element covers (None: dense)."""
+        buf = getattr(self, f"{side}_scale_buf")
+        if buf is None:
+            return None
+        idx = np.zeros(self.scale_shape(), np.int64)
+        for axis, (n, st) in enumerate(zip(self.scale_shape(), self.scale_strides(side))):
+            shp = [1] * len(self.scale_shape())
+            shp[axis] = n
+            idx = idx + (np.arange(n, dtype=np.int64) * st).reshape(shp)
+        gaps = np.ones(buf.size, bool)
+        gaps[idx.reshape(-1)] = False
+        return gaps
+
+
+#: byte of the gaps of a padded scale pool (unlike every scale byte the poison fill leaves)
+GAP_FILL = 0x5A
+
+
+def padded_strides(shape, pads=(0, 0, 0), step: int = 1) -> tuple[int, ...]:
+    """Row-major strides (bytes) of a 4-D scale tensor ``shape`` with gaps: ``step`` bytes from
+    one scale byte of a row to the next, then ``pads[2]`` bytes after each row (axis 2),
+    ``pads[1]`` after each item of axis 1, ``pads[0]`` after each block (axis 0). All zero
+    pads and step 1: the dense strides."""
+    _, d1, d2, d3 = (int(x) for x in shape)
+    s3 = int(step)
+    s2 = d3 * s3 + int(pads[2])
+    s1 = d2 * s2 + int(pads[1])
+    s0 = d1 * s1 + int(pads[0])
+    return (s0, s1, s2, s3)
 
 
 def new_cache(fmt: Fp4Format, num_blocks: int, block_size: int, H: int, D: int, layout=Layout.BLOCK_NHD,
-              k_global=None, v_global=None, fill: int = POISON) -> Fp4Cache:
-    c = Fp4Cache(Fp4Format(fmt), num_blocks, block_size, H, D, Layout(layout), k_global=k_global, v_global=v_global)
+              k_global=None, v_global=None, fill: int = POISON, k_scale_strides=None, v_scale_strides=None,
+              scale_tail: int = 0) -> Fp4Cache:
+    """A cache filled with poison bytes. ``k_scale_strides`` / ``v_scale_strides`` (bytes,
+    non-negative; None: dense) describe a scale pool with gaps: its buffer is as long as the
+    farthest element plus ``scale_tail`` bytes, the gaps hold :data:`GAP_FILL`."""
+    c = Fp4Cache(Fp4Format(fmt), num_blocks, block_size, H, D, Layout(layout), k_global=k_global, v_global=v_global,
+                 k_scale_strides=None if k_scale_strides is None else tuple(int(x) for x in k_scale_strides),
+                 v_scale_strides=None if v_scale_strides is None else tuple(int(x) for x in v_scale_strides))
     c.k_codes = np.full(c.code_shape(), fill, np.uint8)
     c.v_codes = np.full(c.code_shape(), fill ^ 0x3C, np.uint8)
     c.k_scales = np.full(c.scale_shape(), fill ^ 0x11, np.uint8)
     c.v_scales = np.full(c.scale_shape(), fill ^ 0x22, np.uint8)
+    for side, init in (("k", fill ^ 0x11), ("v", fill ^ 0x22)):
+        st = getattr(c, f"{side}_scale_strides")
+        if st is None:
+            continue
+        if len(st) != 4 or any(x < 0 for x in st):
+            raise ValueError(f"{side} scale strides {st}: four non-negative strides expected")
+        span = sum((n - 1) * x for n, x in zip(c.scale_shape(), st)) + 1
+        c.set_scale_buf(side, np.full(span + int(scale_tail), GAP_FILL, np.uint8))
+        getattr(c, f"{side}_scales")[...] = init
     return c
 
 
@@ -152,18 +233,24 @@ def expected_write(cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slots, i
     return out
 
 
-def gathered_rows(cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_len: int):
-    """(output row, block, offset) of every gathered token (PACKED table)."""
+def gathered_rows(cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_len: int, indptr=None):
+    """(output row, block, offset) of every gathered token. PACKED (``indptr`` None):
+    ``table[s, t // block_size]``; RAGGED (``table`` the flat indices): token t of
+    sequence s uses block ``table[indptr[s] + t]`` (R-DATA), at offset ``t % block_size``."""
     bs = cache.block_size
+    table = np.asarray(table, np.int64)
     for s, L in enumerate(seq_lens):
-        for t in range(min(int(L), max_seq_len)):
-            yield s * max_seq_len + t, int(table[s, t // bs]), t % bs
+        for t in range(max(0, min(int(L), max_seq_len))):
+            b = table[int(indptr[s]) + t] if indptr is not None else table[s, t // bs]
+            yield s * max_seq_len + t, int(b), t % bs
 
 
-def expected_gather(cache: Fp4Cache, table, seq_lens, max_seq_len: int, out_dtype: DType, out_init: dict):
-    """Oracle outputs: dequantized rows (or raw codes and scales when out_dtype is F4_E2M1)."""
+def expected_gather(cache: Fp4Cache, table, seq_lens, max_seq_len: int, out_dtype: DType, out_init: dict,
+                    indptr=None):
+    """Oracle outputs: dequantized rows (or raw codes and scales when out_dtype is F4_E2M1).
+    ``indptr`` given: ``table`` is a RAGGED table's flat indices (:func:`gathered_rows`)."""
     out = {k: v.copy() for k, v in out_init.items()}
-    for row, b, t in gathered_rows(cache, np.asarray(table), seq_lens, max_seq_len):
+    for row, b, t in gathered_rows(cache, np.asarray(table), seq_lens, max_seq_len, indptr):
         for side in ("k", "v"):
             codes = cache.row(getattr(cache, f"{side}_codes"), b, t)
             scales = cache.row(getattr(cache, f"{side}_scales"), b, t)
@@ -194,7 +281,7 @@ def _dense_strides(shape) -> list[int]:
     return out[::-1]
 
 
-def _global_desc(g, H: int, arena: "_Arena", name: str) -> abi.kvx_scale_desc_t:
+def _global_desc(g, H: int, arena: "_Arena", name: str, stride: int = 1) -> abi.kvx_scale_desc_t:
     sd = abi.kvx_scale_desc_t.new()
     if g is None:
         return sd
@@ -203,7 +290,8 @@ def _global_desc(g, H: int, arena: "_Arena", name: str) -> abi.kvx_scale_desc_t:
     if np.ndim(g) == 0:
         sd.granularity = int(ScaleGranularity.PER_TENSOR)
     else:
-        sd.granularity, sd.ndim, sd.shape[0], sd.stride[0] = int(ScaleGranularity.PER_HEAD), 1, H, 1
+        sd.granularity, sd.ndim, sd.shape[0], sd.stride[0] = int(ScaleGranularity.PER_HEAD), 1, H, stride
+        arr = ScaleSpec(arr, ScaleGranularity.PER_HEAD, stride=stride).buffer()
     sd.data = arena.put(name, arr)
     return sd
 
@@ -211,7 +299,7 @@ def _global_desc(g, H: int, arena: "_Arena", name: str) -> abi.kvx_scale_desc_t:
 #: the buffers a write / a gather may only read (R-INPUTS), compared after each call
 READONLY_WRITE = frozenset({"key", "value", "slots", "key scales", "value scales", "k global scale", "v global scale"})
 READONLY_GATHER = frozenset({"k cache", "v cache", "k scale pool", "v scale pool", "k global scale", "v global scale",
-                             "indices", "seq_lens"})
+                             "indices", "indptr", "seq_lens"})
 
 
 class _Arena(CallArena):
@@ -240,10 +328,12 @@ def cache_struct(cache: Fp4Cache, arena: _Arena, cache_size: int | None = None) 
     c.pool = abi.kvx_pool_desc_t.new()
     x = abi.kvx_fp4_cache_ext_t.new(format=int(cache.fmt))
     sdt = scale_dtype(cache.fmt)
-    x.k_scales = _tensor(sdt, cache.layout, memory, sshape, _dense_strides(sshape), arena.put("k scale pool", cache.k_scales))
-    x.v_scales = _tensor(sdt, cache.layout, memory, sshape, _dense_strides(sshape), arena.put("v scale pool", cache.v_scales))
-    x.k_global = _global_desc(cache.k_global, H, arena, "k global scale")
-    x.v_global = _global_desc(cache.v_global, H, arena, "v global scale")
+    x.k_scales = _tensor(sdt, cache.layout, memory, sshape, cache.scale_strides("k"),
+                         arena.put("k scale pool", cache.scale_storage("k")))
+    x.v_scales = _tensor(sdt, cache.layout, memory, sshape, cache.scale_strides("v"),
+                         arena.put("v scale pool", cache.scale_storage("v")))
+    x.k_global = _global_desc(cache.k_global, H, arena, "k global scale", cache.global_stride)
+    x.v_global = _global_desc(cache.v_global, H, arena, "v global scale", cache.global_stride)
     c.fp4 = x
     if cache_size is not None:
         c.size = cache_size
@@ -255,8 +345,12 @@ def _read_cache(cache: Fp4Cache, arena: _Arena) -> Fp4Cache:
     out = cache.copy()
     out.k_codes = arena.get("k cache", cache.k_codes)
     out.v_codes = arena.get("v cache", cache.v_codes)
-    out.k_scales = arena.get("k scale pool", cache.k_scales)
-    out.v_scales = arena.get("v scale pool", cache.v_scales)
+    for side in ("k", "v"):
+        got = arena.get(f"{side} scale pool", cache.scale_storage(side))
+        if getattr(cache, f"{side}_scale_buf") is not None:
+            out.set_scale_buf(side, got)
+        else:
+            setattr(out, f"{side}_scales", got)
     return out
 
 
@@ -319,21 +413,40 @@ def run_write(provider, cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slo
 
 def run_gather(provider, cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_len: int, out_dtype: DType, *,
                memory=Memory.HOST, cache_size: int | None = None, overrides: dict | None = None,
-               stream=None) -> Fp4Result:
-    """PACKED gather into ``[S * max_seq_len, H, D]`` of ``out_dtype`` (F4_E2M1: raw codes + scales)."""
+               stream=None, index_dtype: DType = DType.S32, indptr=None, indptr_dtype: DType = DType.S32,
+               max_blocks_per_seq: int | None = None) -> Fp4Result:
+    """Gather into ``[S * max_seq_len, H, D]`` of ``out_dtype`` (F4_E2M1: raw codes + scales).
+
+    PACKED (``indptr`` None): ``table`` is ``[S, max_blocks_per_seq]``. RAGGED: ``table`` is
+    the flat indices, ``indptr`` the ``S + 1`` offsets (``max_blocks_per_seq`` required).
+    Indices in ``index_dtype`` (S32 or S64), indptr in ``indptr_dtype``."""
     arena = _Arena(Memory(memory), READONLY_GATHER)
     c = cache_struct(cache, arena, cache_size)
-    table = np.asarray(table, np.int32)
-    S, mbps = table.shape
+    np_idx = {DType.S32: np.int32, DType.S64: np.int64}
+    ragged = indptr is not None
+    if ragged:
+        table = np.asarray(table, np.int64).astype(np_idx[DType(index_dtype)]).reshape(-1)
+        indptr = np.asarray(indptr, np.int64).astype(np_idx[DType(indptr_dtype)]).reshape(-1)
+        S, mbps = len(indptr) - 1, int(max_blocks_per_seq)
+    else:
+        table = np.asarray(table, np.int64).astype(np_idx[DType(index_dtype)])
+        S, mbps = table.shape
     rows, H, D, J = S * max_seq_len, cache.num_kv_heads, cache.head_dim, cache.head_dim // cache.B
     init = out_init(cache, rows, out_dtype)
     pk = arena.put("out key", init["k"]) if rows else 0
     pv = arena.put("out value", init["v"]) if rows else 0
     d = abi.kvx_gather_desc_v1_2_t.new(max_seq_len=max_seq_len)
     d.io = _io(out_dtype, memory, pk, pv, rows, H, D)
-    d.block_table = abi.kvx_block_table_t.new(format=int(TableFormat.PACKED), index_dtype=int(DType.S32),
-                                              seq_count=S, beam_width=1, max_blocks_per_seq=mbps,
-                                              indices_count=S * mbps)
+    if ragged:
+        d.block_table = abi.kvx_block_table_t.new(format=int(TableFormat.RAGGED), index_dtype=int(index_dtype),
+                                                  indptr_dtype=int(indptr_dtype), seq_count=S, beam_width=1,
+                                                  max_blocks_per_seq=mbps, indices_count=table.size,
+                                                  indptr_count=indptr.size)
+        d.block_table.indptr = arena.put("indptr", indptr)
+    else:
+        d.block_table = abi.kvx_block_table_t.new(format=int(TableFormat.PACKED), index_dtype=int(index_dtype),
+                                                  seq_count=S, beam_width=1, max_blocks_per_seq=mbps,
+                                                  indices_count=S * mbps)
     d.block_table.indices = arena.put("indices", table) if table.size else None
     d.seq_lens = abi.kvx_seq_lens_t.new(dtype=int(DType.S32), seq_count=S)
     d.seq_lens.lengths = arena.put("seq_lens", np.asarray(seq_lens, np.int32)) if S else None
@@ -413,12 +526,29 @@ def _nan_scale(fmt: Fp4Format, s: np.ndarray) -> np.ndarray:
     return (s & 0x7F) == 0x7F if fmt == Fp4Format.NVFP4 else s == 0xFF
 
 
+def scale_gap_problems(before: Fp4Cache, got: Fp4Cache, limit: int = 4) -> list[str]:
+    """Bytes in the gaps of a padded scale pool (no scale element there) that changed; [] for dense pools."""
+    out = []
+    for side in ("k", "v"):
+        gaps = before.scale_gaps(side)
+        if gaps is None:
+            continue
+        b, g = before.scale_storage(side).reshape(-1), got.scale_storage(side).reshape(-1)
+        bad = np.flatnonzero(gaps & (b != g))
+        for i in bad[:limit]:
+            out.append(f"{side} scale pool byte {int(i)} (a gap between scale elements, strides "
+                       f"{before.scale_strides(side)}): expected {int(b[i]):#04x} unchanged, got {int(g[i]):#04x}")
+        if len(bad) > limit:
+            out.append(f"{side} scale pool: {len(bad)} gap bytes changed in all")
+    return out
+
+
 def exact_write_problems(got: Fp4Cache, want: Fp4Cache, limit: int = 4) -> list[str]:
     """Codes and scale bytes of a quantizing write against the oracle's, bit for bit,
     except NaN blocks, compared as a class (docs/numerics.md): where both scale bytes are
     NaN (E4M3 0x7F or 0xFF, UE8M0 0xFF) the block decodes to NaN whatever its bytes, so
     neither its scale encoding nor its codes are pinned."""
-    out = []
+    out = scale_gap_problems(want, got)
     for side in ("k", "v"):
         gs, es = getattr(got, f"{side}_scales"), getattr(want, f"{side}_scales")
         nan_blk = _nan_scale(got.fmt, gs) & _nan_scale(want.fmt, es) if gs.shape == es.shape else None
@@ -449,7 +579,7 @@ def compatible_write_problems(before: Fp4Cache, got: Fp4Cache, want: Fp4Cache, k
     the provider's decode at most ``metric_slack`` times the oracle's. Blocks with
     NaN/Inf inputs are informational (skipped); bytes of rows not written are unchanged.
     """
-    probs: list[str] = []
+    probs: list[str] = scale_gap_problems(before, got)
     rows = written_rows(before, slots, invalid_slot)
     fmt, B = before.fmt, before.B
     # untouched storage

@@ -6,10 +6,11 @@ The package build compiles the host reference provider once per name in
 
 - ``sweep``: runs the full conformance suite (``kvx-conform run``, the real CLI path)
   on the reference and on every mutant, records per mutant every test that catches it
-  (outcome fail / crash / timeout on the mutant, pass on the reference), picks a few
+  (outcome fail / crash / timeout on the mutant; pass, or a refusal the spec allows, on the
+  reference), picks a few
   *killers* per mutant and writes ``tests/data/killers.json`` and ``docs/kill-matrix.md``;
 - ``check``: runs only the recorded killers of some mutants and says, per mutant,
-  whether each killer still catches it (and passes on the reference).
+  whether each killer still catches it (and passes, or is refused as allowed, on the reference).
   ``tests/test_mutants.py`` drives it.
 
 Usage (from the repository root)::
@@ -40,6 +41,10 @@ from ..abi.buffers import LATER_TEST
 
 #: test outcomes that count as "the mutant was caught"
 CATCHING = ("fail", "crash", "timeout")
+#: outcomes of the reference that make a test a fair judge of a mutant: it passes, or it refuses
+#: a path the spec lets it refuse (UNSUPPORTED) that the mutant serves wrongly (a servable rule:
+#: negative strides, strided scale values)
+REFERENCE_OK = ("pass", "unsupported")
 #: how many killers are recorded per mutant
 KILLERS_PER_MUTANT = 3
 KILLERS_SCHEMA = 1
@@ -156,6 +161,7 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
         return 2
     ref_tests = _load_tests(work / "reference" / "results.json")
     ref_pass = {tid for tid, t in ref_tests.items() if t["outcome"] == "pass"}
+    ref_ok = {tid for tid, t in ref_tests.items() if t["outcome"] in REFERENCE_OK}
     print(f"sweep: reference exit {rc}, {len(ref_tests)} tests, {len(ref_pass)} pass, {secs:.0f} s", flush=True)
 
     old = {}
@@ -195,7 +201,7 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
             mutants[name] = entry
             continue
         tests = _load_tests(d / "results.json")
-        caught = [t for tid, t in tests.items() if t["outcome"] in CATCHING and tid in ref_pass]
+        caught = [t for tid, t in tests.items() if t["outcome"] in CATCHING and tid in ref_ok]
         # a test failed afterwards for writes after return seen in its freed buffers (quarantine)
         # caught it by timing: a killer only when nothing else catches the mutant
         doc = json.loads((d / "results.json").read_text(encoding="utf-8"))
@@ -226,7 +232,7 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
     doc = {
         "schema": KILLERS_SCHEMA,
         "generated_by": "python -m kvx_conformance.mutants sweep",
-        "note": "killers: up to 3 tests per mutant that fail / crash / time out on it and pass on the reference; "
+        "note": "killers: up to 3 tests per mutant that fail / crash / time out on it and pass (or answer an allowed UNSUPPORTED) on the reference; "
                 "tests/test_mutants.py runs exactly these",
         "reference_tests": len(ref_tests),
         "reference_pass": len(ref_pass),
@@ -246,7 +252,7 @@ def sweep(out_path: Path, matrix_path: Path, work: Path, workers: int, names: li
         for n in checked:
             res = rep["mutants"][n]["results"]
             stay = [k for k in mutants[n]["killers"]
-                    if res.get(k) in CATCHING and rep["reference"].get(k) == "pass"]
+                    if res.get(k) in CATCHING and rep["reference"].get(k) in REFERENCE_OK]
             gone = [k for k in mutants[n]["killers"] if k not in stay]
             if gone:
                 print(f"sweep: {n}: dropped killers that did not catch it again: {gone}", flush=True)
@@ -284,8 +290,10 @@ def render_matrix(doc: dict) -> str:
         "deliberate defect (`csrc/mutants/mutants.txt`, `csrc/reference/mutants.h`,",
         "`libkvx_mutant_<name>.so`). The sweep runs the whole conformance suite on each one with",
         "`kvx-conform run`; a test *catches* a mutant when its outcome is fail, crash or timeout",
-        "on the mutant and pass on the reference. `tests/test_mutants.py` re-runs the recorded",
-        "killers of every mutant and requires each to catch it (and to pass on the reference).",
+        "on the mutant and pass on the reference, or answer UNSUPPORTED there where the spec allows",
+        "the refusal and the mutant serves the case wrongly. `tests/test_mutants.py` re-runs the",
+        "recorded killers of every mutant and requires each to catch it (and to pass, or be refused",
+        "so, on the reference).",
         "",
         f"Reference run: {doc.get('reference_tests')} tests, {doc.get('reference_pass')} pass. "
         f"{len(muts)} mutants, "
@@ -457,8 +465,8 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
                 r["problems"].append(f"{k}: expected fail/crash/timeout on {name}, got {outcome}"
                                      + (f" ({(t.get('message') or '')[:200]})" if t else ""))
             ro = report["reference"].get(k)
-            if ro != "pass":
-                r["problems"].append(f"{k}: expected pass on the reference, got {ro}")
+            if ro not in REFERENCE_OK:
+                r["problems"].append(f"{k}: expected pass (or a refusal the spec allows) on the reference, got {ro}")
         if verdict == "certified":
             r["problems"].append(f"verdict {verdict!r} for a mutant")
     return report

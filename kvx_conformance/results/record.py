@@ -40,6 +40,12 @@ VERDICT_PARTIAL = "not certifying (partial selection)"
 VERDICT_NOT_SERVED = "not served"
 VERDICT_NOT_RUN = "not run"
 
+#: profiles certified only together with the profiles they build on: the exact FP4 tier is the
+#: compatible tier held to bit-identity (docs/fp4.md), and the compatible tier's slot, raw-write,
+#: bad-block and thread tests hold for both, so a provider the compatible tier does not certify
+#: is not certified in the exact tier either.
+PROFILE_INCLUDES: dict[str, tuple[str, ...]] = {"fp4_exact": ("fp4",)}
+
 
 def profile_served(required: list["TestRecord"]) -> bool:
     """Whether the provider served what a profile covers, judged on its required tests.
@@ -189,7 +195,20 @@ def summarize(
             "blocking": blocking,
             "waived": waived,
             "warnings": warnings,
+            "includes": list(PROFILE_INCLUDES.get(name, ())),
         }
+
+    for name, bases in PROFILE_INCLUDES.items():
+        p = profiles.get(name)
+        if p is None:
+            continue
+        for base in bases:
+            b = profiles.get(base)
+            if b is None or b["verdict"] != VERDICT_NOT_CERTIFIED:
+                continue
+            p["blocking"] = p["blocking"] + [t for t in b["blocking"] if t not in p["blocking"]]
+            if p["verdict"] in (VERDICT_CERTIFIED, "incomplete"):
+                p["verdict"] = VERDICT_NOT_CERTIFIED
 
     # Explicitly claimed profiles must all be certified. With the default claims (every
     # profile) a profile the provider does not serve, or one the run's suite has no test

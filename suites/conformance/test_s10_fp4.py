@@ -12,6 +12,8 @@ answers UNSUPPORTED, is "unsupported" for the optional feature ``fp4``.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -44,11 +46,14 @@ def _need_fp4(provider):
                           feature="fp4")
 
 
-def _status(st: int, want: int, what: str, clause: str, seed: int | None = None, case: str = ""):
+def _status(st: int, want: int, what: str, clause: str, seed: int | None = None, case: str = "",
+            feature: str | tuple[str, ...] = "fp4"):
+    """``feature``: the optional feature(s) a refusal of this call names (R-REFUSAL: acceptable
+    while any of them is unclaimed); "fp4" unless the case also uses another one."""
     if st == Status.UNSUPPORTED and want != Status.UNSUPPORTED:
-        raise Unsupported(f"{what}: UNSUPPORTED", feature="fp4")
+        raise Unsupported(f"{what}: UNSUPPORTED", feature=feature)
     if st == Status.INVALID_ARGUMENT and want == Status.OK:  # spec 8: "unsupported field"
-        raise Unsupported(f"{what}: INVALID_ARGUMENT", feature="fp4", refused_with="INVALID_ARGUMENT")
+        raise Unsupported(f"{what}: INVALID_ARGUMENT", feature=feature, refused_with="INVALID_ARGUMENT")
     if st != want:
         raise ConformanceFailure(f"{what}: unexpected status", expected=status_name(want), got=status_name(st),
                                  clause=clause, case=case, seed=seed)
@@ -86,10 +91,11 @@ def _case(fmt, io, layout, seed, note=""):
     return f"{fx.FORMAT_NAMES[fmt]} cache ({layout.name}), {io.name} IO, H={H} D={D} block_size={BS}{note}"
 
 
-def _write(provider, opts, fmt, io, layout, seed, key=None, value=None, n=20, slots=None, globals_=None, note=""):
+def _write(provider, opts, fmt, io, layout, seed, key=None, value=None, n=20, slots=None, globals_=None, note="",
+           cache_kw=None):
     _need_fp4(provider)
     gk, gv = globals_ if globals_ is not None else _g(fmt, seed)
-    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv, **(cache_kw or {}))
     if key is None:
         key, value = _data(seed, n, cache.B)
     n = key.shape[0]
@@ -169,9 +175,9 @@ def test_write_scale_pool_lockstep(kvx_provider, kvx_call_options, fmt):
              seed, case)
 
 
-def _filled_cache(fmt, layout, seed):
+def _filled_cache(fmt, layout, seed, **cache_kw):
     gk, gv = _g(fmt, seed)
-    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv, **cache_kw)
     blocks = list(np.random.default_rng(seed).permutation(NB)[:8])
     k, v = _data(seed, 8 * BS, cache.B)
     fx.fill_cache(cache, blocks, k, v)
@@ -450,26 +456,38 @@ def test_gather_bad_block_id(kvx_provider, kvx_call_options, bad_name, out):
     res = fx.run_gather(kvx_provider, cache, table.astype(np.int32), lens, msl, out, memory=opts.memory)
     case = _case(fmt, out, layout, seed, f", gather table {table.tolist()} (num_blocks {NB}) seq_lens {lens} "
                                          f"max_seq_len {msl}")
+    _judge_bad_id(res, opts.memory, cache, table, (1, 1), int(blocks[0]), lens, msl, out, CL_BAD_ID, seed, case,
+                  "FP4 gather with a block id >= num_blocks", "FP4 gather with a bad block id read or wrote what it "
+                  "may not")
+
+
+def _judge_bad_id(res, memory, cache, table, bad_at, stand_in, lens, msl, out, clause, seed, case, what,
+                  what_values=None):
+    """The answer to a PACKED gather whose used entry ``table[bad_at]`` names no block of the
+    cache: on host memory OUT_OF_RANGE (INVALID_ARGUMENT accepted); on DEVICE memory OK is
+    allowed when only the valid part was written (R-DEVICE-STATUS). Each output element is
+    untouched or as the valid part of the gather leaves it (the bad entry's rows untouched):
+    the oracle gathers the table with ``stand_in`` at ``bad_at`` and resets those rows."""
     allowed = {int(Status.OUT_OF_RANGE), int(Status.INVALID_ARGUMENT)}
     from kvx_conformance.abi.header import Memory
-    if opts.memory == Memory.DEVICE:
+    if memory == Memory.DEVICE:
         allowed.add(int(Status.OK))  # R-DEVICE-STATUS: the valid part only
     if res.status == Status.UNSUPPORTED:
-        raise Unsupported("FP4 gather with a bad block id: UNSUPPORTED", feature="fp4")
+        raise Unsupported(f"{what}: UNSUPPORTED", feature="fp4")
     if res.status not in allowed:
-        raise ConformanceFailure("FP4 gather with a block id >= num_blocks", expected="OUT_OF_RANGE (recommended) "
+        raise ConformanceFailure(what, expected="OUT_OF_RANGE (recommended) "
                                  "or INVALID_ARGUMENT" + (" (or OK on DEVICE memory, valid part only)"
-                                                          if opts.memory == Memory.DEVICE else ""),
-                                 got=status_name(res.status), clause=CL_BAD_ID, case=case, seed=seed)
-    _check_guards(res, CL_BAD_ID, seed, case)
+                                                          if memory == Memory.DEVICE else ""),
+                                 got=status_name(res.status), clause=clause, case=case, seed=seed)
+    _check_guards(res, clause, seed, case)
     init = fx.out_init(cache, len(lens) * msl, out)
-    good = table.copy()
-    good[1, 1] = blocks[0]
+    good = np.array(table, np.int64)
+    good[bad_at] = stand_in
     with np.errstate(over="ignore", invalid="ignore"):
         part = fx.expected_gather(cache, good, lens, msl, out, init)
     for s, L in enumerate(lens):  # rows of the bad block: untouched in the valid part
         for t in range(min(L, msl)):
-            if table[s, t // BS] == bad:
+            if (s, t // BS) == tuple(bad_at):
                 for k in part:
                     part[k][s * msl + t] = init[k][s * msl + t]
     probs = []
@@ -483,9 +501,274 @@ def test_gather_bad_block_id(kvx_provider, kvx_call_options, bad_name, out):
         for idx in np.argwhere((gb != eb) & (gb != ib))[:4]:
             t_ = tuple(int(v) for v in idx)
             probs.append(f"{k}{t_}: got {g[t_]!r}, neither untouched nor the valid part's {e[t_]!r}")
-    _fail_if(probs, "FP4 gather with a bad block id read or wrote what it may not",
+    _fail_if(probs, what_values or what + ": read or wrote what it may not",
              "each output element untouched or as the valid part leaves it (nothing read out of bounds)",
-             CL_BAD_ID, seed, case)
+             clause, seed, case)
+
+
+# ----------------------------------------------------------------------------- table formats, scale pool strides
+
+CL_RAGGED = (CL_COMPAT + "; spec 5.1 (RAGGED), 5.3, 6.10; R-GATHER, R-DATA (token t of sequence s reads block "
+             "indices[indptr[s] + t])")
+CL_S64 = CL_COMPAT + "; spec 5.1, 6.3 (S64 block ids are 64 bits wide); R-GATHER, R-DATA, R-WIDE-IDS"
+CL_SCALE_STRIDES = (CL_COMPAT + " (the scale pool takes any non-negative strides, in bytes); spec 4.2 (MUST honor "
+                    "provided strides); R-CACHE")
+GATHER_OUTS = [pytest.param(DType.F32, id="f32"), pytest.param(DType.BF16, id="bf16"),
+               pytest.param(DType.F4_E2M1, id="raw")]
+
+
+def _refusal_wrote_nothing(res, init: dict | None, before, clause, seed, case):
+    """A refused call (UNSUPPORTED, or INVALID_ARGUMENT for a valid call) writes nothing (R-REFUSAL):
+    a gather leaves its outputs as ``init``, a write leaves the cache as ``before``."""
+    if res.status not in (Status.UNSUPPORTED, Status.INVALID_ARGUMENT):
+        return
+    probs = []
+    if init is not None:
+        for k, e in init.items():
+            g = res.out.get(k)
+            if g is not None and g.shape == e.shape and not np.array_equal(g.view(np.uint8), e.view(np.uint8)):
+                probs.append(f"output {k} changed")
+    if before is not None and res.cache is not None:
+        for a in ("k_codes", "v_codes"):
+            if not np.array_equal(getattr(res.cache, a), getattr(before, a)):
+                probs.append(f"{a} changed")
+        for side in ("k", "v"):
+            if not np.array_equal(res.cache.scale_storage(side), before.scale_storage(side)):
+                probs.append(f"{side} scale pool changed")
+    _fail_if(probs, f"a refused FP4 call ({status_name(res.status)}) wrote", "nothing written by a refusal", clause,
+             seed, case)
+
+
+def _judge_gather(res, cache, table, lens, msl, out, clause, seed, case, feature="fp4", indptr=None):
+    """A valid FP4 gather: inputs and guards unchanged, OK (a refusal names ``feature`` and writes
+    nothing), outputs as the oracle's: within one ulp (dequantizing) or byte-exact (raw)."""
+    init = fx.out_init(cache, len(lens) * msl, out)
+    _check_guards(res, clause, seed, case)
+    _refusal_wrote_nothing(res, init, None, clause, seed, case)
+    _status(res.status, Status.OK, "FP4 gather", clause, seed, case, feature=feature)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = fx.expected_gather(cache, table, lens, msl, out, init, indptr=indptr)
+    what = "raw FP4 gather (codes and scales)" if out == DType.F4_E2M1 else "dequantizing FP4 gather"
+    _fail_if(fx.gather_problems(res.out, want, out, "compatible"), what,
+             "bit-identical to the oracle" if out == DType.F4_E2M1 else
+             "within one ulp of the oracle's decode; rows past the length untouched", clause, seed, case)
+
+
+RAGGED_DTYPES = [
+    pytest.param(DType.S32, DType.S32, id="idx_s32-indptr_s32"),
+    pytest.param(DType.S64, DType.S64, id="idx_s64-indptr_s64"),
+    pytest.param(DType.S32, DType.S64, id="idx_s32-indptr_s64"),
+]
+
+
+def _ragged_table(blocks, lens, msl: int, seed: int, lead: int = 3, spare: int = 2):
+    """Flat RAGGED indices and indptr: every token its own block id drawn from ``blocks`` (R-DATA:
+    token t of sequence s reads ``indices[indptr[s] + t]``), ``lead`` unused ids before the first
+    range and ``spare`` unused ids after each range, so that ``indptr[s]`` is neither ``s`` nor a
+    running count of the tokens read, and each range is longer than what is read."""
+    rng = np.random.default_rng(seed)
+    parts, indptr = [rng.choice(blocks, lead)], [lead]
+    for L in lens:
+        n = max(0, min(int(L), msl)) + spare
+        parts.append(rng.choice(blocks, n))
+        indptr.append(indptr[-1] + n)
+    return np.concatenate(parts).astype(np.int64), np.array(indptr, np.int64)
+
+
+@conformance("fp4.gather.ragged", CL_RAGGED, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("out", GATHER_OUTS)
+@pytest.mark.parametrize("index_dtype,indptr_dtype", RAGGED_DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gather_ragged(kvx_provider, kvx_call_options, fmt, index_dtype, indptr_dtype, out):
+    """An FP4 gather through a RAGGED table (S32 / S64 indices and indptr): per-token block ids,
+    ``indptr[0] > 0``, spare ids after each range, an empty sequence and one longer than
+    ``max_seq_len``. Refusing RAGGED tables is acceptable while ``ragged`` is not claimed
+    (R-REFUSAL); a wrong block is a failure."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    layout = Layout.BLOCK_NHD
+    seed = 200 + 10 * int(fmt) + 3 * (index_dtype == DType.S64) + (indptr_dtype == DType.S64)
+    cache, blocks = _filled_cache(fmt, layout, seed)
+    lens, msl = [11, 0, 6, 13], 10
+    indices, indptr = _ragged_table(blocks, lens, msl, seed + 1)
+    mbps = -(-msl // BS)
+    res = fx.run_gather(kvx_provider, cache, indices, lens, msl, out, memory=opts.memory, index_dtype=index_dtype,
+                        indptr=indptr, indptr_dtype=indptr_dtype, max_blocks_per_seq=mbps)
+    case = _case(fmt, out, layout, seed, f", RAGGED table ({index_dtype.name} indices, {indptr_dtype.name} indptr) "
+                                         f"indptr {indptr.tolist()} indices {indices.tolist()} max_blocks_per_seq "
+                                         f"{mbps} seq_lens {lens} max_seq_len {msl}")
+    _judge_gather(res, cache, indices, lens, msl, out, CL_RAGGED, seed, case, feature=("fp4", "ragged"),
+                  indptr=indptr)
+
+
+S64_CASES = [pytest.param("ids", DType.F32, id="f32"), pytest.param("ids", DType.F16, id="f16"),
+             pytest.param("ids", DType.BF16, id="bf16"), pytest.param("ids", DType.F4_E2M1, id="raw"),
+             pytest.param("wide_id", DType.F32, id="wide_id-f32"),
+             pytest.param("wide_id", DType.F4_E2M1, id="wide_id-raw"),
+             pytest.param("wide_negative_id", DType.F32, id="wide_negative_id-f32")]
+
+
+@conformance("fp4.gather.s64_table", CL_S64, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("kind,out", S64_CASES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gather_s64_table(kvx_provider, kvx_call_options, fmt, kind, out):
+    """An FP4 gather through a PACKED table of S64 ids. ``ids``: shuffled blocks, with ids whose
+    high bits are set (``2^32 + 1``, ``-1``, ``2^40``) in the entries no token uses (never read,
+    R-DATA); a provider that reads the table as 32-bit words gathers other blocks.
+    ``wide_id`` / ``wide_negative_id``: a used entry ``2^32 + b`` / ``-(2^32) + b`` whose low
+    32 bits name a filled block ``b``: out of range like any other id (R-WIDE-IDS), never read
+    as ``b``, so a provider that truncates the ids to 32 bits fails (on host memory the status
+    is not OK; on DEVICE memory OK only for the valid part, R-DEVICE-STATUS)."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    layout = Layout.BLOCK_NHD
+    seed = 230 + 10 * int(fmt) + [c.values for c in S64_CASES].index((kind, out))
+    cache, blocks = _filled_cache(fmt, layout, seed)
+    lens, msl = [11, 7, 14], 12  # 3, 2 and 3 blocks used of 4
+    table = np.array([blocks[:3] + [2 ** 32 + 1], blocks[3:5] + [-1, 2 ** 40], blocks[5:8] + [2 ** 32 + 3]],
+                     np.int64)
+    if kind != "ids":
+        table[1, 1] = (2 ** 32 if kind == "wide_id" else -(2 ** 32)) + int(blocks[6])  # used: 7 tokens
+    res = fx.run_gather(kvx_provider, cache, table, lens, msl, out, memory=opts.memory, index_dtype=DType.S64)
+    case = _case(fmt, out, layout, seed, f", PACKED S64 table {table.tolist()} (num_blocks {NB}) seq_lens {lens} "
+                                         f"max_seq_len {msl}")
+    if kind == "ids":
+        _judge_gather(res, cache, table, lens, msl, out, CL_S64, seed, case)
+    else:
+        _judge_bad_id(res, opts.memory, cache, table, (1, 1), int(blocks[0]), lens, msl, out, CL_S64, seed, case,
+                      f"FP4 gather with the S64 block id {int(table[1, 1])} (low 32 bits {int(blocks[6])})")
+
+
+#: gaps in the scale pool: (K's, V's) arguments of ``fp4.padded_strides``
+SCALE_PATTERNS = {
+    # every other byte of a row, then 3 / 5 / 7 bytes after each row / item / block (V: unlike K)
+    "gaps": (dict(pads=(7, 5, 3), step=2), dict(pads=(16, 1, 2), step=3)),
+    # blocks of a wider pool: dense inside a block, 16 (K) / 40 (V) bytes between blocks
+    "block_gaps": (dict(pads=(16, 0, 0)), dict(pads=(40, 0, 0))),
+}
+
+
+def _scale_pool_kw(fmt, layout, pattern) -> dict:
+    J = D // fx.block_values(fmt)
+    shape = (NB, BS, H, J) if layout == Layout.BLOCK_NHD else (NB, H, BS, J)
+    kp, vp = SCALE_PATTERNS[pattern]
+    return {"k_scale_strides": fx.padded_strides(shape, **kp), "v_scale_strides": fx.padded_strides(shape, **vp),
+            "scale_tail": 5}
+
+
+def _strides_note(cache) -> str:
+    return f", scale pool strides K {cache.scale_strides('k')} V {cache.scale_strides('v')} (gaps hold " \
+           f"{fx.GAP_FILL:#04x})"
+
+
+@conformance("fp4.gather.scale_pool_strides", CL_SCALE_STRIDES, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("out", [pytest.param(DType.F32, id="f32"), pytest.param(DType.F4_E2M1, id="raw")])
+@pytest.mark.parametrize("pattern", list(SCALE_PATTERNS))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gather_scale_pool_strides(kvx_provider, kvx_call_options, fmt, layout, pattern, out):
+    """An FP4 gather from a scale pool whose strides leave gaps (K's unlike V's): each scale byte
+    is read where its strides put it (spec 4.2), never at its dense offset. Refusing the strides
+    is acceptable while ``noncanonical_strides`` is not claimed (R-REFUSAL)."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    seed = 260 + 10 * int(fmt) + 4 * (layout == Layout.BLOCK_HND) + 2 * (pattern == "block_gaps") + (
+        out == DType.F4_E2M1)
+    cache, blocks = _filled_cache(fmt, layout, seed, **_scale_pool_kw(fmt, layout, pattern))
+    table = np.array([blocks[:3], blocks[3:6], blocks[6:8] + [blocks[0]]], np.int32)
+    lens, msl = [11, 7, 12], 10
+    res = fx.run_gather(kvx_provider, cache, table, lens, msl, out, memory=opts.memory)
+    case = _case(fmt, out, layout, seed, f", gather table {table.tolist()} seq_lens {lens} max_seq_len {msl}"
+                                         + _strides_note(cache))
+    _judge_gather(res, cache, table, lens, msl, out, CL_SCALE_STRIDES, seed, case,
+                  feature=("fp4", "noncanonical_strides"))
+
+
+@conformance("fp4.write.scale_pool_strides", CL_SCALE_STRIDES, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("io", [pytest.param(DType.F32, id="f32"), pytest.param(DType.F4_E2M1, id="raw")])
+@pytest.mark.parametrize("pattern", list(SCALE_PATTERNS))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_write_scale_pool_strides(kvx_provider, kvx_call_options, fmt, layout, pattern, io):
+    """An FP4 write (quantizing from F32, or raw codes and scale bytes) into a scale pool whose
+    strides leave gaps: each scale byte lands where its strides put it, beside its codes; the
+    gaps and every other byte stay unchanged."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    seed = 320 + 10 * int(fmt) + 4 * (layout == Layout.BLOCK_HND) + 2 * (pattern == "block_gaps") + (
+        io == DType.F4_E2M1)
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv, **_scale_pool_kw(fmt, layout, pattern))
+    n = 20
+    key, value = _data(seed, n, cache.B)
+    slots = np.random.default_rng(seed + 99).permutation(NB * BS)[:n].astype(np.int64)  # scattered blocks
+    slots[5] = -1
+    raw = io == DType.F4_E2M1
+    if raw:
+        kc, ks = fx.encode_rows(fmt, key, cache.g_per_head("k"))
+        vc, vs = fx.encode_rows(fmt, value, cache.g_per_head("v"))
+        res = fx.run_write(kvx_provider, cache, np.ascontiguousarray(kc), np.ascontiguousarray(vc), slots,
+                           memory=opts.memory, raw_scales=(np.ascontiguousarray(ks), np.ascontiguousarray(vs)))
+    else:
+        res = fx.run_write(kvx_provider, cache, key, value, slots, memory=opts.memory)
+    case = _case(fmt, io, layout, seed, f", slots {slots.tolist()}" + _strides_note(cache))
+    _check_guards(res, CL_SCALE_STRIDES, seed, case)
+    _refusal_wrote_nothing(res, None, cache, CL_SCALE_STRIDES, seed, case)
+    _status(res.status, Status.OK, "raw FP4 write" if raw else "FP4 write", CL_SCALE_STRIDES, seed, case,
+            feature=("fp4", "noncanonical_strides"))
+    want = fx.expected_write(cache, key, value, slots)
+    if raw:
+        probs = fx.exact_write_problems(res.cache, want)
+    else:
+        probs = fx.compatible_write_problems(cache, res.cache, want, key, value, slots)
+    _fail_if(probs, "FP4 write into a scale pool with gaps", "scale bytes where the pool's strides put them "
+             "(" + ("the bytes written" if raw else "compatible tier") + "), the gaps and other rows unchanged",
+             CL_SCALE_STRIDES, seed, case)
+
+
+CL_GLOBAL_STRIDE = (CL_COMPAT + "; spec 6.6 (scale descriptor: stride[] \"Scale strides\"), 4.2 (\"MUST honor "
+                    "provided strides\"); R-FP8, R-FP4 (a PER_HEAD global scale of head h at data[h * stride[0]]: "
+                    "a correct result or UNSUPPORTED)")
+
+
+@conformance("fp4.global_scale_strides", CL_GLOBAL_STRIDE, REQUIRED, "fp4", ("write", "gather"),
+             feature="scale_strides")
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_global_scale_strides(kvx_provider, kvx_call_options, op):
+    """NVFP4 PER_HEAD global scales (K and V) whose values lie 3 elements apart, a negative scale
+    between them: a provider that reads them as adjacent encodes or decodes a head with it. The
+    reference refuses such descriptors (UNSUPPORTED), which the spec allows."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    fmt, layout, stride = Fp4Format.NVFP4, Layout.BLOCK_NHD, 3
+    seed = 360 + (op == "gather")
+    glob = ([np.float32(0.0123), np.float32(0.71)], [np.float32(0.002), np.float32(0.31)])
+    feature = ("fp4", "scale_strides")
+    note = f", PER_HEAD global scales K {[float(x) for x in glob[0]]} V {[float(x) for x in glob[1]]} " \
+           f"with stride[0] {stride}"
+    if op == "write":
+        cache = replace(fx.new_cache(fmt, NB, BS, H, D, layout, k_global=glob[0], v_global=glob[1]),
+                        global_stride=stride)
+        key, value = _data(seed, 20, cache.B)
+        slots = np.random.default_rng(seed + 99).permutation(NB * BS)[:20].astype(np.int64)
+        res = fx.run_write(kvx_provider, cache, key, value, slots, memory=opts.memory)
+        case = _case(fmt, DType.F32, layout, seed, note)
+        _check_guards(res, CL_GLOBAL_STRIDE, seed, case)
+        _refusal_wrote_nothing(res, None, cache, CL_GLOBAL_STRIDE, seed, case)
+        _status(res.status, Status.OK, "FP4 write", CL_GLOBAL_STRIDE, seed, case, feature=feature)
+        want = fx.expected_write(cache, key, value, slots)
+        _fail_if(fx.compatible_write_problems(cache, res.cache, want, key, value, slots),
+                 "FP4 write with strided PER_HEAD global scales", "codes and scales for head h's global scale "
+                 "data[h * stride[0]] (compatible tier), other rows untouched", CL_GLOBAL_STRIDE, seed, case)
+        return
+    cache, blocks = _filled_cache(fmt, layout, seed)
+    cache = replace(cache, k_global=glob[0], v_global=glob[1], global_stride=stride)
+    fx.fill_cache(cache, blocks, *_data(seed, 8 * BS, cache.B))  # encoded with these globals
+    table = np.array([blocks[:3], blocks[3:6]], np.int32)
+    lens, msl = [11, 7], 10
+    res = fx.run_gather(kvx_provider, cache, table, lens, msl, DType.F32, memory=opts.memory)
+    case = _case(fmt, DType.F32, layout, seed, note + f", gather table {table.tolist()} seq_lens {lens}")
+    _judge_gather(res, cache, table, lens, msl, DType.F32, CL_GLOBAL_STRIDE, seed, case, feature=feature)
 
 
 CL_THREADS = CL_COMPAT + "; spec 7.2 (thread-safe on disjoint cache regions); R-THREADS"

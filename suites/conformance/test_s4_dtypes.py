@@ -179,6 +179,32 @@ def test_fp8_write_scale_pointer(kvx_provider, kvx_call_options, dtype):
            k_scale=0.37, v_scale=2.5)
 
 
+CL_SCALE_STRIDE = ("spec 6.6 (scale descriptor: stride[] \"Scale strides\"), 4.2 (\"Implementations MUST honor "
+                   "provided strides\"); R-FP8 (head h's value at data[h * stride[0]]: a correct result or "
+                   "UNSUPPORTED)")
+#: PER_HEAD scale descriptors whose values lie stride[0] elements apart (the elements between hold
+#: a negative scale): K strided, V strided, both
+SCALE_STRIDES = {"k_stride2": (2, 1), "v_stride3": (1, 3), "both_stride5": (5, 5)}
+
+
+@conformance("fp8.write.scale_strides", CL_SCALE_STRIDE, REQUIRED, "fp8", "write", feature="scale_strides")
+@pytest.mark.parametrize("strides", list(SCALE_STRIDES))
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_scale_strides(kvx_provider, kvx_call_options, strides, dtype):
+    """A provider that reads the per-head values as adjacent quantizes a head by the gap's negative
+    scale; the reference refuses such descriptors (UNSUPPORTED), which the spec allows."""
+    ks, vs = SCALE_STRIDES[strides]
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, dtype, 18)
+    k = cb.replace(cb.scale_spec([0.5, 1.7], ScaleGranularity.PER_HEAD), stride=ks)
+    v = cb.replace(cb.scale_spec([2.25, 0.093], ScaleGranularity.PER_HEAD), stride=vs)
+    case = cb.write_case(cache, cb.spread_slots(G, 12, 18), io_dtype=DType.F32, seed=19, k_scale_desc=k,
+                         v_scale_desc=v, label=f"F32 -> {NAMES[dtype]} cache, PER_HEAD scales with stride[0] "
+                                               f"{ks} (K) and {vs} (V)")
+    verify_write(kvx_provider, case, opts, clause=CL_SCALE_STRIDE, feature="scale_strides",
+                 served=("R-FP8.scale_stride",))
+
+
 @conformance("fp8.write.io_dtypes", CL_FP8, REQUIRED, "fp8", "write", feature="fp8")
 @pytest.mark.parametrize("io_dtype", [DType.F16, DType.BF16], ids=["io_f16", "io_bf16"])
 @pytest.mark.parametrize("dtype", FP8_PARAMS)

@@ -325,6 +325,20 @@ def _scale_rule(scales, mutate):
     return build
 
 
+def _scale_stride(rng):
+    """A PER_HEAD scale whose values lie 2, 3 or 5 elements apart (placed so: the served result
+    is defined), in a cache of more than one head (R-FP8.scale_stride)."""
+    for _ in range(64):
+        case = _fp8_write(rng, "per_head")
+        if case.cache.geom.num_kv_heads > 1:
+            break
+    else:
+        raise RuntimeError("no FP8 write case with more than one head in 64 draws")
+    side = _pick(rng, ("k", "v"))
+    spec = getattr(case, f"{side}_scale_desc")
+    return dataclasses.replace(case, **{f"{side}_scale_desc": dataclasses.replace(spec, stride=int(_pick(rng, [2, 3, 5])))})
+
+
 def _slot_oor(rng, case):
     if case.num_tokens == 0:
         return None
@@ -537,6 +551,7 @@ RULES: dict[str, RuleCase] = {
     "R-FP8.per_block_unsupported": RuleCase("spec 6.6; R-FP8", _UNS, _scale_rule(
         "per_tensor",
         lambda rng, c, s: {f"desc.{s}_scale_desc.granularity": int(_pick(rng, [2, 4]))})),
+    "R-FP8.scale_stride": RuleCase("spec 6.6, 4.2; R-FP8", _UNS, _scale_stride),
     # step 3: gather
     "R-GATHER.format": RuleCase("spec 5.1; R-GATHER", _INV, _gather(
         lambda rng, c: {"desc.block_table.format": int(_pick(rng, [0, 4, 99]))})),
