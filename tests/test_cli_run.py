@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -128,7 +129,10 @@ def check_breaker_run(p, out: Path, entry: str, outcome: str, workers: int) -> d
     tests = doc["tests"]
     assert doc["complete"] and doc["finished"] == doc["total"] == len(tests) > 0, \
         f"every collected test must have a record: total {doc['total']}, finished {doc['finished']}"
-    assert doc["verdict"] == "not certified", doc["verdict"]
+    # a module of the suite (--suite): never a certification, but its profiles say what failed
+    assert doc["verdict"] == "not certifying (partial selection)" and not doc["certifying"], doc["verdict"]
+    assert not doc["config"]["bundled_suite"]
+    assert any(v["verdict"] == "not certified" for v in doc["profiles"].values()), doc["profiles"]
     hit = [t for t in tests if t["outcome"] == outcome and entry in t["entry"]]
     # the breaker trips after BREAKER hits; tests already running on other workers may add workers - 1
     assert BREAKER <= len(hit) <= BREAKER + workers - 1, \
@@ -149,14 +153,14 @@ def check_breaker_run(p, out: Path, entry: str, outcome: str, workers: int) -> d
     others = [t for t in tests if t not in hit and t not in not_run]
     assert all(t["outcome"] != "error" for t in tests), [t for t in tests if t["outcome"] == "error"][:2]
     cert = json.loads((out / "certificate.json").read_text(encoding="utf-8"))
-    assert cert["verdict"] == "not certified" and entry in cert["breaker"], cert
+    assert cert["verdict"] == doc["verdict"] and entry in cert["breaker"], cert
     assert undocumented(doc, "results") == [] and undocumented(cert, "certificate") == [], \
         "keys missing from docs/results-schema.md"
     html = (out / "report.html").read_text(encoding="utf-8")
     assert f"Circuit breaker tripped for <code>{entry}</code>" in html
     assert "not run: " in html and hit[0]["id"] in html
     assert "== circuit breaker: " + entry in p.stdout, explain(p)
-    assert "== verdict: NOT CERTIFIED" in p.stdout, explain(p)
+    assert "== verdict: NOT CERTIFYING" in p.stdout and "custom suite (--suite)" in p.stdout, explain(p)
     junit = (out / "junit.xml").read_text(encoding="utf-8")
     assert junit.count("<testcase") == len(tests)
     return {"hit": hit, "not_run": not_run, "others": others, "doc": doc}
@@ -212,7 +216,7 @@ def test_noop_provider_not_certified_with_waivers(tmp_path):
     doc = results(out)
     fails = [t for t in doc["tests"] if t["outcome"] == "fail"]
     assert len(fails) >= 10 and not any(t["outcome"] in ("crash", "timeout", "error") for t in doc["tests"])
-    assert doc["verdict"] == "not certified"
+    assert doc["verdict"] == "not certifying (partial selection)" and doc["profiles"]["core"]["verdict"] == "not certified"
     for t in fails:
         assert t["failure"] and t["failure"]["expected"] and t["failure"]["got"] and t["clause"], t
         assert t["repro"].startswith("kvx-conform run ") and "noop_ok" in t["repro"], t["repro"]
@@ -230,6 +234,22 @@ def test_noop_provider_not_certified_with_waivers(tmp_path):
 
 
 # ----------------------------------------------------------------------------- other commands
+
+
+def test_custom_suite_never_certifies(tmp_path):
+    """A suite other than the bundled one (here one module of it, copied) cannot certify, however
+    well the provider does: a vendor's certificate always covers every MUST of the bundled suite."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    shutil.copy(CONFORMANCE / "test_s3_version.py", suite)
+    out = tmp_path / "out"
+    p, _ = kvx("run", "--suite", str(suite), "-n", "1", "--output-dir", str(out), "--progress", "none")
+    assert p.returncode == loader.EXIT_CERTIFIED, explain(p)  # what ran passed (docs/exit-codes.md)
+    doc = results(out)
+    assert not doc["config"]["bundled_suite"] and not doc["certifying"], doc["config"]
+    assert doc["verdict"] == "not certifying (partial selection)" and doc["counts"]["pass"] > 0 == doc["counts"]["fail"]
+    assert "NOT CERTIFYING: custom suite (--suite)" in p.stdout, explain(p)
+    assert "a custom suite (--suite)" in (out / "report.html").read_text(encoding="utf-8")
 
 
 def test_quick_run_says_not_certifying(tmp_path):

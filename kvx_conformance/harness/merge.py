@@ -25,8 +25,8 @@ from pathlib import Path
 
 from ..abi.loader import EXIT_BAD_INPUT_FILE, EXIT_CERTIFIED, EXIT_MERGE_REFUSED, EXIT_NOT_CERTIFIED, EXIT_USAGE
 from ..results.claims import Claims, Waiver
-from ..results.record import (RUN_WIDE_PREFIX, SCHEMA_VERSION, KIND, TestRecord, _atomic_write_json, load_results,
-                              now_iso, summarize)
+from ..results.record import (RUN_WIDE_PREFIX, SCHEMA_VERSION, KIND, TestRecord, _atomic_write_json, bundled_suite,
+                              load_results, now_iso, summarize)
 from ..results.shards import selection_hash
 
 #: (label, getter) of what every part must share
@@ -127,7 +127,7 @@ def merge_documents(parts: list[tuple[str, dict]]) -> dict:
     claims = Claims.from_dict(first.get("claims"))
     waivers = [Waiver(w["id"], w.get("reason", "")) for w in first.get("waivers") or []]
     cfg = dict(first.get("config") or {})
-    partial = bool(cfg.get("keyword") or cfg.get("ids"))
+    partial = bool(cfg.get("keyword") or cfg.get("ids")) or not bundled_suite(first)
     summary = summarize(tests, claims, waivers, quick=bool(first.get("quick")), partial=partial, complete=True)
     breaker: dict = {}
     for _, d in parts:

@@ -35,6 +35,7 @@ from ..abi.loader import (
 from ..abi.native import default_provider
 from ..results.claims import InputFileError, load_claims, load_expectations
 from ..results.outcomes import PROFILES
+from ..results.record import bundled_suite
 
 DEFAULT_SUITE = "kvx_conformance.suites"
 DEFAULT_OUTPUT = "kvx-report"
@@ -128,7 +129,8 @@ class RunCommand:
                        help="seconds one test may run before it counts as a timeout (default %(default)g)")
         p.add_argument("--seed", type=int, metavar="N", help="seed for generated cases (as printed by a failure)")
         p.add_argument("--suite", default=DEFAULT_SUITE, metavar="SUITE",
-                       help="suite package or directory (default %(default)s; for suite developers)")
+                       help="suite package or directory (default %(default)s; for suite developers: a suite other "
+                            "than the bundled one never certifies)")
         p.add_argument("--reruns", type=int, default=DEFAULT_RERUNS, metavar="N",
                        help="re-run each test that failed, crashed, timed out or errored up to N more times "
                             "(only those tests, in a follow-up pass); attempts that disagree make it 'flaky', "
@@ -323,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     sys.stdout.flush()
 
-    from ..results.certificate import suites_hash
+    from ..results.certificate import suite_root, suites_hash
 
     run_info = {
         "harness": {"name": "kvx-conform", "version": __version__},
@@ -338,7 +340,8 @@ def run(args: argparse.Namespace) -> int:
         "config": {"memory": memory, "memory_requested": args.memory, "workers": workers,
                    "timeout_s": args.timeout, "quick": args.quick, "keyword": args.keyword, "ids": args.id,
                    "profiles": args.profile, "seed": args.seed, "breaker_threshold": args.breaker,
-                   "suite": args.suite, "suites_hash": suites_hash(root), "reruns": args.reruns,
+                   "suite": args.suite, "suites_hash": suites_hash(root),
+                   "bundled_suite": suites_hash(root) == suites_hash(suite_root(DEFAULT_SUITE)), "reruns": args.reruns,
                    "sanitize": sanitizer, "hypothesis_max_examples": None,
                    "gpus": gpu_plan.gpus, "shard": args.shard,
                    "durations_from": str(Path(args.durations_from).resolve()) if args.durations_from else None},
@@ -604,6 +607,7 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
         shard = doc.get("shard") or {}
         why = ("quick run" if doc.get("quick") else
                f"shard {shard['index']}/{shard['count']}; join the shards with kvx-conform merge" if shard else
+               "custom suite (--suite): only the bundled suite certifies" if not bundled_suite(doc) else
                "partial selection")
         verdict += f"   (NOT CERTIFYING: {why})"
     if not doc.get("complete"):

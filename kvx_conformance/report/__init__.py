@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..abi.buffers import LATER_TEST
 from ..results.outcomes import PROFILES
+from ..results.record import bundled_suite
 
 TEMPLATES = Path(__file__).with_name("templates")
 OUTCOME_ORDER = ("pass", "fail", "unsupported", "skip", "crash", "timeout", "error", "flaky")
@@ -141,6 +142,7 @@ def view_model(results: dict) -> dict:
         "banner": banner,
         "certifying": results.get("certifying", False),
         "quick": bool(results.get("quick")),
+        "bundled_suite": bundled_suite(results),
         "complete": bool(results.get("complete")),
         "counts": counts,
         "total": total,

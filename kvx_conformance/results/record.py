@@ -47,6 +47,13 @@ VERDICT_NOT_RUN = "not run"
 PROFILE_INCLUDES: dict[str, tuple[str, ...]] = {"fp4_exact": ("fp4",)}
 
 
+def bundled_suite(doc: dict) -> bool:
+    """Whether a run (its results or run-info document) ran the bundled suite, byte for byte
+    (``config.bundled_suite``, set by ``kvx-conform run``): only such a run can certify. A
+    ``--suite`` of other files, a part of the bundled one included, is "not certifying"."""
+    return (doc.get("config") or {}).get("bundled_suite", True) is not False
+
+
 def profile_served(required: list["TestRecord"]) -> bool:
     """Whether the provider served what a profile covers, judged on its required tests.
 

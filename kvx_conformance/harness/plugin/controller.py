@@ -16,7 +16,7 @@ import pytest
 from ...abi.buffers import LATER_TEST
 from ...results.claims import InputFileError, load_expectations
 from ...results.outcomes import Outcome
-from ...results.record import RUN_WIDE_PREFIX, ResultsWriter, TestRecord, _atomic_write_json, first_line
+from ...results.record import RUN_WIDE_PREFIX, ResultsWriter, TestRecord, _atomic_write_json, bundled_suite, first_line
 from .config import (
     BREAKER_FILE,
     CL_LIFETIME,
@@ -138,7 +138,8 @@ class _Controller:
                 raise pytest.UsageError(str(e)) from None
             header = self._header()
             partial = bool(config.getoption("keyword") or config.getoption("kvx_id")
-                           or config.getoption("markexpr") or config.getoption("kvx_shard"))
+                           or config.getoption("markexpr") or config.getoption("kvx_shard")
+                           or not bundled_suite(header))
             self.writer = ResultsWriter(self.out_dir, header, claims=self.rc.claims, waivers=waivers,
                                         quick=self.rc.quick, partial=partial)
             (self.out_dir / BREAKER_FILE).unlink(missing_ok=True)
