@@ -6,6 +6,9 @@ feature ``noncanonical_strides``); writing with canonical strides is a failure (
 padding elements of every cache hold random values, so a write that lands in them is
 seen). Each layout is exercised by a write (random valid and invalid slots) and by a
 PACKED gather, both compared bit-exactly with the oracle.
+
+An IO tensor's ``layout`` field is ignored (spec 6.8): any value there, 0 and values
+outside the enum included, gives the normal result.
 """
 from __future__ import annotations
 
@@ -289,3 +292,30 @@ def test_io_strides(kvx_provider, kvx_call_options, io_kind, op):
         case = cb.replace(base, out_layout=lay, out_k_init=cb.poison(rng, DType.F16, n),
                           out_v_init=cb.poison(rng, DType.F16, n))
         verify_gather(kvx_provider, case, opts, clause="spec 6.8; R-IO", feature="io_strides")
+
+
+# ---------------------------------------------------------------------------- IO layout field
+
+#: values of an IO tensor's ``layout`` field: 0, cache layouts, CUSTOM and one outside the enum
+IO_LAYOUT_FIELDS = {"invalid_0": int(Layout.INVALID), "nhd": int(Layout.BLOCK_NHD),
+                    "hnd_packed": int(Layout.BLOCK_HND_PACKED), "custom": int(Layout.BLOCK_CUSTOM), "not_enum_99": 99}
+CL_IO_LAYOUT = ("spec 6.8 (the layout field MAY be set to KVX_LAYOUT_BLOCK_CUSTOM and is otherwise ignored for IO "
+                "tensors); R-IO")
+
+
+@conformance("io.layout_field_ignored", CL_IO_LAYOUT, REQUIRED, "core", ("write", "gather"))
+@pytest.mark.parametrize("io_layout", list(IO_LAYOUT_FIELDS.values()), ids=list(IO_LAYOUT_FIELDS))
+@OPS
+def test_io_layout_field_ignored(kvx_provider, kvx_call_options, io_layout, op):
+    """Dense IO tensors whose ``layout`` field holds 0, a cache layout, CUSTOM or 99: the field is
+    ignored, so the call gives the normal result (not INVALID_ARGUMENT)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=76)
+    ov = {"desc.io.key.layout": io_layout, "desc.io.value.layout": io_layout}
+    label = f"IO key/value layout field {io_layout}"
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(G, 9, 77), seed=78, label=label, overrides=ov)
+        verify_write(kvx_provider, case, opts, clause=CL_IO_LAYOUT)
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(G, 2, 2, 79), [7, 3], 8, seed=80, label=label, overrides=ov)
+        verify_gather(kvx_provider, case, opts, clause=CL_IO_LAYOUT)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvx_conformance.abi.descriptors import BlockTable, IOLayout
+from kvx_conformance.abi.descriptors import BlockTable, Geometry, IOLayout
 from kvx_conformance.abi.header import DType, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import partial_gather, verify_gather
@@ -70,6 +70,43 @@ def test_packed_shared_blocks(kvx_provider, kvx_call_options):
     case = cb.packed_gather(_cache(kvx_provider, opts.memory, 7), table, [10, 12, 9], 12, seed=8,
                             label="blocks shared between and within sequences")
     verify_gather(kvx_provider, case, opts, clause=CL_PACKED)
+
+
+LONG = Geometry(num_blocks=640, block_size=16, num_kv_heads=1, head_dim=8)
+LONG_MB = 300  # more than 256 entries in a table row
+
+
+@conformance("gather.packed.long_sequences", CL_PACKED + " (logical block j of sequence s is indices[s * "
+             "max_blocks_per_seq + j], for every j < max_blocks_per_seq)", REQUIRED, "core", "gather")
+@pytest.mark.parametrize("index_dtype", [DType.S32, DType.S64], ids=["s32", "s64"])
+def test_packed_long_sequences(kvx_provider, kvx_call_options, index_dtype):
+    """Two sequences of 4800 and 4507 tokens (300 and 282 blocks of 16) through table rows of
+    max_blocks_per_seq 300 with distinct ids: logical blocks 256 and later are read from their own
+    entries (a row staged in 256 entries reads entry j % 256)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(LONG, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=90)
+    table = cb.distinct_table(LONG, 2, LONG_MB, 91)
+    msl = LONG_MB * LONG.block_size
+    case = cb.packed_gather(cache, table, [msl, msl - 293], msl, seed=92, index_dtype=index_dtype,
+                            label=f"2 sequences, {LONG_MB} blocks per table row")
+    verify_gather(kvx_provider, case, opts, clause=CL_PACKED)
+
+
+CL_NON_POW2 = ("spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx % block_size), 7.1 (only "
+               "KV_OFFSETS requires a power-of-two block_size); R-DATA")
+
+
+@conformance("gather.packed.block_size_non_pow2", CL_NON_POW2, REQUIRED, "core", "gather")
+@pytest.mark.parametrize("block_size", [48, 96])
+def test_packed_block_size_non_pow2(kvx_provider, kvx_call_options, block_size):
+    """block_size 48 and 96 (not powers of two, >= 32): every token of a block is at its offset t % block_size."""
+    opts = kvx_call_options()
+    geom = Geometry(num_blocks=4, block_size=block_size, num_kv_heads=2, head_dim=4)
+    cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=93)
+    msl = 3 * block_size
+    case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 94), [msl, block_size + 37], msl, seed=95,
+                            label=f"block_size {block_size}")
+    verify_gather(kvx_provider, case, opts, clause=CL_NON_POW2)
 
 
 @conformance("gather.packed.max_seq_len_truncates", "spec 6.10, 7 (max_seq_len bounds the gather); R-DATA",

@@ -65,6 +65,24 @@ def test_geometries(kvx_provider, kvx_call_options, geom):
     verify_write(kvx_provider, case, opts, clause="spec 4.1, 5.2; R-WRITE")
 
 
+CL_NON_POW2 = ("spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx % block_size), 7.1 (only "
+               "KV_OFFSETS requires a power-of-two block_size); R-WRITE")
+
+
+@conformance("write.slots.block_size_non_pow2", CL_NON_POW2, REQUIRED, "core", "write")
+@SLOT_DTYPES
+@pytest.mark.parametrize("block_size", [48, 96])
+def test_block_size_non_pow2(kvx_provider, kvx_call_options, block_size, slot_dtype):
+    """block_size 48 and 96 (not powers of two, >= 32): every slot once, shuffled, so a block index
+    taken with a shift and an offset with a mask (right only for powers of two) is seen."""
+    opts = kvx_call_options()
+    geom = Geometry(num_blocks=3, block_size=block_size, num_kv_heads=2, head_dim=4)
+    slots = cb.rng_for(11).permutation(geom.num_slots)
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 12, geom), slots, slot_dtype=slot_dtype, seed=13,
+                         label=f"block_size {block_size}, every slot once")
+    verify_write(kvx_provider, case, opts, clause=CL_NON_POW2)
+
+
 NEGATIVE = {
     DType.S32: [-1, -2, -100, -(2 ** 31)],
     DType.S64: [-1, -2, -(2 ** 31) - 5, -(2 ** 63), -(2 ** 32) + 3],  # the last: low 32 bits say slot 3

@@ -9,6 +9,8 @@ reuse the caller's buffers, and batches of engine size.
   a pointer (a cache keyed by address) is seen.
 - A prefill write of 4096 tokens and a decode gather of 320 sequences: every token and
   every sequence of a call is served, not only the first tile of them.
+- A write of 65600 tokens: more tokens than a 16-bit grid dimension (65535) holds, so a
+  kernel that launches one grid row per token with ``gridDim.y`` capped drops the tail.
 """
 from __future__ import annotations
 
@@ -88,6 +90,23 @@ def test_prefill_sized_write(kvx_provider, kvx_call_options):
     for i in (0, 1023, 1024, 2047, 4095):
         slots[i] = -1
     verify_write(kvx_provider, cb.write_case(cache, slots, seed=362, label="4096-token write"), opts, clause=CL_BATCH)
+
+
+BIG_BATCH = Geometry(num_blocks=4112, block_size=16, num_kv_heads=1, head_dim=8)  # 65792 slots, 1 MiB per tensor
+BIG_TOKENS = 65600
+CL_BIG_BATCH = "spec 7 (kvx_write_kv writes K/V for tokens using a slot mapping), 5.2 (every token of the batch)"
+
+
+@conformance("write.prefill_batch_65600", CL_BIG_BATCH, REQUIRED, "core", "write")
+def test_prefill_write_past_65535_tokens(kvx_provider, kvx_call_options):
+    """65600 tokens in one write (1 head x 8 dims F16, 4112 blocks), random distinct slots: tokens
+    65535 and later must land like the others (a grid dimension capped at 65535 drops them)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(BIG_BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=380)
+    slots = cb.spread_slots(BIG_BATCH, BIG_TOKENS, 381)
+    slots[[7, 65536]] = -1  # a no-op on each side of 65535
+    verify_write(kvx_provider, cb.write_case(cache, slots, seed=382, label=f"{BIG_TOKENS}-token write"), opts,
+                 clause=CL_BIG_BATCH)
 
 
 @conformance("gather.decode_batch", CL_BATCH, REQUIRED, "core", "gather")

@@ -177,6 +177,9 @@ FIELD_CASES = {
     "k_v_memory_differ": {"cache.v.memory": int(Memory.UNIFIED)},
     "stride_zero": {"cache.k.stride[1]": 0},
     "offset_overflow": {"cache.k.stride[0]": 2 ** 62},
+    # V's strides are checked like K's (a validator that checks K twice passes the K cases)
+    "v_stride_zero": {"cache.v.stride[1]": 0},
+    "v_offset_overflow": {"cache.v.stride[0]": 2 ** 62},
 }
 
 
