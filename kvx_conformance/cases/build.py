@@ -232,8 +232,17 @@ def spread_slots(geom: Geometry, n: int, seed: int, exclude: set[int] | None = N
     return np.array(pool[:n], dtype=np.int64)
 
 
-def scale_spec(values, granularity: ScaleGranularity = ScaleGranularity.PER_TENSOR, dtype: DType = DType.F32) -> ScaleSpec:
-    return ScaleSpec(np.asarray(values, dtype=np.float32).reshape(-1), granularity, dtype)
+def scale_spec(values, granularity: ScaleGranularity = ScaleGranularity.PER_TENSOR, dtype: DType = DType.F32,
+               *, scalar: bool = False) -> ScaleSpec:
+    """A scale descriptor of ``values``: ``ndim 1``, ``shape [len(values)]``; ``scalar``: one value
+    described as a 0-d tensor (``ndim 0``, no shape: spec 6.6 gives ``shape`` / ``ndim`` "for
+    non-scalar scales"), as a 0-d framework tensor (vLLM's ``k_scale``) is described."""
+    vals = np.asarray(values, dtype=np.float32)
+    if scalar:
+        if vals.size != 1:
+            raise ValueError(f"a scalar scale holds one value, not {vals.size}")
+        return ScaleSpec(vals.reshape(()), granularity, dtype)
+    return ScaleSpec(vals.reshape(-1), granularity, dtype)
 
 
 # ---------------------------------------------------------------------------- gathers
@@ -370,6 +379,28 @@ def _gather(cache, bt: BlockTable, lengths, max_seq_len, *, seed, io_dtype, lens
     )
 
 
+def with_out_dtypes(case: GatherCase, *, key: DType | None = None, value: DType | None = None) -> GatherCase:
+    """The gather with its key and / or value output in another dtype of the same element size as
+    ``out_layout.dtype`` (F16 <-> BF16): key and value outputs are separate tensors (spec 6.8),
+    each with its own dtype. The C descriptor's ``io.key.dtype`` / ``io.value.dtype`` is set
+    through ``c_overrides`` (the oracle reads each output's dtype from the C descriptor, as the
+    provider does) and the output's initial contents are retyped (the same bytes), so the
+    comparison reads and prints that output in its own dtype. ``out_layout`` (shape, strides)
+    stays common to both outputs."""
+    base = case.out_layout.dtype
+    changes: dict = {}
+    overrides = dict(case.c_overrides)
+    for side, dt, init in (("key", key, "out_k_init"), ("value", value, "out_v_init")):
+        if dt is None:
+            continue
+        if abi.DTYPE_SIZE[dt] != abi.DTYPE_SIZE[base]:
+            raise ValueError(f"{side} output {dt.name}: the outputs share out_layout ({base.name}), so the "
+                             f"dtypes must have the same size")
+        overrides[f"desc.io.{side}.dtype"] = int(dt)
+        changes[init] = getattr(case, init).view(np_dtype(dt))
+    return dataclasses.replace(case, c_overrides=overrides, **changes)
+
+
 def distinct_table(geom: Geometry, seqs: int, max_blocks: int, seed: int) -> np.ndarray:
     """``[seqs, max_blocks]`` physical ids, distinct where possible, in scrambled order."""
     rng = rng_for(seed + 32452843)
@@ -429,6 +460,14 @@ def case_features(case) -> list[str]:
         feats.append("mixed_layouts")
     ios = [case.out_layout] if hasattr(case, "out_layout") else (
         [case.key_layout, case.value_layout] if hasattr(case, "key_layout") else [])
+    # an output retyped through the C descriptor (with_out_dtypes: F16 <-> BF16) counts with its own dtype
+    fp8_cache = c.k.dtype in FP8_DTYPES or c.v.dtype in FP8_DTYPES
+    overrides = getattr(case, "c_overrides", None) or {}
+    for side in ("key", "value"):
+        dt = overrides.get(f"desc.io.{side}.dtype") if hasattr(case, "out_layout") else None
+        if (dt is not None and int(dt) in (DType.F16, DType.BF16, DType.F32) and int(dt) not in (c.k.dtype, c.v.dtype)
+                and not fp8_cache and "mixed_io_dtype" not in feats):
+            feats.append("mixed_io_dtype")
     for io in ios:
         if len(io.shape) == 4 and "gather_4d" not in feats:
             feats.append("gather_4d")
@@ -439,7 +478,6 @@ def case_features(case) -> list[str]:
         elif tuple(io.stride) != dense and "io_strides" not in feats:
             feats.append("io_strides")
         # into or out of an FP8 cache a different IO dtype is the FP8 feature (quantization)
-        fp8_cache = c.k.dtype in FP8_DTYPES or c.v.dtype in FP8_DTYPES
         if io.dtype not in (c.k.dtype, c.v.dtype) and not fp8_cache and "mixed_io_dtype" not in feats:
             feats.append("mixed_io_dtype")
     return feats
@@ -472,6 +510,7 @@ def replace(case, **changes):
 __all__ = [
     "GEOM", "SECONDARY", "NULL_INDEX", "rng_for", "finite_values", "poison", "with_specials", "with_nan_payloads", "layout",
     "io_layout", "make_cache", "simple_cache", "validate_case", "write_case", "with_slots", "spread_slots",
-    "scale_spec", "packed_gather", "ragged_table", "ragged_gather", "kv_offsets_cache", "kv_offsets_gather",
+    "scale_spec", "packed_gather", "with_out_dtypes",
+    "ragged_table", "ragged_gather", "kv_offsets_cache", "kv_offsets_gather",
     "distinct_table", "case_features", "core_layout", "replace", "canonical_shape", "contiguous_strides",
 ]

@@ -3,11 +3,12 @@
 - F16 / BF16 / F32 caches with IO of the same dtype (baseline, required) and of the
   other two (feature ``mixed_io_dtype``): values move through FP32 and round to
   nearest even; inputs include infinities, NaN, signed zeros, subnormals and values
-  that overflow the narrower format.
+  that overflow the narrower format; writes of a few tokens and of 64 and more (a batched
+  path rounds as the short one); gathers whose key and value outputs differ in dtype.
 - FP8 caches (profile fp8, feature ``fp8``): write quantizes ``x / scale`` (IEEE FP32
-  division), saturating, RNE; the scale comes from ``k_scale_desc`` (PER_TENSOR,
-  PER_HEAD), else the ``k_scale`` pointer, else 1.0; FP8 IO of the cache's dtype
-  copies raw bytes, both ways.
+  division), saturating, RNE; the scale comes from ``k_scale_desc`` (PER_TENSOR, also as a
+  0-d scalar; PER_HEAD, also with 8 and 16 heads), else the ``k_scale`` pointer, else 1.0;
+  FP8 IO of the cache's dtype copies raw bytes, both ways.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import functools
 import numpy as np
 import pytest
 
+from kvx_conformance.abi.descriptors import Geometry
 from kvx_conformance.abi.dtypes import np_dtype
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
@@ -37,10 +39,11 @@ def _cache(provider, memory, dtype, seed):
     return cb.simple_cache(G, cb.core_layout(provider, memory), dtype, seed=seed)
 
 
-def _write(provider, opts, cache_dtype, io_dtype, seed, feature=None, clause=CL_CONVERT, **kw):
+def _write(provider, opts, cache_dtype, io_dtype, seed, feature=None, clause=CL_CONVERT, label_extra="", **kw):
     cache = _cache(provider, opts.memory, cache_dtype, seed)
     case = cb.write_case(cache, cb.spread_slots(G, 12, seed), io_dtype=io_dtype, seed=seed + 1,
-                         label=f"{NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache", **kw)
+                         label=f"{NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache"
+                               + (f", {label_extra}" if label_extra else ""), **kw)
     return verify_write(provider, case, opts, clause=clause, feature=feature)
 
 
@@ -114,16 +117,70 @@ def test_write_rounding_ties(kvx_provider, kvx_call_options, cache_dtype):
     cache = _cache(kvx_provider, opts.memory, cache_dtype, 5)
     n = 6
     case = cb.write_case(cache, cb.spread_slots(G, n, 5), io_dtype=DType.F32, seed=6, label="rounding ties")
+    key = _near_ties(case.key.size, cache_dtype, 7)
+    case = cb.replace(case, key=key.copy(), value=key[::-1].copy())
+    verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
+
+
+def _near_ties(n: int, cache_dtype: DType, seed: int) -> np.ndarray:
+    """``n`` F32 values exactly halfway between two neighbours of ``cache_dtype`` (F16 / BF16), or
+    one F32 ulp or one below / above halfway, or on a neighbour; both signs."""
     mant = 13 if cache_dtype == DType.F16 else 16  # dropped mantissa bits
-    rng = cb.rng_for(7)
-    base = (rng.integers(0x3C00_0000, 0x4200_0000, size=case.key.size, dtype=np.uint32) >> mant) << mant
+    rng = cb.rng_for(seed)
+    base = (rng.integers(0x3C00_0000, 0x4200_0000, size=n, dtype=np.uint32) >> mant) << mant
     half = np.uint32(1 << (mant - 1))
     tweak = rng.choice(np.array([0, 1, half - 1, half, half + 1], np.uint32), size=base.size)
     sign = rng.choice(np.array([0, 0x8000_0000], np.uint32), size=base.size).astype(np.uint32)
-    bits = (base + tweak) | sign
-    key = bits.view(np.float32)
-    case = cb.replace(case, key=key.copy(), value=key[::-1].copy())
+    return ((base + tweak) | sign).view(np.float32)
+
+
+#: token counts of the batch conversion writes (the other conversion tests write at most 24
+#: tokens; a provider may take another, vectorized or batched, path past some count)
+BATCH_TOKENS = [64, 203]
+BATCH_GEOM = Geometry(num_blocks=64, block_size=4, num_kv_heads=2, head_dim=8)
+
+
+@conformance("dtype.write.convert_batch", CL_CONVERT + " (through FP32, RNE, overflow to inf; writes of 64 tokens "
+             "and more)", REQUIRED, "core", "write", feature="mixed_io_dtype")
+@pytest.mark.parametrize("tokens", BATCH_TOKENS)
+@pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
+def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dtype, tokens):
+    """``dtype.write.convert`` with many tokens in one call: the special values first, then random
+    values; from F32 into F16 / BF16 the second half of K and V lies at or next to rounding ties,
+    so a path that truncates (or rounds ties away) on large writes changes many elements."""
+    opts = kvx_call_options()
+    g = BATCH_GEOM
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=46)
+    case = cb.write_case(cache, cb.spread_slots(g, tokens, 46), io_dtype=io_dtype, seed=47, specials=True,
+                         label=f"{tokens} tokens, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache")
+    if io_dtype == DType.F32 and cache_dtype in (DType.F16, DType.BF16):
+        key, value = case.key.copy(), case.value.copy()
+        half = key.size // 2
+        key[half:] = _near_ties(key.size - half, cache_dtype, 48)
+        value[half:] = _near_ties(value.size - half, cache_dtype, 49)
+        case = cb.replace(case, key=key, value=value)
     verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
+
+
+CL_KV_OUT = (CL_CONVERT + "; spec 6.8 (io.key and io.value are tensor descriptors of their own: each output "
+             "in its own dtype)")
+#: (cache dtype, key output dtype, value output dtype)
+KV_OUT = [pytest.param(c, k, v, id=f"cache_{NAMES[c]}-key_{NAMES[k]}-value_{NAMES[v]}")
+          for c in (DType.F16, DType.F32) for k, v in ((DType.F16, DType.BF16), (DType.BF16, DType.F16))]
+
+
+@conformance("dtype.gather.kv_out_dtypes", CL_KV_OUT, REQUIRED, "core", "gather", feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,key_dtype,value_dtype", KV_OUT)
+def test_gather_kv_out_dtypes(kvx_provider, kvx_call_options, cache_dtype, key_dtype, value_dtype):
+    """A gather whose key output and value output have different dtypes (F16 and BF16): each output
+    holds the cache's values converted to its own dtype, never to the other's."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, cache_dtype, 44)
+    table = np.array([[0, 3, 5], [2, 1, 4]], np.int64)
+    case = cb.packed_gather(cache, table, [12, 9], 12, io_dtype=key_dtype, seed=45,
+                            label=f"{NAMES[cache_dtype]} cache -> key {NAMES[key_dtype]}, value {NAMES[value_dtype]}")
+    case = cb.with_out_dtypes(case, value=value_dtype)
+    verify_gather(kvx_provider, case, opts, clause=CL_KV_OUT, feature="mixed_io_dtype")
 
 
 @conformance("dtype.write.scale_ignored_non_fp8", "spec 6.9; R-FP8 (scales apply to FP8 caches only)", REQUIRED,
@@ -167,6 +224,56 @@ FP8_PARAMS = [pytest.param(d, id=NAMES[d]) for d in FP8]
 def test_fp8_write_scales(kvx_provider, kvx_call_options, scales, dtype):
     _write(kvx_provider, kvx_call_options(), dtype, DType.F32, 10, feature="fp8", clause=CL_FP8,
            **_scale_kw(SCALES[scales]))
+
+
+CL_SCALAR = CL_FP8 + "; spec 6.6 (shape / ndim: \"for non-scalar scales\"; a PER_TENSOR scale may be a 0-d scalar)"
+#: PER_TENSOR scale descriptors of ndim 0 (no shape): K, V, both, and both beside the flat pointers
+SCALAR_SCALES = {
+    "k_scalar": {"k_scale_desc": (0.21, True), "v_scale_desc": (3.3, False)},
+    "v_scalar": {"k_scale_desc": (0.21, False), "v_scale_desc": (3.3, True)},
+    "both_scalar": {"k_scale_desc": (0.43, True), "v_scale_desc": (2.6, True)},
+    "scalar_over_pointer": {"k_scale": 9.0, "v_scale": 9.0, "k_scale_desc": (0.61, True),
+                            "v_scale_desc": (0.3, True)},
+}
+
+
+@conformance("fp8.write.scalar_scale", CL_SCALAR, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("scales", list(SCALAR_SCALES))
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_scalar_scale(kvx_provider, kvx_call_options, scales, dtype):
+    """A PER_TENSOR scale described as a scalar (``ndim 0``, as a 0-d tensor such as vLLM's
+    ``k_scale`` is described) is that scale: never ignored, never replaced by the flat pointer."""
+    kw = {}
+    for k, v in SCALAR_SCALES[scales].items():
+        kw[k] = cb.scale_spec([v[0]], scalar=v[1]) if k.endswith("_desc") else v
+    desc = ", ".join(f"{k[0].upper()} {v[0]} (ndim {0 if v[1] else 1})" for k, v in SCALAR_SCALES[scales].items()
+                     if k.endswith("_desc"))
+    _write(kvx_provider, kvx_call_options(), dtype, DType.F32, 22, feature="fp8", clause=CL_SCALAR,
+           **kw, label_extra=f"PER_TENSOR scales {desc}" + (", k_scale / v_scale 9.0" if "k_scale" in kw else ""))
+
+
+CL_PER_HEAD = CL_FP8 + " (PER_HEAD: head h is quantized with the value of head h, for any num_kv_heads)"
+
+
+@conformance("fp8.write.per_head_many_heads", CL_PER_HEAD, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("heads", [8, 16])
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_per_head_many_heads(kvx_provider, kvx_call_options, heads, dtype):
+    """PER_HEAD K and V scales with 8 and 16 KV heads (Llama-3-8B has 8), every head's scale distinct:
+    a provider that loads the scales in vectors of 4 or 8 and reuses them (head h % 4) fails here."""
+    opts = kvx_call_options()
+    g = Geometry(num_blocks=6, block_size=4, num_kv_heads=heads, head_dim=8)
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=24)
+    rng = cb.rng_for(25 + heads)
+    # distinct scales, a factor 1.3 or more apart, in random head order
+    ks = (0.05 * 1.3 ** rng.permutation(heads)).astype(np.float32)
+    vs = (0.04 * 1.37 ** rng.permutation(heads)).astype(np.float32)
+    case = cb.write_case(cache, cb.spread_slots(g, 12, 26), io_dtype=DType.F32, seed=27,
+                         k_scale_desc=cb.scale_spec(ks, ScaleGranularity.PER_HEAD),
+                         v_scale_desc=cb.scale_spec(vs, ScaleGranularity.PER_HEAD),
+                         label=f"f32 -> {NAMES[dtype]} cache, {heads} heads, PER_HEAD scales K {ks.tolist()} "
+                               f"V {vs.tolist()}")
+    verify_write(kvx_provider, case, opts, clause=CL_PER_HEAD, feature="fp8")
 
 
 @conformance("fp8.write.scale_pointer_fallback", "spec 6.9 (with k_scale_desc.data NULL, implementations MAY fall "

@@ -1,9 +1,11 @@
 """Spec 7, 7.2 (R-THREADS, R-LIFETIME, R-STREAM): threads, lifetime after return, streams.
 
 - Concurrent calls from several threads on disjoint cache regions equal the serial
-  result: writes of disjoint slots into one shared cache, and gathers into separate
-  outputs, the threads released together by a barrier right before each provider call
-  (ctypes drops the GIL for the call, so the calls overlap).
+  result: writes of disjoint slots into one shared cache (F16 IO into F16; converting:
+  F32 IO into BF16 / F16, feature ``mixed_io_dtype``; quantizing into E4M3 with scales,
+  profile fp8), and gathers into separate outputs, the threads released together by a
+  barrier right before each provider call (ctypes drops the GIL for the call, so the
+  calls overlap).
 - Nothing is written after return: right after the provider returns, the buffers it
   may write are snapshotted and overwritten with a fresh pattern; 1.2 s later the
   pattern must still be there (then the snapshot is put back and compared with the
@@ -22,7 +24,7 @@ import pytest
 
 from kvx_conformance.abi import buffers, descriptors as d, health
 from kvx_conformance.abi.descriptors import Geometry, IOLayout, SlotMapping
-from kvx_conformance.abi.header import DType, Memory, Status
+from kvx_conformance.abi.header import DType, Memory, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.case import WriteCase
 from kvx_conformance.cases.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
@@ -115,20 +117,26 @@ def _split(case: WriteCase, parts: int) -> list[WriteCase]:
     return out
 
 
-@conformance("concurrency.threads.write_disjoint", CL_THREADS, REQUIRED, "concurrency", "write")
-def test_concurrent_writes(kvx_provider, kvx_call_options):
+def _concurrent_write_rounds(provider, opts, cache_dtype: DType, *, io_dtype: DType | None = None, seed: int = 0,
+                             feature: str | None = None, what: str = "", **scales) -> None:
+    """4 rounds: ``THREADS`` threads write disjoint slots (every slot of BIG once) of one shared
+    cache at once; the cache must equal the oracle's serial result. With ``feature``, one part
+    is first written alone through :func:`verify_write`: a refusal there is the feature's
+    (UNSUPPORTED), a wrong result a failure of its own; the threads then must all answer OK."""
     from kvx_conformance import reference_impl
     from kvx_conformance.cases.execute import run_write
 
-    opts = kvx_call_options()
-    kind = cb.core_layout(kvx_provider, opts.memory)
+    kind = cb.core_layout(provider, opts.memory)
     for rnd in range(4):
-        cache = cb.simple_cache(BIG, kind, DType.F16, seed=100 + rnd)
-        slots = cb.rng_for(rnd).permutation(BIG.num_slots)  # disjoint by construction
-        whole = cb.write_case(cache, slots, seed=200 + rnd, label=f"round {rnd}: {THREADS} threads, disjoint slots")
-        shared = SharedCache(cache, opts.memory)
-        proxy = BarrierProvider(kvx_provider, threading.Barrier(THREADS), shared.struct)
+        cache = cb.simple_cache(BIG, kind, cache_dtype, seed=100 + seed + rnd)
+        slots = cb.rng_for(seed + rnd).permutation(BIG.num_slots)  # disjoint by construction
+        whole = cb.write_case(cache, slots, io_dtype=io_dtype, seed=200 + seed + rnd,
+                              label=f"round {rnd}: {THREADS} threads, disjoint slots{what}", **scales)
         parts = _split(whole, THREADS)
+        if feature is not None and rnd == 0:
+            verify_write(provider, parts[0], opts, clause=CL_THREADS, feature=feature)  # served alone?
+        shared = SharedCache(cache, opts.memory)
+        proxy = BarrierProvider(provider, threading.Barrier(THREADS), shared.struct)
         results = _run_threads([lambda p=p: run_write(proxy, p, opts) for p in parts])
         for r in results:
             check_status(r.status, Status.OK, clause=CL_THREADS, case=whole)
@@ -137,6 +145,32 @@ def test_concurrent_writes(kvx_provider, kvx_call_options):
         check_guards(got, clause=CL_THREADS, case=whole)
         check_arrays(got, reference_impl.expected_write(whole, opts.memory), whole, clause=CL_THREADS,
                      what="concurrent writes of disjoint slots differ from the serial result")
+
+
+@conformance("concurrency.threads.write_disjoint", CL_THREADS, REQUIRED, "concurrency", "write")
+def test_concurrent_writes(kvx_provider, kvx_call_options):
+    _concurrent_write_rounds(kvx_provider, kvx_call_options(), DType.F16)
+
+
+@conformance("concurrency.threads.write_convert", CL_THREADS + "; R-CONVERT", REQUIRED, "concurrency", "write",
+             feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype", [DType.BF16, DType.F16], ids=["f32_to_bf16", "f32_to_f16"])
+def test_concurrent_converting_writes(kvx_provider, kvx_call_options, cache_dtype):
+    """``concurrency.threads.write_disjoint`` with F32 IO into a BF16 / F16 cache: the converting
+    path (rows staged and rounded) must be as thread-safe as the plain copy."""
+    _concurrent_write_rounds(kvx_provider, kvx_call_options(), cache_dtype, io_dtype=DType.F32, seed=40,
+                             feature="mixed_io_dtype", what=", F32 IO")
+
+
+@conformance("concurrency.threads.fp8_write", CL_THREADS + "; R-FP8", REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("io_dtype", [DType.F32, DType.BF16], ids=["io_f32", "io_bf16"])
+def test_concurrent_fp8_writes(kvx_provider, kvx_call_options, io_dtype):
+    """``concurrency.threads.write_disjoint`` into an E4M3 cache quantizing F32 / BF16 IO with a
+    PER_TENSOR K scale and PER_HEAD V scales (``k_scale_desc`` / ``v_scale_desc``)."""
+    _concurrent_write_rounds(kvx_provider, kvx_call_options(), DType.F8_E4M3, io_dtype=io_dtype, seed=60,
+                             feature="fp8", what=f", {io_dtype.name} IO quantized with scales",
+                             k_scale_desc=cb.scale_spec([0.37]),
+                             v_scale_desc=cb.scale_spec([2.5, 0.11, 1.3, 0.6], ScaleGranularity.PER_HEAD))
 
 
 @conformance("concurrency.threads.gather", CL_THREADS, REQUIRED, "concurrency", "gather")
