@@ -94,20 +94,23 @@ def test_write_zero_tokens_is_ok():
     assert r.status == Status.OK and r.arrays["k"].tolist() == list(range(1, 9))
 
 
-def test_write_fp8_per_head_scale():
+def _fp8_two_heads(**scales) -> WriteCase:
+    """One token of two heads, head_dim 1, into an E4M3 cache: K = [2.125, 1000], V = [0.5, 300]."""
     g = Geometry(num_blocks=1, block_size=1, num_kv_heads=2, head_dim=1)
     init = np.frombuffer(bytes([0x11, 0x11]), np.uint8).view(ml_dtypes.float8_e4m3fn)
     lay = cache_layout(g, Layout.BLOCK_NHD, DType.F8_E4M3)
-    cache = CacheCase(g, lay, lay, init.copy(), init.copy())
     io = IOLayout.dense(DType.F32, 1, 2, 1)
+    return WriteCase(CacheCase(g, lay, lay, init.copy(), init.copy()), io, io, np.array([2.125, 1000], np.float32),
+                     np.array([0.5, 300], np.float32), SlotMapping(np.array([0])), 1, **scales)
+
+
+def test_write_fp8_per_head_scale():
     # head 0: 2.125 / 2 = 1.0625 (tie -> 1.0 = 0x38); head 1: 1000 / 4 = 250, between 240 and 256 (step 16):
     # nearest 256 = 0 1111 000 = 0x78
     # v: k_scale_desc absent, v_scale pointer 0.5: 0.5 / 0.5 = 1.0 (0x38); 300 / 0.5 = 600 -> 448 (0x7E)
-    case = WriteCase(cache, io, io, np.array([2.125, 1000], np.float32), np.array([0.5, 300], np.float32),
-                     SlotMapping(np.array([0])), 1,
-                     k_scale=100.0,  # ignored: k_scale_desc.data wins
-                     v_scale=0.5,
-                     k_scale_desc=ScaleSpec(np.array([2.0, 4.0], np.float32), ScaleGranularity.PER_HEAD))
+    case = _fp8_two_heads(k_scale=100.0,  # ignored: k_scale_desc.data wins
+                          v_scale=0.5,
+                          k_scale_desc=ScaleSpec(np.array([2.0, 4.0], np.float32), ScaleGranularity.PER_HEAD))
     r = expected_write(case)
     assert r.status == Status.OK
     assert bits_view(r.arrays["k"]).tolist() == [0x38, 0x78]
@@ -119,14 +122,8 @@ def test_write_fp8_per_head_scale_strides():
     (UNSUPPORTED); served, the result is that of the same values stored adjacent."""
     import dataclasses
 
-    g = Geometry(num_blocks=1, block_size=1, num_kv_heads=2, head_dim=1)
-    init = np.frombuffer(bytes([0x11, 0x11]), np.uint8).view(ml_dtypes.float8_e4m3fn)
-    lay = cache_layout(g, Layout.BLOCK_NHD, DType.F8_E4M3)
-    cache = CacheCase(g, lay, lay, init.copy(), init.copy())
-    io = IOLayout.dense(DType.F32, 1, 2, 1)
-    dense = WriteCase(cache, io, io, np.array([2.125, 1000], np.float32), np.array([0.5, 300], np.float32),
-                      SlotMapping(np.array([0])), 1,
-                      k_scale_desc=ScaleSpec(np.array([2.0, 4.0], np.float32), ScaleGranularity.PER_HEAD))
+    dense = _fp8_two_heads(k_scale_desc=ScaleSpec(np.array([2.0, 4.0], np.float32), ScaleGranularity.PER_HEAD))
+    init = dense.cache.k_init
     strided = dataclasses.replace(dense, k_scale_desc=dataclasses.replace(dense.k_scale_desc, stride=3))
     assert strided.k_scale_desc.buffer().tolist() == [2.0, -3.0, -3.0, 4.0]
     r = expected_write(strided)

@@ -16,7 +16,8 @@
  *
  * Served: BLOCK_NHD and BLOCK_HND caches (any non-negative strides), F16 / BF16 /
  * F32 and F8_E4M3 / F8_E5M2 caches and IO, quantizing FP8 writes with the per-tensor
- * scale pointer or PER_TENSOR / PER_HEAD scale descriptors, PACKED block tables,
+ * scale pointer or PER_TENSOR / PER_HEAD scale descriptors (PER_HEAD values stride[0]
+ * apart too), PACKED block tables,
  * S32 / S64 indices. Everything else a valid call may ask for (HND_PACKED, CUSTOM,
  * negative strides, RAGGED, KV_OFFSETS, PER_BLOCK scales, the other memory type) is
  * refused with KVX_STATUS_UNSUPPORTED after the call's descriptors validated.
@@ -50,7 +51,7 @@ typedef struct hw_io_tensor {
 
 typedef struct hw_scale {
   const float* ptr; /* NULL: 1.0 */
-  int per_head;
+  int64_t head_stride; /* PER_HEAD: head h's value at ptr[h * head_stride] (R-FP8); 0: one value */
 } hw_scale;
 
 typedef struct hw_write_plan {

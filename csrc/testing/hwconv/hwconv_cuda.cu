@@ -97,7 +97,7 @@ __device__ inline unsigned char* io_at(const hw_io_tensor& t, long long r, long 
 }
 
 __device__ inline const float* scale_ptr(const hw_scale& s, unsigned h) {
-  return s.ptr ? s.ptr + (s.per_head ? h : 0) : nullptr;
+  return s.ptr ? s.ptr + s.head_stride * h : nullptr;
 }
 
 /* One thread per (token, head, dim), grid-stride. */

@@ -169,7 +169,7 @@ static kvx_status_t io_tensor(const kvx_cache_desc_t* c, const kvx_kv_io_desc_t*
 static kvx_status_t scale_rules(const kvx_scale_desc_t* sd, const void* fallback, uint32_t heads, int* refuse,
                                 hw_scale* out) {
   out->ptr = NULL;
-  out->per_head = 0;
+  out->head_stride = 0;
   if (sd->data == NULL) {
     out->ptr = (const float*)fallback;
     return OK;
@@ -180,7 +180,9 @@ static kvx_status_t scale_rules(const kvx_scale_desc_t* sd, const void* fallback
       break;
     case KVX_SCALE_PER_HEAD:
       REQUIRE(sd->ndim == 1 && sd->shape[0] == (int64_t)heads);
-      out->per_head = 1;
+      /* readings R-FP8: head h's value at data[h * stride[0]], 0 and 1 adjacent; served */
+      if (sd->stride[0] < 0) *refuse = 1;
+      out->head_stride = sd->stride[0] > 1 ? sd->stride[0] : 1;
       break;
     case KVX_SCALE_PER_BLOCK:
     case KVX_SCALE_PER_BLOCK_HEAD:

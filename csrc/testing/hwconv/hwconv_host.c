@@ -156,7 +156,7 @@ static unsigned char* io_at(const hw_io_tensor* t, uint64_t r, uint64_t h, uint6
 
 static float scale_at(const hw_scale* s, uint32_t h) {
   float v = 1.0f;
-  if (s->ptr) memcpy(&v, s->ptr + (s->per_head ? h : 0), sizeof v);
+  if (s->ptr) memcpy(&v, s->ptr + s->head_stride * (int64_t)h, sizeof v);
   return v;
 }
 
