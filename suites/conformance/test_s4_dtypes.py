@@ -134,6 +134,102 @@ def _near_ties(n: int, cache_dtype: DType, seed: int) -> np.ndarray:
     return ((base + tweak) | sign).view(np.float32)
 
 
+CL_OVERFLOW = CL_CONVERT + " (RNE: a finite F32 value at or past the midpoint above the largest finite value is inf)"
+#: F32 inputs around the rounding edge of the largest finite F16 / BF16 value, as F32 bits: the
+#: midpoint (65520; 0x7F7F8000) and everything above it round to inf; just below it, to the largest
+#: finite value; the midpoint below (65488; 0x7F7E8000) rounds to even, finite
+OVERFLOW_BITS = {
+    DType.F16: np.array([65520.0, 65535.99, 65536.0, 65519.99, 65504.0, 65528.0, 65488.0, 131072.0],
+                        np.float32).view(np.uint32),
+    DType.BF16: np.array([0x7F7F8000, 0x7F7FFFFF, np.float32(3.4e38).view(np.uint32), 0x7F7F7FFF, 0x7F7F0000,
+                          0x7F7FC000, 0x7F7E8000, 0x7F7E8001], np.uint32),
+}
+
+
+@conformance("dtype.write.overflow_by_rounding", CL_OVERFLOW, REQUIRED, "core", "write", feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype", [DType.F16, DType.BF16], ids=["f16", "bf16"])
+def test_write_overflow_by_rounding(kvx_provider, kvx_call_options, cache_dtype):
+    """F32 values that are finite but round past the largest finite F16 / BF16 value: 65520, 65535.99
+    (F16) and 0x7F7F8000, FLT_MAX, 3.4e38 (BF16) become inf with their sign; 65519.99 and 0x7F7F7FFF
+    stay the largest finite value. A provider that saturates (clamps to the largest finite value
+    before or instead of rounding) fails here; ``dtype.write.convert`` only writes values that are
+    far from that edge or already inf."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, cache_dtype, 50)
+    case = cb.write_case(cache, cb.spread_slots(G, 6, 50), io_dtype=DType.F32, seed=51,
+                         label=f"f32 -> {NAMES[cache_dtype]} cache, values rounding past the largest finite value")
+    vals = OVERFLOW_BITS[cache_dtype].view(np.float32)
+    vals = np.concatenate([vals, -vals])
+    rng = cb.rng_for(52)
+    case = cb.replace(case, key=np.resize(vals, case.key.size).astype(np.float32),
+                      value=rng.permutation(np.resize(vals, case.value.size)).astype(np.float32))
+    verify_write(kvx_provider, case, opts, clause=CL_OVERFLOW, feature="mixed_io_dtype")
+
+
+CL_SUBNORMAL = CL_CONVERT + " (subnormal inputs and results are values like any other: no flush to zero)"
+#: (stored mantissa bits, exponent of the smallest normal value) of F16 and BF16
+_NARROW = {DType.F16: (10, -14), DType.BF16: (7, -126)}
+
+
+def _subnormal_values(n: int, cache_dtype: DType, io_dtype: DType, seed: int) -> np.ndarray:
+    """``n`` values of ``io_dtype`` (both signs) that are subnormal in the IO dtype or convert to a
+    subnormal of the cache dtype: every subnormal step of F16 / BF16 (the cache's and the IO's),
+    rounding ties between two subnormals and one F32 ulp either side of them, half the smallest
+    subnormal (ties to 0), the largest subnormal, the tie below the smallest normal (rounds up to
+    it); F32 IO adds F32 subnormals."""
+    rng = cb.rng_for(seed)
+    parts = []
+    for dt in (cache_dtype, io_dtype):
+        if dt not in _NARROW:
+            continue
+        m, emin = _NARROW[dt]
+        q = 2.0 ** (emin - m)  # the smallest subnormal
+        k = rng.integers(1, 2 ** m, size=32).astype(np.float64)
+        grid = np.concatenate([k * q, (k + 0.5) * q,
+                               np.array([0.25, 0.5, 1.0, 1.5, 2.5, 2 ** m - 1.0, 2 ** m - 0.5, 2 ** m]) * q])
+        g = grid.astype(np.float32)
+        parts += [g, np.nextafter(g, np.float32(0)), np.nextafter(g, np.float32(np.inf))]
+    if io_dtype == DType.F32:
+        parts.append(rng.integers(1, 1 << 23, size=32, dtype=np.uint32).view(np.float32))
+    pool = np.concatenate(parts)
+    pool = pool[pool.astype(np_dtype(io_dtype)) != 0]  # BF16 subnormals are 0 as F16 IO: left out
+    x = rng.choice(pool, size=n) * rng.choice(np.array([1, -1], np.float32), size=n)
+    return x.astype(np_dtype(io_dtype))
+
+
+def _subnormal_share(x: np.ndarray, cache_dtype: DType) -> float:
+    """The share of ``x`` that is subnormal as given or once converted (RNE) to ``cache_dtype``."""
+    tiny = {DType.F16: 2.0 ** -14, DType.BF16: 2.0 ** -126, DType.F32: 2.0 ** -126}
+
+    def sub(a, dt):
+        f = np.abs(a.astype(np.float64))
+        return (f > 0) & (f < tiny[dt])
+    io_dtype = next(d for d in tiny if np_dtype(d) == x.dtype)
+    return float(np.mean(sub(x, io_dtype) | sub(x.astype(np.float32).astype(np_dtype(cache_dtype)), cache_dtype)))
+
+
+@conformance("dtype.write.subnormals", CL_SUBNORMAL, REQUIRED, "core", "write", feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
+def test_write_subnormals(kvx_provider, kvx_call_options, cache_dtype, io_dtype):
+    """Converting writes whose inputs are subnormal or whose results are F16 / BF16 subnormals
+    (F32 subnormals into a BF16 cache, F32 and BF16 values below 2^-14 into an F16 cache, F16 /
+    BF16 subnormals widened): RNE at every subnormal step, ties included. A provider that flushes
+    subnormal results to zero (FTZ) or reads subnormal inputs as zero (DAZ, e.g. built with fast
+    math) fails here."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, cache_dtype, 53)
+    case = cb.write_case(cache, cb.spread_slots(G, 12, 53), io_dtype=io_dtype, seed=54,
+                         label=f"{NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache, subnormal inputs / results")
+    key = _subnormal_values(case.key.size, cache_dtype, io_dtype, 55)
+    value = _subnormal_values(case.value.size, cache_dtype, io_dtype, 56)
+    for x in (key, value):  # a harness fault (outcome "error"), never a skip
+        if _subnormal_share(x, cache_dtype) < 0.5:
+            raise RuntimeError(f"dtype.write.subnormals: fewer than half of the {NAMES[io_dtype]} inputs are "
+                               f"subnormal or convert to a {NAMES[cache_dtype]} subnormal")
+    verify_write(kvx_provider, cb.replace(case, key=key, value=value), opts, clause=CL_SUBNORMAL,
+                 feature="mixed_io_dtype")
+
+
 #: token counts of the batch conversion writes (the other conversion tests write at most 24
 #: tokens; a provider may take another, vectorized or batched, path past some count)
 BATCH_TOKENS = [64, 203]

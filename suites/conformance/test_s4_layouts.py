@@ -70,6 +70,25 @@ def test_hnd_packed(kvx_provider, kvx_call_options, pack, op):
               label=f"HND_PACKED pack {pack}")
 
 
+#: head_dim 16 (one pack group) and 32 (two): pack 16 needs head_dim a multiple of 16
+PACK16_GEOMS = {"d16": Geometry(num_blocks=6, block_size=4, num_kv_heads=2, head_dim=16),
+                "d32": Geometry(num_blocks=6, block_size=4, num_kv_heads=2, head_dim=32)}
+
+
+@conformance("layout.hnd_packed_pack16", "spec 4.2 (BLOCK_HND_PACKED, pack = shape[4]: pack 16)", REQUIRED, "layouts",
+             ("write", "gather"), feature="hnd_packed")
+@pytest.mark.parametrize("geom", list(PACK16_GEOMS))
+@OPS
+def test_hnd_packed_pack16(kvx_provider, kvx_call_options, geom, op):
+    """HND_PACKED with pack 16 (vLLM's x is 16 bytes / element size: 16 for 1-byte FP8 caches, 8 for
+    F16), here in an F16 cache: a provider whose kernels stop at pack 8 (and address pack 16 with
+    pack 8's offsets) fails here; ``layout.hnd_packed`` uses packs 1 to 8."""
+    g = PACK16_GEOMS[geom]
+    t = cb.layout(g, "hnd_packed", DType.F16, pack=16)
+    _exercise(kvx_provider, kvx_call_options(), t, t, op, clause="spec 4.2", feature="hnd_packed", seed=19,
+              label=f"HND_PACKED pack 16, head_dim {g.head_dim}", geom=g)
+
+
 # ---------------------------------------------------------------------------- padded
 
 
@@ -292,6 +311,38 @@ def test_io_strides(kvx_provider, kvx_call_options, io_kind, op):
         case = cb.replace(base, out_layout=lay, out_k_init=cb.poison(rng, DType.F16, n),
                           out_v_init=cb.poison(rng, DType.F16, n))
         verify_gather(kvx_provider, case, opts, clause="spec 6.8; R-IO", feature="io_strides")
+
+
+CL_KV_OUT_STRIDES = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (io.key and io.value are tensor "
+                     "descriptors of their own: each output through its own strides); R-IO")
+
+
+@conformance("gather.kv_out_strides", CL_KV_OUT_STRIDES, REQUIRED, "layouts", "gather", feature="io_strides")
+@pytest.mark.parametrize("which", ["value_head_major", "key_head_major"])
+def test_gather_kv_out_strides(kvx_provider, kvx_call_options, which):
+    """A gather whose key output is dense and whose value output is head-major ``[H][rows][D]``
+    (and the other way round): each output is written through its own strides, never the
+    other's. The head-major strides are set on ``desc.io.value`` (``desc.io.key``) through
+    ``c_overrides``; the oracle reads each output's strides from the C descriptor, as the
+    provider does. Both layouts cover the same elements (span ``rows * H * D``), so both
+    output buffers (sized by the dense ``out_layout``) hold either, and every element of
+    both, gathered or not, is compared (the rows past a sequence's length stay poison)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=81)
+    case = cb.packed_gather(cache, cb.distinct_table(G, 2, 3, 82), [12, 7], 12, seed=83,
+                            label=f"dense and head-major outputs ({which})")
+    dense = case.out_layout
+    major = cb.io_layout(dense.dtype, case.num_tokens, G, "head_major")
+    if major.span_elements() != dense.span_elements() or tuple(major.stride) == tuple(dense.stride):
+        raise RuntimeError(f"gather.kv_out_strides: head-major strides {major.stride} (span "
+                           f"{major.span_elements()}) do not fit the dense output (strides {dense.stride}, span "
+                           f"{dense.span_elements()})")  # a harness fault (outcome "error"), never a skip
+    side = "value" if which == "value_head_major" else "key"
+    ov = {f"desc.io.{side}.stride[{i}]": int(x) for i, x in enumerate(major.stride)}
+    case = cb.replace(case, c_overrides={**case.c_overrides, **ov},
+                      label=f"{case.label}: {side} output strides {major.stride}, the other {dense.stride}; "
+                            f"positions in a difference name storage as the dense layout")
+    verify_gather(kvx_provider, case, opts, clause=CL_KV_OUT_STRIDES, feature="io_strides")
 
 
 # ---------------------------------------------------------------------------- IO layout field
