@@ -230,6 +230,46 @@ def test_write_subnormals(kvx_provider, kvx_call_options, cache_dtype, io_dtype)
                  feature="mixed_io_dtype")
 
 
+def _gather_values(provider, opts, cache_dtype, out_dtype, seed, k, v, what):
+    """A PACKED gather from a ``cache_dtype`` cache whose K and V storage hold ``k`` / ``v`` (resized
+    to the storage) into ``out_dtype`` outputs, verified against the oracle (R-CONVERT: the gather
+    converts by the write's rule)."""
+    cache = _cache(provider, opts.memory, cache_dtype, seed)
+    ki, vi = cache.k_init, cache.v_init
+    cache = cb.replace(cache, k_init=np.resize(k, ki.size).astype(ki.dtype).reshape(ki.shape),
+                       v_init=np.resize(v, vi.size).astype(vi.dtype).reshape(vi.shape))
+    table = np.array([[0, 3, 5], [2, 1, 4]], np.int64)
+    case = cb.packed_gather(cache, table, [12, 9], 12, io_dtype=out_dtype, seed=seed + 1,
+                            label=f"{NAMES[cache_dtype]} cache -> {NAMES[out_dtype]}, {what}")
+    verify_gather(provider, case, opts, clause=CL_OVERFLOW if "edge" in what else CL_SUBNORMAL,
+                  feature="mixed_io_dtype")
+
+
+@conformance("dtype.gather.overflow_by_rounding", CL_OVERFLOW, REQUIRED, "core", "gather", feature="mixed_io_dtype")
+@pytest.mark.parametrize("out_dtype", [DType.F16, DType.BF16], ids=["f16", "bf16"])
+def test_gather_overflow_by_rounding(kvx_provider, kvx_call_options, out_dtype):
+    """The gather direction of ``dtype.write.overflow_by_rounding``: an F32 cache holding values at
+    the rounding edge of the largest finite F16 / BF16 value, gathered into F16 / BF16 outputs."""
+    vals = OVERFLOW_BITS[out_dtype].view(np.float32)
+    vals = np.concatenate([vals, -vals])
+    _gather_values(kvx_provider, kvx_call_options(), DType.F32, out_dtype, 57, vals,
+                   cb.rng_for(58).permutation(vals), "values at the largest finite value's rounding edge")
+
+
+@conformance("dtype.gather.subnormals", CL_SUBNORMAL, REQUIRED, "core", "gather", feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,out_dtype", MIXED)
+def test_gather_subnormals(kvx_provider, kvx_call_options, cache_dtype, out_dtype):
+    """The gather direction of ``dtype.write.subnormals``: cache values that are subnormal or become
+    subnormal in the output dtype, gathered without flush to zero."""
+    k = _subnormal_values(512, out_dtype, cache_dtype, 59)
+    v = _subnormal_values(512, out_dtype, cache_dtype, 60)
+    for x in (k, v):  # a harness fault (outcome "error"), never a skip
+        if _subnormal_share(x, out_dtype) < 0.5:
+            raise RuntimeError(f"dtype.gather.subnormals: fewer than half of the {NAMES[cache_dtype]} values are "
+                               f"subnormal or convert to a {NAMES[out_dtype]} subnormal")
+    _gather_values(kvx_provider, kvx_call_options(), cache_dtype, out_dtype, 61, k, v, "subnormal values / results")
+
+
 #: token counts of the batch conversion writes (the other conversion tests write at most 24
 #: tokens; a provider may take another, vectorized or batched, path past some count)
 BATCH_TOKENS = [64, 203]
