@@ -92,6 +92,24 @@ def test_packed_long_sequences(kvx_provider, kvx_call_options, index_dtype):
     verify_gather(kvx_provider, case, opts, clause=CL_PACKED)
 
 
+LONGCTX = Geometry(num_blocks=4112, block_size=16, num_kv_heads=1, head_dim=8)  # 65792 slots
+LONGCTX_TOKENS = 65600
+
+
+@conformance("gather.packed.positions_past_65535", CL_PACKED + " (token t of a sequence for every t < "
+             "min(L, max_seq_len))", REQUIRED, "core", "gather")
+def test_packed_positions_past_65535(kvx_provider, kvx_call_options):
+    """One sequence of 65600 tokens (4100 distinct blocks of 16, 1 head x 8 dims F16): positions
+    65535 and later are gathered like the others (a grid dimension per position capped at 65535,
+    as a 128k-context model's gather meets it, drops them)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(LONGCTX, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=96)
+    mb = -(-LONGCTX_TOKENS // LONGCTX.block_size)
+    case = cb.packed_gather(cache, cb.distinct_table(LONGCTX, 1, mb, 97), [LONGCTX_TOKENS], LONGCTX_TOKENS,
+                            seed=98, label=f"one sequence of {LONGCTX_TOKENS} tokens, {mb} blocks")
+    verify_gather(kvx_provider, case, opts, clause=CL_PACKED)
+
+
 CL_NON_POW2 = ("spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx % block_size), 7.1 (only "
                "KV_OFFSETS requires a power-of-two block_size); R-DATA")
 
@@ -295,6 +313,18 @@ def test_packed_zero_sequences(kvx_provider, kvx_call_options):
     verify_gather(kvx_provider, case, opts, clause="spec 6.10; R-GATHER")
 
 
+@conformance("gather.packed.no_blocks_all_empty", CL_PACKED + "; R-DATA (ceil(0 / block_size) = 0 blocks "
+             "needed: OK, every row untouched)", REQUIRED, "core", "gather")
+def test_packed_no_blocks_all_empty(kvx_provider, kvx_call_options):
+    """max_blocks_per_seq 0 (indices_count 0, indices NULL) and every length 0, max_seq_len 4: a
+    batch of empty sequences is valid (no R-GATHER rule rejects it, no block is needed), OK with
+    the 2 x 4 output rows untouched."""
+    opts = kvx_call_options()
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 35), np.zeros((2, 0), np.int64), [0, 0], 4, seed=36,
+                            label="max_blocks_per_seq 0, lengths [0, 0], max_seq_len 4")
+    verify_gather(kvx_provider, case, opts, clause=CL_PACKED + "; R-DATA")
+
+
 # ---------------------------------------------------------------------------- RAGGED
 
 RAGGED_DTYPES = [
@@ -425,6 +455,26 @@ def test_kv_offsets_basic(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
     case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 60), _offsets(3, 1, 3, 61), [9, 12, 2], 12,
                                 seed=62, label="beam 1, pool of 10 blocks (> num_blocks)")
+    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="kv_offsets")
+
+
+KVO_LARGE = Geometry(num_blocks=1, block_size=64, num_kv_heads=8, head_dim=128)  # bytes_per_block 131072
+
+
+@conformance("gather.kv_offsets.large_blocks", CL_KVOFF + " (block base = pool + index * bytes_per_block, "
+             "bytes_per_block >= 65536)", REQUIRED, "tables", "gather", feature="kv_offsets")
+def test_kv_offsets_large_blocks(kvx_provider, kvx_call_options):
+    """TensorRT-LLM's tokens_per_block 64 with 8 heads x 128 F16: bytes_per_block 131072 (2^17),
+    a pool of 3 blocks. Blocks 1 and 2 start at byte 131072 and 262144 (a bytes_per_block kept in
+    16 bits puts every block at the pool's start)."""
+    opts = kvx_call_options()
+    c = cb.kv_offsets_cache(KVO_LARGE, DType.F16, primary_blocks=3, seed=81)
+    t = cb.layout(KVO_LARGE, cb.core_layout(kvx_provider, opts.memory), DType.F16)
+    c = cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(82), DType.F16, t.span_elements()),
+                   v_init=cb.finite_values(cb.rng_for(83), DType.F16, t.span_elements()))
+    off = np.array([[[[2, 1], [1, 0]]], [[[0, 2], [2, 1]]]], np.int64)  # [seq, beam, K|V, block]
+    case = cb.kv_offsets_gather(c, off, [100, 70], 128, seed=84,
+                                label="tokens_per_block 64, 8 x 128 F16: bytes_per_block 131072")
     verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="kv_offsets")
 
 

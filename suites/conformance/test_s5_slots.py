@@ -83,6 +83,31 @@ def test_block_size_non_pow2(kvx_provider, kvx_call_options, block_size, slot_dt
     verify_write(kvx_provider, case, opts, clause=CL_NON_POW2)
 
 
+@conformance("write.slots.single_token", "spec 4.1, 5.2, 7 (K and V of every head); R-WRITE", REQUIRED, "core",
+             "write")
+@pytest.mark.parametrize("heads", [2, 8])
+def test_single_token(kvx_provider, kvx_call_options, heads):
+    """A write of one token (a decode step of batch 1) with 2 and 8 KV heads: every head is written
+    (a one-token fast path is a path of its own)."""
+    opts = kvx_call_options()
+    geom = Geometry(num_blocks=4, block_size=4, num_kv_heads=heads, head_dim=8)
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 26, geom), [6], seed=27,
+                         label=f"one token, {heads} heads")
+    verify_write(kvx_provider, case, opts, clause="spec 4.1, 5.2, 7; R-WRITE")
+
+
+@conformance("write.slots.padded_batch_beyond_cache", CL_NOOP + " (more tokens than cache slots)", REQUIRED, "core",
+             "write")
+def test_padded_batch_beyond_cache(kvx_provider, kvx_call_options):
+    """40 tokens into a cache of 24 slots: 10 valid slots, then 30 tokens of slot -1 (a CUDA-graph
+    batch padded to its captured size). num_tokens is not bounded by num_blocks * block_size."""
+    opts = kvx_call_options()
+    slots = [*cb.spread_slots(G, 10, seed=28), *([-1] * 30)]
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 29), slots, seed=30,
+                         label=f"{len(slots)} tokens (10 valid, 30 of slot -1) > {N} slots")
+    verify_write(kvx_provider, case, opts, clause=CL_NOOP)
+
+
 NEGATIVE = {
     DType.S32: [-1, -2, -100, -(2 ** 31)],
     DType.S64: [-1, -2, -(2 ** 31) - 5, -(2 ** 63), -(2 ** 32) + 3],  # the last: low 32 bits say slot 3

@@ -1,0 +1,50 @@
+"""Spec 4.1, 5.2, 6.10, 7 (R-WRITE, R-GATHER): the head shapes of real models.
+
+A write stores, and a gather returns, every element of every head of a token: ``head_dim``
+and ``num_kv_heads`` are any positive values (7.1 asks only that they are non-zero). The
+other suites use small heads (``head_dim`` 1 to 64, a token row of at most 128 elements), so
+the shapes of deployed models are written and gathered here, each through a small cache:
+
+- ``head_dim`` 72, 80, 96, 112 (2 heads): larger than 32 and, but for 96, not a multiple of
+  32 (Phi-2 80, Phi-3 96): a kernel that tiles dims by 32 and drops the remainder is seen;
+- 32 heads x 128 (Llama-2-7B without tensor parallelism): a token row of 4096 elements, so a
+  per-token stage of 1024 elements is seen;
+- 1 head x 576 (DeepSeek's MLA latent cache, 512 + 64) and 1 head x 512: dims past 256 in one
+  head, so a head tile of 256 is seen.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kvx_conformance.abi.descriptors import Geometry
+from kvx_conformance.abi.header import DType
+from kvx_conformance.cases import build as cb
+from kvx_conformance.cases.checks import verify_gather, verify_write
+from kvx_conformance.results.outcomes import REQUIRED, conformance
+
+CL_SHAPES = ("spec 4.1, 5.2, 6.10, 7 (K and V of every head of a token, every element of the head); "
+             "R-WRITE, R-GATHER")
+#: id -> (num_kv_heads, head_dim)
+MODEL_HEADS = {
+    "h2_d72": (2, 72), "h2_d80": (2, 80), "h2_d96": (2, 96), "h2_d112": (2, 112),
+    "h32_d128": (32, 128), "h1_d576": (1, 576), "h1_d512": (1, 512),
+}
+
+
+@conformance("shapes.model_heads", CL_SHAPES, REQUIRED, "core", ("write", "gather"))
+@pytest.mark.parametrize("heads", list(MODEL_HEADS.values()), ids=list(MODEL_HEADS))
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_model_heads(kvx_provider, kvx_call_options, op, heads):
+    """Write 10 tokens at random distinct slots, or gather 2 PACKED sequences (12 and 5 tokens of
+    blocks of 4), in a cache of 6 blocks of 4 tokens with the model's heads (F16)."""
+    opts = kvx_call_options()
+    h, d = heads
+    geom = Geometry(num_blocks=6, block_size=4, num_kv_heads=h, head_dim=d)
+    cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=400 + d + h)
+    label = f"{h} heads x head_dim {d}"
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(geom, 10, 401), seed=402, label=label)
+        verify_write(kvx_provider, case, opts, clause=CL_SHAPES)
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 403), [12, 5], 12, seed=404, label=label)
+        verify_gather(kvx_provider, case, opts, clause=CL_SHAPES)
