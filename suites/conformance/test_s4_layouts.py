@@ -89,6 +89,37 @@ def test_hnd_packed_pack16(kvx_provider, kvx_call_options, geom, op):
               label=f"HND_PACKED pack 16, head_dim {g.head_dim}", geom=g)
 
 
+#: a batch of >= 32 tokens (``layout.hnd_packed`` writes 14): head_dim 16 for pack 16, 96 slots
+PACKED_BATCH = Geometry(num_blocks=24, block_size=4, num_kv_heads=2, head_dim=16)
+CL_PACKED_BATCH = "spec 4.2 (BLOCK_HND_PACKED, pack = shape[4]; MUST honor provided strides)"
+
+
+@conformance("layout.hnd_packed_batch", CL_PACKED_BATCH + " (batches of 32+ tokens)", REQUIRED, "layouts",
+             ("write", "gather"), feature="hnd_packed")
+@pytest.mark.parametrize("pack", [2, 4, 8, 16])
+@pytest.mark.parametrize("tokens", [32, 64, 77])
+@OPS
+def test_hnd_packed_batch(kvx_provider, kvx_call_options, pack, tokens, op):
+    """HND_PACKED caches written and gathered ``tokens`` at a time (32, 64, 77: one invalid slot among a
+    write's): a batched (vector) path that ignores the pack, addressing the cache as HND, fails here;
+    ``layout.hnd_packed`` and ``layout.hnd_packed_pack16`` write 14 tokens."""
+    g = PACKED_BATCH
+    t = cb.layout(g, "hnd_packed", DType.F16, pack=pack)
+    cache = cb.make_cache(g, t, t, seed=90 + pack)
+    label = f"HND_PACKED pack {pack}, {tokens} tokens"
+    opts = kvx_call_options()
+    if op == "write":
+        slots = cb.spread_slots(g, tokens - 1, 91 + pack).tolist()
+        slots[3:3] = [-1]
+        case = cb.write_case(cache, slots, seed=92 + pack, label=label)
+        verify_write(kvx_provider, case, opts, clause=CL_PACKED_BATCH, feature="hnd_packed")
+    else:
+        mb = -(-tokens // g.block_size)
+        case = cb.packed_gather(cache, cb.distinct_table(g, 2, mb, 93 + pack), [tokens, tokens // 2 + 1], tokens,
+                                seed=94 + pack, label=label)
+        verify_gather(kvx_provider, case, opts, clause=CL_PACKED_BATCH, feature="hnd_packed")
+
+
 # ---------------------------------------------------------------------------- padded
 
 
@@ -290,6 +321,45 @@ def test_mixed_k_v_io_convert(kvx_provider, kvx_call_options, which, op):
     _mixed_k_v(kvx_provider, kvx_call_options(), which, op, DType.F32, ("mixed_io_dtype", "mixed_layouts"))
 
 
+#: K and V of the same dtype in different layouts or strides (no feature beyond ``mixed_layouts``),
+#: and of different dtypes and layouts
+MIXED_BATCH = {
+    "nhd_k_hnd_v": (("nhd", DType.BF16), ("hnd", DType.BF16)),
+    "hnd_k_nhd_v": (("hnd", DType.F16), ("nhd", DType.F16)),
+    "f16_nhd_k_f32_hnd_v": (("nhd", DType.F16), ("hnd", DType.F32)),
+}
+MIXED_BATCH_GEOM = Geometry(num_blocks=24, block_size=4, num_kv_heads=2, head_dim=8)  # 96 slots
+
+
+@conformance("layout.mixed_k_v_batch", "spec 4.2 (MUST honor provided strides); R-CACHE (K and V may differ in "
+             "layout, strides and dtype; batches of 32+ tokens)", REQUIRED, "layouts", ("write", "gather"),
+             feature="mixed_layouts")
+@pytest.mark.parametrize("which", list(MIXED_BATCH))
+@pytest.mark.parametrize("tokens", [32, 64, 77])
+@OPS
+def test_mixed_k_v_batch(kvx_provider, kvx_call_options, which, tokens, op):
+    """``layout.mixed_k_v`` with batches of 32, 64 and 77 tokens (that test writes 12): a batched path
+    that addresses V with K's layout and strides fails here. IO in each cache's own dtype (a gather's
+    single output dtype is K's), one invalid slot among a write's."""
+    g = MIXED_BATCH_GEOM
+    (kk, kd), (vk, vd) = MIXED_BATCH[which]
+    cache = cb.make_cache(g, cb.layout(g, kk, kd), cb.layout(g, vk, vd), seed=65)
+    label = f"{which}, {tokens} tokens"
+    opts = kvx_call_options()
+    clause = "spec 4.2; R-CACHE"
+    if op == "write":
+        slots = cb.spread_slots(g, tokens - 1, 66).tolist()
+        slots[3:3] = [-1]
+        case = cb.write_case(cache, slots, key_layout=cb.io_layout(kd, tokens, g),
+                             value_layout=cb.io_layout(vd, tokens, g), seed=67, label=label)
+        verify_write(kvx_provider, case, opts, clause=clause, feature="mixed_layouts")
+    else:
+        mb = -(-tokens // g.block_size)
+        case = cb.packed_gather(cache, cb.distinct_table(g, 2, mb, 68), [tokens, tokens // 2 + 1], tokens, seed=69,
+                                label=label)
+        verify_gather(kvx_provider, case, opts, clause=clause, feature="mixed_layouts")
+
+
 # ---------------------------------------------------------------------------- IO strides
 
 
@@ -311,6 +381,30 @@ def test_io_strides(kvx_provider, kvx_call_options, io_kind, op):
         case = cb.replace(base, out_layout=lay, out_k_init=cb.poison(rng, DType.F16, n),
                           out_v_init=cb.poison(rng, DType.F16, n))
         verify_gather(kvx_provider, case, opts, clause="spec 6.8; R-IO", feature="io_strides")
+
+
+CL_KV_IN_STRIDES = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (io.key and io.value are tensor "
+                    "descriptors of their own: each input read through its own strides); R-IO")
+#: (key IO kind, value IO kind)
+KV_IN_STRIDES = {"value_head_major": ("dense", "head_major"), "key_head_major": ("head_major", "dense"),
+                 "value_padded": ("dense", "padded"), "key_padded": ("padded", "dense")}
+
+
+@conformance("write.kv_in_strides", CL_KV_IN_STRIDES, REQUIRED, "layouts", "write", feature="io_strides")
+@pytest.mark.parametrize("which", list(KV_IN_STRIDES))
+def test_write_kv_in_strides(kvx_provider, kvx_call_options, which):
+    """A write whose key input is dense and whose value input is head-major ``[H][tokens][D]`` or
+    padded (and the other way round): each input is read through its own strides, never the
+    other's (``io.strided`` gives both inputs the same strides; ``gather.kv_out_strides`` is the
+    gather's side)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=84)
+    n = 12
+    kk, vk = KV_IN_STRIDES[which]
+    kl, vl = cb.io_layout(DType.F16, n, G, kk), cb.io_layout(DType.F16, n, G, vk)
+    case = cb.write_case(cache, cb.spread_slots(G, n, 85), key_layout=kl, value_layout=vl, seed=86,
+                         label=f"key input strides {kl.stride}, value input strides {vl.stride}")
+    verify_write(kvx_provider, case, opts, clause=CL_KV_IN_STRIDES, feature="io_strides")
 
 
 CL_KV_OUT_STRIDES = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (io.key and io.value are tensor "

@@ -11,6 +11,9 @@ the shapes of deployed models are written and gathered here, each through a smal
   per-token stage of 1024 elements is seen;
 - 1 head x 576 (DeepSeek's MLA latent cache, 512 + 64) and 1 head x 512: dims past 256 in one
   head, so a head tile of 256 is seen.
+
+Head counts that are not powers of two (``shapes.heads_not_pow2``: 5, 6, 7, 10, 12 and 25 heads
+of 8): a kernel that handles heads in groups of 4 (or 8) and drops the remainder is seen.
 """
 from __future__ import annotations
 
@@ -48,3 +51,33 @@ def test_model_heads(kvx_provider, kvx_call_options, op, heads):
     else:
         case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 403), [12, 5], 12, seed=404, label=label)
         verify_gather(kvx_provider, case, opts, clause=CL_SHAPES)
+
+
+#: head counts that are not powers of two, past 4 (Phi-3-medium 10, GPT-2 XL 25, 5 / 6 / 7 / 12 after tensor
+#: parallelism of odd head counts): the other suites use 1, 2, 3, 4, 8, 16 and 32 heads only
+ODD_HEADS = [5, 6, 7, 10, 12, 25]
+CL_HEADS = ("spec 4.1, 5.2, 6.10, 7 (K and V of every head of a token); R-WRITE, R-GATHER, R-CACHE (num_kv_heads "
+            "any positive value)")
+
+
+@conformance("shapes.heads_not_pow2", CL_HEADS, REQUIRED, "core", ("write", "gather"))
+@pytest.mark.parametrize("heads", ODD_HEADS)
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_heads_not_pow2(kvx_provider, kvx_call_options, heads, op):
+    """``num_kv_heads`` 5, 6, 7, 10, 12 and 25 (head_dim 8, F16, the core layout): write 12 tokens at
+    random distinct slots (one invalid slot among them), or gather 2 PACKED sequences (12 and 7 tokens
+    of blocks of 4). A kernel that handles heads in groups of 4 (or 8) and drops the remainder passes
+    every other suite (their head counts are powers of two, or at most 4) and fails here."""
+    opts = kvx_call_options()
+    geom = Geometry(num_blocks=8, block_size=4, num_kv_heads=heads, head_dim=8)
+    cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=410 + heads)
+    label = f"{heads} heads x head_dim 8"
+    if op == "write":
+        slots = cb.spread_slots(geom, 12, 411 + heads).tolist()
+        slots[3:3] = [-1]
+        case = cb.write_case(cache, slots, seed=412 + heads, label=label)
+        verify_write(kvx_provider, case, opts, clause=CL_HEADS)
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 413 + heads), [12, 7], 12, seed=414 + heads,
+                                label=label)
+        verify_gather(kvx_provider, case, opts, clause=CL_HEADS)
