@@ -31,6 +31,8 @@ HERE = Path(__file__).parent
 IMPLIED = {"secondary_pool": {"kv_offsets"}, "scale_strides": {"fp8"}}
 #: required tests whose cases combine features on purpose: id pattern -> reason
 COMBINED = {
+    r"fp8\.write\.mixed_formats\[.*\]": "an E4M3 K cache beside an E5M2 V cache: K and V dtypes differ (mixed_layouts) "
+                                      "in an FP8 cache (fp8); excused unless both are claimed",
     r"layout\.mixed_k_v\[.*vllm_packed_k_transposed_v\]":
         "vLLM's cache is a packed K (HND_PACKED) beside a transposed V (non-canonical strides)",
     r"layout\.mixed_k_v\.io_convert\[.*\]":

@@ -411,6 +411,18 @@ def run_write(provider, cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slo
     return Fp4Result(int(st), _read_cache(cache, arena), {}, arena.violations(), arena.input_changes())
 
 
+def run_validate(provider, cache: Fp4Cache, *, memory=Memory.HOST, cache_size: int | None = None,
+                 overrides: dict | None = None) -> Fp4Result:
+    """``kvx_validate_cache_desc`` on the 1.2 cache struct of ``cache`` (its buffers read-only,
+    as for a gather); ``Fp4Result.cache`` is the cache as the call left it."""
+    arena = _Arena(Memory(memory), READONLY_GATHER)
+    c = cache_struct(cache, arena, cache_size)
+    _apply(c, None, overrides)
+    st = provider.validate_cache_desc(c)
+    buffers.synchronize(Memory(memory))
+    return Fp4Result(int(st), _read_cache(cache, arena), {}, arena.violations(), arena.input_changes())
+
+
 def run_gather(provider, cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_len: int, out_dtype: DType, *,
                memory=Memory.HOST, cache_size: int | None = None, overrides: dict | None = None,
                stream=None, index_dtype: DType = DType.S32, indptr=None, indptr_dtype: DType = DType.S32,

@@ -250,6 +250,46 @@ def test_invalid_descriptors(kvx_provider, kvx_call_options, name):
                                  clause=CL, case=case, seed=seed)
 
 
+CL_VALID = CL + "; spec 7 (kvx_validate_cache_desc answers OK for a valid descriptor)"
+
+
+@conformance("fp4.validate.valid", CL_VALID, REQUIRED, "fp4", "validate", feature="fp4")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_validate_valid(kvx_provider, kvx_call_options, fmt, layout):
+    """A valid FP4 cache (NVFP4 with global scales, MXFP4, MXFP4_OCP; NHD and HND) validates OK,
+    changing nothing. A refusal (UNSUPPORTED, or INVALID_ARGUMENT: spec 8 "unsupported field") is
+    the feature's only while the provider's write refuses the same cache too: a provider that
+    writes a cache its validation refuses (validation with v1.1 dtype rules) fails."""
+    _need_fp4(kvx_provider)
+    seed = 84 + int(fmt)
+    memory = kvx_call_options().memory
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+    case = f"{fx.FORMAT_NAMES[fmt]} cache ({layout.name}), H={H} D={D} block_size={BS}"
+    res = fx.run_validate(kvx_provider, cache, memory=memory)
+    _check_guards(res, CL_VALID, seed, case)
+    if not (np.array_equal(res.cache.k_codes, cache.k_codes) and np.array_equal(res.cache.v_codes, cache.v_codes)
+            and np.array_equal(res.cache.k_scales, cache.k_scales)
+            and np.array_equal(res.cache.v_scales, cache.v_scales)):
+        raise ConformanceFailure("kvx_validate_cache_desc wrote the cache", expected="no change",
+                                 got="cache codes or scale pool modified", clause=CL_VALID, case=case, seed=seed)
+    if res.status == Status.OK:
+        return
+    if res.status not in (Status.UNSUPPORTED, Status.INVALID_ARGUMENT):
+        raise ConformanceFailure("kvx_validate_cache_desc on a valid FP4 cache", expected="OK",
+                                 got=status_name(res.status), clause=CL_VALID, case=case, seed=seed)
+    key, value = _data(seed, 4, cache.B, edges=False)
+    w = fx.run_write(kvx_provider, cache, key, value, [1, 6, 13, 30], memory=memory)
+    if w.status == Status.OK:
+        raise ConformanceFailure("kvx_validate_cache_desc refused an FP4 cache the provider writes",
+                                 expected="OK (kvx_write_kv answers OK on the same cache)",
+                                 got=f"{status_name(res.status)} from kvx_validate_cache_desc",
+                                 clause=CL_VALID, case=case, seed=seed)
+    _status(w.status, Status.OK, f"FP4 cache refused by validation ({status_name(res.status)}) and by write", CL_VALID,
+            seed, case)
+
+
 @conformance("fp4.validate.f4_without_extension", CL + " (F4_E2M1 needs the 1.2 cache struct)", REQUIRED, "fp4",
              "validate", feature="fp4")
 def test_f4_dtype_without_extension(kvx_provider, kvx_call_options):

@@ -8,7 +8,8 @@
 - FP8 caches (profile fp8, feature ``fp8``): write quantizes ``x / scale`` (IEEE FP32
   division), saturating, RNE; the scale comes from ``k_scale_desc`` (PER_TENSOR, also as a
   0-d scalar; PER_HEAD, also with 8 and 16 heads), else the ``k_scale`` pointer, else 1.0;
-  FP8 IO of the cache's dtype copies raw bytes, both ways.
+  FP8 IO of the cache's dtype copies raw bytes, both ways; an E4M3 K cache beside an E5M2 V
+  cache (and the reverse) quantizes each side to its own format.
 """
 from __future__ import annotations
 
@@ -446,6 +447,30 @@ def test_fp8_write_scale_strides(kvx_provider, kvx_call_options, strides, dtype)
                                                f"{ks} (K) and {vs} (V)")
     verify_write(kvx_provider, case, opts, clause=CL_SCALE_STRIDE, feature="scale_strides",
                  served=("R-FP8.scale_stride",))
+
+
+CL_FP8_MIXED = CL_FP8 + " (each cache quantized to its own format); R-CACHE (K and V dtypes may differ)"
+FP8_PAIRS = [pytest.param(DType.F8_E4M3, DType.F8_E5M2, id="k_e4m3-v_e5m2"),
+             pytest.param(DType.F8_E5M2, DType.F8_E4M3, id="k_e5m2-v_e4m3")]
+
+
+@conformance("fp8.write.mixed_formats", CL_FP8_MIXED, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("io_dtype", [DType.F32, DType.F16, DType.BF16], ids=["io_f32", "io_f16", "io_bf16"])
+@pytest.mark.parametrize("k_dtype,v_dtype", FP8_PAIRS)
+def test_fp8_write_mixed_formats(kvx_provider, kvx_call_options, k_dtype, v_dtype, io_dtype):
+    """An E4M3 K cache beside an E5M2 V cache, and the reverse, quantizing with a PER_TENSOR K
+    scale and PER_HEAD V scales: each side in its own format (a provider that quantizes V to
+    K's format fails). K and V of different dtypes are also ``mixed_layouts``: a refusal is
+    excused unless ``fp8`` and ``mixed_layouts`` are both claimed."""
+    opts = kvx_call_options()
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    cache = cb.make_cache(G, cb.layout(G, kind, k_dtype), cb.layout(G, kind, v_dtype), seed=28)
+    case = cb.write_case(cache, cb.spread_slots(G, 12, 29), io_dtype=io_dtype, seed=30,
+                         k_scale_desc=cb.scale_spec([0.37]),
+                         v_scale_desc=cb.scale_spec([2.5, 0.11], ScaleGranularity.PER_HEAD),
+                         label=f"{NAMES[io_dtype]} -> {NAMES[k_dtype]} K cache and {NAMES[v_dtype]} V cache, "
+                               f"K scale 0.37 (PER_TENSOR), V scales [2.5, 0.11] (PER_HEAD)")
+    verify_write(kvx_provider, case, opts, clause=CL_FP8_MIXED, feature=("fp8", "mixed_layouts"))
 
 
 @conformance("fp8.write.io_dtypes", CL_FP8, REQUIRED, "fp8", "write", feature="fp8")

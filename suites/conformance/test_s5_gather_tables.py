@@ -478,6 +478,27 @@ def test_kv_offsets_large_blocks(kvx_provider, kvx_call_options):
     verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="kv_offsets")
 
 
+KVO_HEADS3 = Geometry(num_blocks=6, block_size=4, num_kv_heads=3, head_dim=8)
+
+
+@conformance("gather.kv_offsets.cache_layouts", CL_KVOFF + " (inside a pool block HND [H, block_size, D], whatever "
+             "the layout of cache.k / cache.v)", REQUIRED, "tables", "gather", feature="kv_offsets")
+@pytest.mark.parametrize("kind", ["nhd", "hnd"])
+def test_kv_offsets_cache_layouts(kvx_provider, kvx_call_options, kind):
+    """The cache tensors described NHD and HND (3 heads, 2 beams): a KV_OFFSETS gather reads
+    only the pools, whose blocks are HND whatever the cache tensors say; a provider that
+    reads pool blocks with cache.k's layout fails the NHD case."""
+    opts = kvx_call_options()
+    c = cb.kv_offsets_cache(KVO_HEADS3, DType.F16, primary_blocks=10, seed=86)
+    t = cb.layout(KVO_HEADS3, kind, DType.F16)
+    c = cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(87), DType.F16, t.span_elements()),
+                   v_init=cb.finite_values(cb.rng_for(88), DType.F16, t.span_elements()))
+    off = _offsets(2, 2, 3, 89)
+    case = cb.kv_offsets_gather(c, off, [10, 7], 12, seed=90,
+                                label=f"cache tensors {kind.upper()}, 3 heads, beam_width 2")
+    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="kv_offsets")
+
+
 @conformance("gather.kv_offsets.beams", CL_KVOFF, REQUIRED, "tables", "gather", feature="kv_offsets")
 @pytest.mark.parametrize("beams", [2, 3])
 def test_kv_offsets_beams(kvx_provider, kvx_call_options, beams):

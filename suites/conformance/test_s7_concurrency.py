@@ -3,7 +3,8 @@
 - Concurrent calls from several threads on disjoint cache regions equal the serial
   result: writes of disjoint slots into one shared cache (F16 IO into F16; converting:
   F32 IO into BF16 / F16, feature ``mixed_io_dtype``; quantizing into E4M3 with scales,
-  profile fp8), and gathers into separate outputs, the threads released together by a
+  profile fp8), and gathers into separate outputs (converting too: F16 cache into F32 /
+  BF16 outputs, feature ``mixed_io_dtype``), the threads released together by a
   barrier right before each provider call (ctypes drops the GIL for the call, so the
   calls overlap).
 - Nothing is written after return: right after the provider returns, the buffers it
@@ -188,6 +189,31 @@ def test_concurrent_gathers(kvx_provider, kvx_call_options):
     for rnd in range(ROUNDS):
         proxy = BarrierProvider(kvx_provider, threading.Barrier(THREADS))
         _run_threads([lambda c=c: verify_gather(proxy, c, opts, clause=CL_THREADS) for c in cases])
+
+
+@conformance("concurrency.threads.gather_convert", CL_THREADS + "; R-CONVERT", REQUIRED, "concurrency", "gather",
+             feature="mixed_io_dtype")
+@pytest.mark.parametrize("io_dtype", [DType.F32, DType.BF16], ids=["f16_to_f32", "f16_to_bf16"])
+def test_concurrent_converting_gathers(kvx_provider, kvx_call_options, io_dtype):
+    """``concurrency.threads.gather`` from an F16 cache into F32 / BF16 outputs: the converting
+    path (rows staged and converted) must be as thread-safe as the plain copy. One gather is
+    first made alone: a refusal there is the feature's (UNSUPPORTED); the threads then must
+    all answer OK with the oracle's rows."""
+    opts = kvx_call_options()
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    cache = cb.simple_cache(BIG, kind, DType.F16, seed=320)
+    mb = 8
+    cases = []
+    for i in range(THREADS):
+        rng = cb.rng_for(420 + i)
+        lens = rng.integers(mb * BIG.block_size // 2, mb * BIG.block_size + 1, size=6)
+        cases.append(cb.packed_gather(cache, cb.distinct_table(BIG, 6, mb, 520 + i), lens, mb * BIG.block_size,
+                                      io_dtype=io_dtype, seed=620 + i,
+                                      label=f"thread {i} of {THREADS}, F16 cache into {io_dtype.name} outputs"))
+    verify_gather(kvx_provider, cases[0], opts, clause=CL_THREADS + "; R-CONVERT", feature="mixed_io_dtype")
+    for rnd in range(ROUNDS):
+        proxy = BarrierProvider(kvx_provider, threading.Barrier(THREADS))
+        _run_threads([lambda c=c: verify_gather(proxy, c, opts, clause=CL_THREADS + "; R-CONVERT") for c in cases])
 
 
 # ---------------------------------------------------------------------------- lifetime
