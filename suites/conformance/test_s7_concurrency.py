@@ -174,21 +174,33 @@ def test_concurrent_fp8_writes(kvx_provider, kvx_call_options, io_dtype):
                              v_scale_desc=cb.scale_spec([2.5, 0.11, 1.3, 0.6], ScaleGranularity.PER_HEAD))
 
 
-@conformance("concurrency.threads.gather", CL_THREADS, REQUIRED, "concurrency", "gather")
-def test_concurrent_gathers(kvx_provider, kvx_call_options):
-    opts = kvx_call_options()
-    kind = cb.core_layout(kvx_provider, opts.memory)
-    cache = cb.simple_cache(BIG, kind, DType.F16, seed=300)
+def _concurrent_gather_rounds(provider, opts, *, seed: int, io_dtype: DType | None = None) -> None:
+    """THREADS gathers of one shared F16 cache into their own outputs, at once (a barrier right
+    before each provider call), ROUNDS times; each must equal the oracle's. With ``io_dtype``
+    (a converting gather) one gather is first made alone: a refusal there is the feature
+    ``mixed_io_dtype``'s (UNSUPPORTED); the threads then must all answer OK."""
+    kind = cb.core_layout(provider, opts.memory)
+    cache = cb.simple_cache(BIG, kind, DType.F16, seed=seed)
+    clause = CL_THREADS + ("; R-CONVERT" if io_dtype is not None else "")
+    into = f", F16 cache into {io_dtype.name} outputs" if io_dtype is not None else ""
     mb = 8
     cases = []
     for i in range(THREADS):
-        rng = cb.rng_for(400 + i)
+        rng = cb.rng_for(seed + 100 + i)
         lens = rng.integers(mb * BIG.block_size // 2, mb * BIG.block_size + 1, size=6)
-        cases.append(cb.packed_gather(cache, cb.distinct_table(BIG, 6, mb, 500 + i), lens, mb * BIG.block_size,
-                                      seed=600 + i, label=f"thread {i} of {THREADS}"))
+        kw = {"io_dtype": io_dtype} if io_dtype is not None else {}
+        cases.append(cb.packed_gather(cache, cb.distinct_table(BIG, 6, mb, seed + 200 + i), lens, mb * BIG.block_size,
+                                      seed=seed + 300 + i, label=f"thread {i} of {THREADS}{into}", **kw))
+    if io_dtype is not None:
+        verify_gather(provider, cases[0], opts, clause=clause, feature="mixed_io_dtype")
     for rnd in range(ROUNDS):
-        proxy = BarrierProvider(kvx_provider, threading.Barrier(THREADS))
-        _run_threads([lambda c=c: verify_gather(proxy, c, opts, clause=CL_THREADS) for c in cases])
+        proxy = BarrierProvider(provider, threading.Barrier(THREADS))
+        _run_threads([lambda c=c: verify_gather(proxy, c, opts, clause=clause) for c in cases])
+
+
+@conformance("concurrency.threads.gather", CL_THREADS, REQUIRED, "concurrency", "gather")
+def test_concurrent_gathers(kvx_provider, kvx_call_options):
+    _concurrent_gather_rounds(kvx_provider, kvx_call_options(), seed=300)
 
 
 @conformance("concurrency.threads.gather_convert", CL_THREADS + "; R-CONVERT", REQUIRED, "concurrency", "gather",
@@ -196,24 +208,8 @@ def test_concurrent_gathers(kvx_provider, kvx_call_options):
 @pytest.mark.parametrize("io_dtype", [DType.F32, DType.BF16], ids=["f16_to_f32", "f16_to_bf16"])
 def test_concurrent_converting_gathers(kvx_provider, kvx_call_options, io_dtype):
     """``concurrency.threads.gather`` from an F16 cache into F32 / BF16 outputs: the converting
-    path (rows staged and converted) must be as thread-safe as the plain copy. One gather is
-    first made alone: a refusal there is the feature's (UNSUPPORTED); the threads then must
-    all answer OK with the oracle's rows."""
-    opts = kvx_call_options()
-    kind = cb.core_layout(kvx_provider, opts.memory)
-    cache = cb.simple_cache(BIG, kind, DType.F16, seed=320)
-    mb = 8
-    cases = []
-    for i in range(THREADS):
-        rng = cb.rng_for(420 + i)
-        lens = rng.integers(mb * BIG.block_size // 2, mb * BIG.block_size + 1, size=6)
-        cases.append(cb.packed_gather(cache, cb.distinct_table(BIG, 6, mb, 520 + i), lens, mb * BIG.block_size,
-                                      io_dtype=io_dtype, seed=620 + i,
-                                      label=f"thread {i} of {THREADS}, F16 cache into {io_dtype.name} outputs"))
-    verify_gather(kvx_provider, cases[0], opts, clause=CL_THREADS + "; R-CONVERT", feature="mixed_io_dtype")
-    for rnd in range(ROUNDS):
-        proxy = BarrierProvider(kvx_provider, threading.Barrier(THREADS))
-        _run_threads([lambda c=c: verify_gather(proxy, c, opts, clause=CL_THREADS + "; R-CONVERT") for c in cases])
+    path (rows staged and converted) must be as thread-safe as the plain copy."""
+    _concurrent_gather_rounds(kvx_provider, kvx_call_options(), seed=320, io_dtype=io_dtype)
 
 
 # ---------------------------------------------------------------------------- lifetime
