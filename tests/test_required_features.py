@@ -31,6 +31,8 @@ HERE = Path(__file__).parent
 IMPLIED = {"secondary_pool": {"kv_offsets"}, "scale_strides": {"fp8"}}
 #: required tests whose cases combine features on purpose: id pattern -> reason
 COMBINED = {
+    r"layout\.hnd_packed_pack16_fp8\[.*\]": "vLLM's FP8 cache: pack 16 (hnd_packed) is the layout of 1-byte FP8 caches (fp8); "
+                                           "excused unless both are claimed",
     r"fp8\.write\.mixed_formats\[.*\]": "an E4M3 K cache beside an E5M2 V cache: K and V dtypes differ (mixed_layouts) "
                                       "in an FP8 cache (fp8); excused unless both are claimed",
     r"layout\.mixed_k_v\[.*vllm_packed_k_transposed_v\]":

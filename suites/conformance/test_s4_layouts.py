@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from kvx_conformance.abi.descriptors import Geometry, TensorLayout
-from kvx_conformance.abi.header import DType, Layout
+from kvx_conformance.abi.header import DType, Layout, ScaleGranularity
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import verify_gather, verify_write
 from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, conformance
@@ -87,6 +87,38 @@ def test_hnd_packed_pack16(kvx_provider, kvx_call_options, geom, op):
     t = cb.layout(g, "hnd_packed", DType.F16, pack=16)
     _exercise(kvx_provider, kvx_call_options(), t, t, op, clause="spec 4.2", feature="hnd_packed", seed=19,
               label=f"HND_PACKED pack 16, head_dim {g.head_dim}", geom=g)
+
+
+CL_PACK16_FP8 = "spec 4.2 (BLOCK_HND_PACKED, pack 16), 4.3, 6.9 (FP8 caches, scales); R-FP8"
+
+
+@conformance("layout.hnd_packed_pack16_fp8", CL_PACK16_FP8, REQUIRED, "layouts", ("write", "gather"),
+             feature="hnd_packed")
+@pytest.mark.parametrize("dtype", [DType.F8_E4M3, DType.F8_E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("geom", list(PACK16_GEOMS))
+@OPS
+def test_hnd_packed_pack16_fp8(kvx_provider, kvx_call_options, geom, dtype, op):
+    """vLLM's FP8 cache: HND_PACKED with pack 16 (x = 16 bytes of 1-byte elements). Writes quantize
+    BF16 rows with a PER_TENSOR K scale and PER_HEAD V scales; gathers copy the FP8 bytes. The case
+    uses two optional features (``hnd_packed``, ``fp8``): a refusal is excused unless both are
+    claimed."""
+    g = PACK16_GEOMS[geom]
+    t = cb.layout(g, "hnd_packed", dtype, pack=16)
+    cache = cb.make_cache(g, t, t, seed=21)
+    label = f"{dtype.name} HND_PACKED pack 16, head_dim {g.head_dim}"
+    opts = kvx_call_options()
+    if op == "write":
+        slots = cb.spread_slots(g, min(g.num_slots - 2, 14), 22).tolist()
+        slots[3:3] = [-1]
+        case = cb.write_case(cache, slots, seed=23, io_dtype=DType.BF16, k_scale_desc=cb.scale_spec([0.043]),
+                             v_scale_desc=cb.scale_spec([0.5, 0.021], ScaleGranularity.PER_HEAD),
+                             label=label + ", BF16 rows quantized with scales")
+        verify_write(kvx_provider, case, opts, clause=CL_PACK16_FP8, feature=("hnd_packed", "fp8"))
+    else:
+        mb = min(3, g.num_blocks)
+        case = cb.packed_gather(cache, cb.distinct_table(g, 3, mb, 24), [mb * g.block_size, g.block_size + 1, 2],
+                                mb * g.block_size, seed=25, label=label + ", raw FP8 gather")
+        verify_gather(kvx_provider, case, opts, clause=CL_PACK16_FP8, feature=("hnd_packed", "fp8"))
 
 
 #: a batch of >= 32 tokens (``layout.hnd_packed`` writes 14): head_dim 16 for pack 16, 96 slots
