@@ -216,6 +216,13 @@ kvx_status_t cache_tensor_rules(const kvx_cache_desc_t& c, const kvx_tensor_desc
   return stride_rules(t.shape, t.stride, nd, /*zero_is_invalid=*/true, unsupported);
 }
 
+/* Readings R-FP8, every PER_HEAD scale (FP8 write scales, NVFP4 global scales): head h's
+ * value is data[h * stride[0]], 0 and 1 read as adjacent; values farther apart are not
+ * served (UNSUPPORTED). */
+static bool per_head_values_apart(const kvx_scale_desc_t& sd, uint32_t num_kv_heads) {
+  return !KVX_MUT(SCALE_STRIDE_IGNORED) && num_kv_heads > 1 && sd.stride[0] != 0 && sd.stride[0] != 1;
+}
+
 #if KVX_ABI_VERSION_MINOR >= 2
 /* KVX 1.2 FP4 extension of the cache (readings "FP4 extension", docs/fp4.md). */
 int fp4_scale_dtype(int format) { return format == KVX_FP4_NVFP4 ? KVX_DTYPE_F8_E4M3 : KVX_DTYPE_UE8M0; }
@@ -247,9 +254,7 @@ kvx_status_t fp4_global_rules(const kvx_scale_desc_t& sd, uint32_t num_kv_heads,
       break;
     case KVX_SCALE_PER_HEAD:
       KVX_REQUIRE(sd.ndim == 1 && sd.shape[0] == (int64_t)num_kv_heads);
-      /* readings R-FP8 (every PER_HEAD scale): values stride[0] apart are not served */
-      if (!KVX_MUT(SCALE_STRIDE_IGNORED) && num_kv_heads > 1 && sd.stride[0] != 0 && sd.stride[0] != 1)
-        unsupported = true;
+      if (per_head_values_apart(sd, num_kv_heads)) unsupported = true;
       out->kind = SCALE_PER_HEAD;
       break;
     default:
@@ -392,9 +397,7 @@ kvx_status_t scale_rules(const kvx_scale_desc_t& sd, const void* fallback, uint3
         break;
       case KVX_SCALE_PER_HEAD:
         KVX_REQUIRE(sd.ndim == 1 && sd.shape[0] == (int64_t)num_kv_heads);
-        /* readings R-FP8: values stride[0] apart are not served (0 and 1 read as adjacent) */
-        if (!KVX_MUT(SCALE_STRIDE_IGNORED) && num_kv_heads > 1 && sd.stride[0] != 0 && sd.stride[0] != 1)
-          unsupported = true;
+        if (per_head_values_apart(sd, num_kv_heads)) unsupported = true;
         out->kind = SCALE_PER_HEAD;
         break;
       case KVX_SCALE_PER_BLOCK:

@@ -546,13 +546,19 @@ def scale_gap_problems(before: Fp4Cache, got: Fp4Cache, limit: int = 4) -> list[
         if gaps is None:
             continue
         b, g = before.scale_storage(side).reshape(-1), got.scale_storage(side).reshape(-1)
-        bad = np.flatnonzero(gaps & (b != g))
-        for i in bad[:limit]:
-            out.append(f"{side} scale pool byte {int(i)} (a gap between scale elements, strides "
-                       f"{before.scale_strides(side)}): expected {int(b[i]):#04x} unchanged, got {int(g[i]):#04x}")
-        if len(bad) > limit:
-            out.append(f"{side} scale pool: {len(bad)} gap bytes changed in all")
+        _first(out, np.flatnonzero(gaps & (b != g)), limit,
+               lambda i: f"{side} scale pool byte {int(i)} (a gap between scale elements, strides "
+                         f"{before.scale_strides(side)}): expected {int(b[i]):#04x} unchanged, got {int(g[i]):#04x}",
+               f"{side} scale pool: {{}} gap bytes changed in all")
     return out
+
+
+def _first(out: list[str], bad, limit: int, line, total: str) -> None:
+    """Append ``line(x)`` for the first ``limit`` of ``bad``, then ``total`` (``{}``: how many) if
+    there are more."""
+    out.extend(line(x) for x in bad[:limit])
+    if len(bad) > limit:
+        out.append(total.format(len(bad)))
 
 
 def exact_write_problems(got: Fp4Cache, want: Fp4Cache, limit: int = 4) -> list[str]:
@@ -572,12 +578,10 @@ def exact_write_problems(got: Fp4Cache, want: Fp4Cache, limit: int = 4) -> list[
                     differ &= ~nan_blk
                 elif g.shape[-1] % nan_blk.shape[-1] == 0:  # B / 2 code bytes per scale
                     differ &= ~np.repeat(nan_blk, g.shape[-1] // nan_blk.shape[-1], axis=-1)
-            bad = np.argwhere(differ)
-            for idx in bad[:limit]:
-                out.append(f"{a}{tuple(int(v) for v in idx)}: expected {int(e[tuple(idx)]):#04x}, "
-                           f"got {int(g[tuple(idx)]):#04x}")
-            if len(bad) > limit:
-                out.append(f"{a}: {len(bad)} bytes differ in all")
+            _first(out, np.argwhere(differ), limit,
+                   lambda idx: f"{a}{tuple(int(v) for v in idx)}: expected {int(e[tuple(idx)]):#04x}, "
+                               f"got {int(g[tuple(idx)]):#04x}",
+                   f"{a}: {{}} bytes differ in all")
     return out
 
 

@@ -327,6 +327,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..results.certificate import suite_root, suites_hash
 
+    suite_hash = suites_hash(root)
+
     run_info = {
         "harness": {"name": "kvx-conform", "version": __version__},
         "command": ["kvx-conform", "run", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "run" else None,
@@ -340,8 +342,8 @@ def run(args: argparse.Namespace) -> int:
         "config": {"memory": memory, "memory_requested": args.memory, "workers": workers,
                    "timeout_s": args.timeout, "quick": args.quick, "keyword": args.keyword, "ids": args.id,
                    "profiles": args.profile, "seed": args.seed, "breaker_threshold": args.breaker,
-                   "suite": args.suite, "suites_hash": suites_hash(root),
-                   "bundled_suite": suites_hash(root) == suites_hash(suite_root(DEFAULT_SUITE)), "reruns": args.reruns,
+                   "suite": args.suite, "suites_hash": suite_hash,
+                   "bundled_suite": suite_hash == suites_hash(suite_root(DEFAULT_SUITE)), "reruns": args.reruns,
                    "sanitize": sanitizer, "hypothesis_max_examples": None,
                    "gpus": gpu_plan.gpus, "shard": args.shard,
                    "durations_from": str(Path(args.durations_from).resolve()) if args.durations_from else None},
