@@ -47,10 +47,12 @@ def _run_with_fake(tmp: Path, fake: str, *args: str) -> tuple[subprocess.Complet
 
 
 def test_fake_device_fault_charges_one_test_and_a_fresh_worker_runs_the_rest(tmp_path):
-    p, doc = _run_with_fake(tmp_path, FAKE_ONE, "-n", "2", "--id", SENTINEL)
+    p, doc = _run_with_fake(tmp_path, FAKE_ONE, "-n", "2", "--id", SENTINEL)  # default re-runs
     by = {t["id"]: t for t in doc["tests"]}
     bad = by["write.slots.invalid_slot_sentinel[s32-minus7]"]
     assert bad["outcome"] == "crash", explain(p)
+    # the re-run pass runs it again on a fresh worker each time: a crash every time, no flaky
+    assert doc["config"]["reruns"] == 3 and bad["attempts"] == ["crash"] * 4, bad.get("attempts")
     assert bad["crash"]["kind"] == "device-fault" and bad["crash"]["entry"] == "kvx_write_kv", bad
     assert bad["crash"]["error"] == "cudaErrorIllegalAddress" and "invalid_slot=-7" in bad["crash"]["case"], bad
     assert "device fault in kvx_write_kv" in bad["message"] and bad["repro"], bad
@@ -62,8 +64,11 @@ def test_fake_device_fault_charges_one_test_and_a_fresh_worker_runs_the_rest(tmp
 
 def test_fake_device_faults_trip_the_breaker_of_their_entry_point(tmp_path):
     # every fresh worker faults on its first sentinel write: 3 device faults trip kvx_write_kv; a test the
-    # other of the 2 workers had already started when the third was recorded may fault too (one more at most)
-    p, doc = _run_with_fake(tmp_path, "kvx_write_kv:*test_invalid_slot_sentinel*", "-n", "2", "--id", SENTINEL)
+    # other of the 2 workers had already started when the third was recorded may fault too (one more at most).
+    # The breaker counts in the main pass: no re-runs (each would be one more worker lost to a fault; a
+    # faulting test's re-runs: the test above)
+    p, doc = _run_with_fake(tmp_path, "kvx_write_kv:*test_invalid_slot_sentinel*", "-n", "2", "--id", SENTINEL,
+                            "--reruns", "0")
     crashes = [t for t in doc["tests"] if t["outcome"] == "crash"]
     assert len(crashes) in (3, 4) and all(t["crash"]["kind"] == "device-fault" for t in crashes), explain(p)
     assert doc["breaker"]["kvx_write_kv"]["tripped"], doc["breaker"]
