@@ -7,7 +7,10 @@
   is accepted and served as the v1.1 prefix (recommended); a non-zero tail gives the
   correct result or UNSUPPORTED (recommended; never a misread);
 - an embedded struct with a larger ``size`` is accepted (recommended);
-- ``cache.pool`` is read (and guarded) only for KV_OFFSETS tables (recommended).
+- ``cache.pool`` is read (and guarded) only for KV_OFFSETS tables (recommended);
+- a provider reporting ABI minor 2 or more reads the 1.2 structs a 1.2 caller passes for every
+  cache: an all-zero FP4 extension (size 0, format NONE) is a v1.1 cache, served as such
+  (required).
 """
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ import pytest
 from kvx_conformance.abi import header as abi
 from kvx_conformance.abi.header import DType
 from kvx_conformance.cases import build as cb
+from kvx_conformance.cases import fp4 as fx
 from kvx_conformance.cases.checks import verify_gather, verify_validate, verify_write
-from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, Unsupported, conformance
 
 G = cb.GEOM
 CL_SMALL = "spec 3, 6 (all public structs are size-validated); R-SIZE, R-ORDER 1"
@@ -56,16 +60,15 @@ def _small_params(entry: str, paths):
 # ---------------------------------------------------------------------------- cases
 
 
-def _write_case(provider, memory, overrides=None, seed=1):
+def _write_case(provider, memory, overrides=None, seed=1, label="size guard probe"):
     cache = cb.simple_cache(G, cb.core_layout(provider, memory), DType.F16, seed=seed)
-    return cb.write_case(cache, cb.spread_slots(G, 5, seed), seed=seed + 1, label="size guard probe",
-                         overrides=overrides)
+    return cb.write_case(cache, cb.spread_slots(G, 5, seed), seed=seed + 1, label=label, overrides=overrides)
 
 
-def _gather_case(provider, memory, overrides=None, seed=3):
+def _gather_case(provider, memory, overrides=None, seed=3, label="size guard probe"):
     cache = cb.simple_cache(G, cb.core_layout(provider, memory), DType.F16, seed=seed)
     return cb.packed_gather(cache, cb.distinct_table(G, 2, 2, seed), [5, 8], 8, seed=seed + 1,
-                            label="size guard probe", overrides=overrides)
+                            label=label, overrides=overrides)
 
 
 def _kv_gather_case(provider, memory, overrides=None, seed=5):
@@ -78,9 +81,9 @@ def _kv_gather_case(provider, memory, overrides=None, seed=5):
                                 overrides=overrides)
 
 
-def _validate_case(provider, memory, overrides=None, seed=7):
+def _validate_case(provider, memory, overrides=None, seed=7, label="size guard probe"):
     return cb.validate_case(cb.simple_cache(G, cb.core_layout(provider, memory), DType.F16, seed=seed),
-                            label="size guard probe", overrides=overrides)
+                            label=label, overrides=overrides)
 
 
 # ---------------------------------------------------------------------------- too small
@@ -159,9 +162,10 @@ def test_pool_ignored_without_kv_offsets(kvx_provider, kvx_call_options, entry):
 
 class GrownStructs:
     """A provider proxy handing the top-level structs ``roots`` over in buffers ``extra``
-    bytes larger than v1.1's, the tail filled with ``fill`` and ``size`` saying so."""
+    bytes larger than v1.1's (an int, or a dict root -> bytes), the tail filled with ``fill``
+    and ``size`` saying so."""
 
-    def __init__(self, provider, roots: tuple[str, ...], extra: int = 16, fill: int = 0):
+    def __init__(self, provider, roots: tuple[str, ...], extra: int | dict[str, int] = 16, fill: int = 0):
         self.provider, self.roots, self.extra, self.fill = provider, roots, extra, fill
         self.path = provider.path
 
@@ -169,10 +173,11 @@ class GrownStructs:
         if name not in self.roots or obj is None or isinstance(obj, int):
             return obj
         n = ctypes.sizeof(obj)
-        buf = (ctypes.c_uint8 * (n + self.extra))()
+        extra = self.extra[name] if isinstance(self.extra, dict) else self.extra
+        buf = (ctypes.c_uint8 * (n + extra))()
         ctypes.memmove(buf, ctypes.addressof(obj), n)
-        ctypes.memset(ctypes.addressof(buf) + n, self.fill, self.extra)
-        ctypes.c_uint32.from_buffer(buf, 0).value = n + self.extra
+        ctypes.memset(ctypes.addressof(buf) + n, self.fill, extra)
+        ctypes.c_uint32.from_buffer(buf, 0).value = n + extra
         keep.append(buf)
         return ctypes.addressof(buf)
 
@@ -199,15 +204,18 @@ LARGER = [
 ]
 
 
-def _run(entry, provider, opts, clause, feature=None, overrides=None):
+def _run(entry, provider, opts, clause, feature=None, overrides=None, label="size guard probe"):
+    # the core layout is the provider's own answer, not the proxy's (a refused grown struct must not
+    # make "hnd" the layout of the worker's later tests)
+    cb.core_layout(getattr(provider, "provider", provider), opts.memory)
     if entry == "validate":
-        return verify_validate(provider, _validate_case(provider, opts.memory, overrides), opts, clause=clause,
-                               feature=feature)
+        return verify_validate(provider, _validate_case(provider, opts.memory, overrides, label=label), opts,
+                               clause=clause, feature=feature)
     if entry == "write":
-        return verify_write(provider, _write_case(provider, opts.memory, overrides), opts, clause=clause,
-                            feature=feature)
-    return verify_gather(provider, _gather_case(provider, opts.memory, overrides), opts, clause=clause,
-                         feature=feature)
+        return verify_write(provider, _write_case(provider, opts.memory, overrides, label=label), opts,
+                            clause=clause, feature=feature)
+    return verify_gather(provider, _gather_case(provider, opts.memory, overrides, label=label), opts,
+                         clause=clause, feature=feature)
 
 
 @conformance("size.larger_zero_tail", CL_LARGE, RECOMMENDED, "core", ("validate", "write", "gather"))
@@ -223,6 +231,42 @@ def test_larger_zero_tail(kvx_provider, kvx_call_options, entry, roots):
 def test_larger_nonzero_tail(kvx_provider, kvx_call_options, entry, roots):
     opts = kvx_call_options()
     _run(entry, GrownStructs(kvx_provider, roots, extra=24, fill=0x5A), opts, CL_LARGE, feature="nonzero_tail")
+
+
+CL_V12 = ("kvx_abi.h (KVX 1.2: \"An all-zero extension (size 0, format NONE) means a v1.1 cache\"; a caller "
+          "uses the 1.2 layout with a provider whose kvx_get_version reports minor >= 2); spec 3; R-SIZE-1.2")
+#: bytes a 1.2 caller's top-level structs have beyond v1.1's (the appended ``fp4`` field)
+V12_EXTRA = {"cache": abi.V1_2_SIZES["kvx_cache_desc_t"] - abi.V1_1_SIZES["kvx_cache_desc_t"]}
+V12_EXTRA_DESC = {"write": abi.V1_2_SIZES["kvx_write_desc_t"] - abi.V1_1_SIZES["kvx_write_desc_t"],
+                  "gather": abi.V1_2_SIZES["kvx_gather_desc_t"] - abi.V1_1_SIZES["kvx_gather_desc_t"]}
+V12 = [
+    pytest.param("validate", ("cache",), id="validate-cache"),
+    pytest.param("write", ("cache", "desc"), id="write-both"),
+    pytest.param("write", ("cache",), id="write-cache"),
+    pytest.param("gather", ("cache", "desc"), id="gather-both"),
+    pytest.param("gather", ("cache",), id="gather-cache"),
+]
+
+
+@conformance("size.v1_2_zero_extension", CL_V12, REQUIRED, "core", ("validate", "write", "gather"))
+@pytest.mark.parametrize("entry,roots", V12)
+def test_v1_2_structs_zero_extension(kvx_provider, kvx_call_options, entry, roots):
+    """An F16 cache written, gathered and validated through the KVX 1.2 structs (``size`` the 1.2
+    sizeof, the appended ``fp4`` field all zero), as a caller built with KVX_ABI_TARGET_MINOR=2
+    passes them for every cache: a provider of minor 2 or more reads them as the v1.1 call they
+    describe. A provider that size-guards the FP4 extension whenever the struct is 1.2-sized (or
+    takes the FP4 path on size alone) refuses every non-FP4 cache of a 1.2 caller. A provider of
+    minor 1 has no 1.2 structs: such a call is ``size.larger_zero_tail``'s (recommended)."""
+    minor = fx.provider_minor(kvx_provider)
+    if minor < 2:
+        raise Unsupported(f"provider reports ABI minor {minor} (< 2): no 1.2 structs (a larger struct is "
+                          f"size.larger_zero_tail's)", feature="fp4")
+    opts = kvx_call_options()
+    extra = {**V12_EXTRA, "desc": V12_EXTRA_DESC.get(entry, 0)}
+    v11 = {"cache": abi.V1_1_SIZES["kvx_cache_desc_t"], "desc": abi.V1_1_SIZES.get(f"kvx_{entry}_desc_t", 0)}
+    sizes = ", ".join(f"{r} size {v11[r] + extra[r]}" for r in roots)
+    label = f"F16 cache, KVX 1.2 structs ({sizes}), the appended fp4 field all zero (a v1.1 cache)"
+    _run(entry, GrownStructs(kvx_provider, roots, extra=extra, fill=0), opts, CL_V12, label=label)
 
 
 EMBEDDED = {
