@@ -110,6 +110,28 @@ def test_packed_positions_past_65535(kvx_provider, kvx_call_options):
     verify_gather(kvx_provider, case, opts, clause=CL_PACKED)
 
 
+MANY_SEQS = 65600
+MANYSEQ = Geometry(num_blocks=64, block_size=4, num_kv_heads=1, head_dim=8)
+
+
+@conformance("gather.packed.sequences_past_65535", CL_PACKED + " (every sequence s < seq_count of the call)",
+             REQUIRED, "core", "gather")
+def test_packed_sequences_past_65535(kvx_provider, kvx_call_options):
+    """65600 sequences of 0 to 2 tokens in one PACKED gather (1 head x 8 dims F16, one table entry
+    per sequence, max_seq_len 2): sequences 65535 and later are gathered like the others (a kernel
+    that launches one grid row per sequence with ``gridDim.y`` / ``gridDim.z`` capped at 65535 drops
+    them; ``gather.decode_batch`` has 320 sequences, ``gather.packed.positions_past_65535`` one)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(MANYSEQ, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=99)
+    rng = cb.rng_for(100)
+    table = rng.integers(0, MANYSEQ.num_blocks, size=(MANY_SEQS, 1))
+    lens = rng.integers(1, 3, size=MANY_SEQS)
+    lens[::97] = 0  # a few empty sequences, on both sides of 65535
+    case = cb.packed_gather(cache, table, lens.tolist(), 2, seed=101,
+                            label=f"{MANY_SEQS} sequences of 0 to 2 tokens, one block each")
+    verify_gather(kvx_provider, case, opts, clause=CL_PACKED + " (every sequence s < seq_count of the call)")
+
+
 CL_NON_POW2 = ("spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx % block_size), 7.1 (only "
                "KV_OFFSETS requires a power-of-two block_size); R-DATA")
 
