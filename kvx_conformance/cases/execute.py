@@ -222,14 +222,28 @@ def _same_shapes(cases, *fields: str) -> None:
 def run_write_sequence(provider, cases: list[WriteCase], opts: CallOptions | None = None) -> list[Result]:
     """The writes of ``cases`` through one set of buffers and descriptors, as an engine keeps a
     persistent slot mapping and input rows (CUDA graphs): the first case places the cache, the IO
-    rows and the slots; before each later call its IO rows and slots are copied into those same
-    buffers (same pointers). The cache carries over; one Result per call (the cache after it)."""
+    rows, the slots and the FP8 scale values; before each later call its IO rows, slots and scale
+    values are copied into those same buffers (same pointers). The cache carries over; one Result
+    per call (the cache after it)."""
     _same_shapes(cases, "key", "value", "slots")
+    scales = {"k_scale": lambda c: None if c.k_scale is None else np.array([c.k_scale], np.float32),
+              "v_scale": lambda c: None if c.v_scale is None else np.array([c.v_scale], np.float32),
+              "k_scale_desc data": lambda c: None if c.k_scale_desc is None else c.k_scale_desc.buffer(),
+              "v_scale_desc data": lambda c: None if c.v_scale_desc is None else c.v_scale_desc.buffer()}
+    for c in cases[1:]:
+        for name, get in scales.items():
+            a, b = get(cases[0]), get(c)
+            if (a is None) != (b is None) or (a is not None and a.nbytes != b.nbytes):
+                raise ValueError(f"a call sequence reuses the first call's buffers: {name} must keep its size")
 
     def refill(arena: _Arena, case: WriteCase) -> None:
         arena.refill("key", case.key)
         arena.refill("value", case.value)
         arena.refill("slots", case.slots.encoded())
+        for name, get in scales.items():
+            values = get(case)
+            if values is not None:
+                arena.refill(name, values)
 
     return _sequence(provider, cases, opts or CallOptions(), _place_write, _call_write, refill)
 

@@ -7,6 +7,9 @@ reuse the caller's buffers, and batches of engine size.
   new contents (``execute.run_write_sequence`` / ``run_gather_sequence``); every call must
   act on what the buffers hold at that call, so a provider that keeps what it decoded from
   a pointer (a cache keyed by address) is seen.
+- FP8 scales are user buffers too (vLLM's ``k_scale`` / ``v_scale`` tensors, rewritten in place
+  when the scales are calibrated): three FP8 writes through the same scale buffers with new values
+  each time must each quantize by the values the buffers hold at that call.
 - A prefill write of 4096 tokens and a decode gather of 320 sequences: every token and
   every sequence of a call is served, not only the first tile of them.
 - A write of 65600 tokens: more tokens than a 16-bit grid dimension (65535) holds, so a
@@ -18,7 +21,7 @@ import numpy as np
 import pytest
 
 from kvx_conformance.abi.descriptors import Geometry
-from kvx_conformance.abi.header import DType, Status
+from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance import reference_impl as oracle
 from kvx_conformance.cases.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
@@ -74,6 +77,42 @@ def test_persistent_block_table(kvx_provider, kvx_call_options):
                                       label=f"call {i + 1} of {CALLS} through one table buffer: rows {table[:, 0]}"))
     expected = [oracle.expected_gather(c, opts.memory) for c in cases]
     _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE)
+
+
+CL_STATE_SCALES = ("spec 7.2 (the API is stateless aside from user-provided buffers); 6.6, 6.9 (the FP8 scale "
+                   "of the call, from k_scale_desc / v_scale_desc); R-FP8, R-STATE")
+#: per call: (K values, V values) of the PER_TENSOR or PER_HEAD scale descriptors
+PERSISTENT_SCALES = {
+    "per_tensor": [([0.21], [3.3]), ([1.7], [0.4]), ([0.05], [11.0])],
+    "per_head": [([0.5, 1.7], [2.25, 0.093]), ([2.0, 0.11], [0.6, 4.5]), ([0.07, 6.5], [13.0, 0.3])],
+}
+
+
+@conformance("state.persistent_scales", CL_STATE_SCALES, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("granularity", list(PERSISTENT_SCALES))
+@pytest.mark.parametrize("dtype", [DType.F8_E4M3, DType.F8_E5M2], ids=["e4m3", "e5m2"])
+def test_persistent_scales(kvx_provider, kvx_call_options, dtype, granularity):
+    """Three F32 -> FP8 writes through one set of scale-descriptor buffers (and one slots buffer and
+    IO rows) whose values change between the calls, as an engine rewrites its persistent
+    ``k_scale`` / ``v_scale`` in place: every call quantizes by the scales its buffers hold then. A
+    provider that keeps the values it read behind a scale pointer (read once, to spare a device
+    sync per call) quantizes the later calls by the first call's scales."""
+    opts = kvx_call_options()
+    g = ScaleGranularity.PER_TENSOR if granularity == "per_tensor" else ScaleGranularity.PER_HEAD
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), dtype, seed=390)
+    cases, expected = [], []
+    for i, (ks, vs) in enumerate(PERSISTENT_SCALES[granularity]):
+        case = cb.write_case(cache, cb.spread_slots(G, 24, 391 + i), io_dtype=DType.F32, seed=395 + i,
+                             k_scale_desc=cb.scale_spec(ks, g), v_scale_desc=cb.scale_spec(vs, g),
+                             label=f"call {i + 1} of {CALLS} through one set of scale buffers: {granularity} "
+                                   f"K scales {ks}, V scales {vs}")
+        if i == 0:  # a refusal of FP8 is the feature's; a wrong first call a failure of its own
+            verify_write(kvx_provider, case, opts, clause=CL_STATE_SCALES, feature="fp8")
+        exp = oracle.expected_write(case, opts.memory)
+        cases.append(case)
+        expected.append(exp)
+        cache = cb.replace(cache, k_init=exp.arrays["k"], v_init=exp.arrays["v"])
+    _judge_sequence(run_write_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE_SCALES)
 
 
 # ---------------------------------------------------------------------------- engine-sized batches
