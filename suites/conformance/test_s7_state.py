@@ -7,6 +7,8 @@ reuse the caller's buffers, and batches of engine size.
   new contents (``execute.run_write_sequence`` / ``run_gather_sequence``); every call must
   act on what the buffers hold at that call, so a provider that keeps what it decoded from
   a pointer (a cache keyed by address) is seen.
+- The cache descriptor is the call's too: memory described as NHD in one call and as HND in the
+  next (the same pointers, geometry and dtype) is addressed by each call's own descriptor.
 - FP8 scales are user buffers too (vLLM's ``k_scale`` / ``v_scale`` tensors, rewritten in place
   when the scales are calibrated): three FP8 writes through the same scale buffers with new values
   each time must each quantize by the values the buffers hold at that call.
@@ -77,6 +79,53 @@ def test_persistent_block_table(kvx_provider, kvx_call_options):
                                       label=f"call {i + 1} of {CALLS} through one table buffer: rows {table[:, 0]}"))
     expected = [oracle.expected_gather(c, opts.memory) for c in cases]
     _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE)
+
+
+CL_STATE_DESC = ("spec 7.2 (the API is stateless aside from user-provided buffers); 4.2 (the layout and strides "
+                 "the call's cache descriptor gives; implementations MUST honor provided strides); R-STATE, R-CACHE")
+
+
+def _cache_layout_overrides(t) -> dict:
+    """``cache.k`` / ``cache.v`` layout, shape and strides set to ``t`` (every dimension, so that a
+    call of a sequence does not inherit the previous call's)."""
+    ov: dict = {}
+    for side in ("k", "v"):
+        ov[f"cache.{side}.layout"] = int(t.layout)
+        ov[f"cache.{side}.ndim"] = len(t.shape)
+        for i in range(5):
+            ov[f"cache.{side}.shape[{i}]"] = int(t.shape[i]) if i < len(t.shape) else 0
+            ov[f"cache.{side}.stride[{i}]"] = int(t.stride[i]) if i < len(t.stride) else 0
+    return ov
+
+
+@conformance("state.cache_descriptor_per_call", CL_STATE_DESC, REQUIRED, "core", "write")
+def test_cache_descriptor_per_call(kvx_provider, kvx_call_options):
+    """Three writes into one pair of cache buffers (same pointers, geometry and dtype) described as
+    NHD, then HND, then NHD again (memory an engine hands to another layer or model, a caching
+    allocator's block given out again): each call addresses the cache by the descriptor it passes.
+    A provider that keeps a plan per cache address (the layout and strides first seen with those
+    pointers) writes the HND call at NHD offsets. NHD and HND are each first written alone: the
+    layout other than the provider's core one is an optional feature, and a refusal of it there is
+    excused."""
+    opts = kvx_call_options()
+    for kind in ("nhd", "hnd"):
+        alone = cb.write_case(cb.simple_cache(G, kind, DType.F16, seed=400), cb.spread_slots(G, 10, 401), seed=402,
+                              label=f"{kind.upper()} write alone")
+        verify_write(kvx_provider, alone, opts, clause=CL_STATE_DESC, feature=kind)
+    cache = cb.simple_cache(G, "nhd", DType.F16, seed=403)
+    cases, expected = [], []
+    for i, kind in enumerate(["nhd", "hnd", "nhd"]):
+        lay = cb.layout(G, kind, DType.F16)
+        cache = cb.replace(cache, k=lay, v=lay)
+        case = cb.write_case(cache, cb.spread_slots(G, 10, 404 + i), seed=407 + i,
+                             overrides=_cache_layout_overrides(lay),
+                             label=f"call {i + 1} of {CALLS} into one pair of cache buffers: described as "
+                                   f"{kind.upper()} (strides {lay.stride})")
+        exp = oracle.expected_write(case, opts.memory)
+        cases.append(case)
+        expected.append(exp)
+        cache = cb.replace(cache, k_init=exp.arrays["k"], v_init=exp.arrays["v"])
+    _judge_sequence(run_write_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE_DESC)
 
 
 CL_STATE_SCALES = ("spec 7.2 (the API is stateless aside from user-provided buffers); 6.6, 6.9 (the FP8 scale "
