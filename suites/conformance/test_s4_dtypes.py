@@ -231,7 +231,7 @@ def test_write_subnormals(kvx_provider, kvx_call_options, cache_dtype, io_dtype)
                  feature="mixed_io_dtype")
 
 
-def _gather_values(provider, opts, cache_dtype, out_dtype, seed, k, v, what):
+def _gather_values(provider, opts, cache_dtype, out_dtype, seed, k, v, what, clause=None):
     """A PACKED gather from a ``cache_dtype`` cache whose K and V storage hold ``k`` / ``v`` (resized
     to the storage) into ``out_dtype`` outputs, verified against the oracle (R-CONVERT: the gather
     converts by the write's rule)."""
@@ -242,8 +242,9 @@ def _gather_values(provider, opts, cache_dtype, out_dtype, seed, k, v, what):
     table = np.array([[0, 3, 5], [2, 1, 4]], np.int64)
     case = cb.packed_gather(cache, table, [12, 9], 12, io_dtype=out_dtype, seed=seed + 1,
                             label=f"{NAMES[cache_dtype]} cache -> {NAMES[out_dtype]}, {what}")
-    verify_gather(provider, case, opts, clause=CL_OVERFLOW if "edge" in what else CL_SUBNORMAL,
-                  feature="mixed_io_dtype")
+    if clause is None:
+        clause = CL_OVERFLOW if "edge" in what else CL_SUBNORMAL
+    verify_gather(provider, case, opts, clause=clause, feature="mixed_io_dtype")
 
 
 @conformance("dtype.gather.overflow_by_rounding", CL_OVERFLOW, REQUIRED, "core", "gather", feature="mixed_io_dtype")
@@ -269,6 +270,50 @@ def test_gather_subnormals(kvx_provider, kvx_call_options, cache_dtype, out_dtyp
             raise RuntimeError(f"dtype.gather.subnormals: fewer than half of the {NAMES[cache_dtype]} values are "
                                f"subnormal or convert to a {NAMES[out_dtype]} subnormal")
     _gather_values(kvx_provider, kvx_call_options(), cache_dtype, out_dtype, 61, k, v, "subnormal values / results")
+
+
+CL_NAN = (CL_CONVERT + " (NaN stays NaN, whatever its payload: any NaN of the destination, never inf or a "
+                       "number; R-NAN-CLASS)")
+#: NaNs (storage bits) whose payload sits in the low mantissa bits a narrowing conversion drops, or fills
+#: every mantissa bit (a rounding carry reaches the exponent and the sign), signalling and quiet, both signs
+NAN_LOW_PAYLOADS = {
+    DType.F32: [0x7F800001, 0xFF800001, 0x7F80FFFF, 0x7F801FFF, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FBFFFFF, 0xFFC00001],
+    DType.F16: [0x7C01, 0xFC01, 0x7C0F, 0x7DFF, 0x7FFF, 0xFFFF],
+    DType.BF16: [0x7F81, 0xFF81, 0x7FFF, 0xFFFF],
+}
+
+
+def _nan_mix(n: int, dtype: DType, seed: int) -> np.ndarray:
+    """``n`` values of ``dtype``: every other one a NaN of :data:`NAN_LOW_PAYLOADS`, the rest finite."""
+    x = cb.finite_values(cb.rng_for(seed), dtype, n)
+    bits = np.array(NAN_LOW_PAYLOADS[dtype], np.uint32 if dtype == DType.F32 else np.uint16)
+    x[::2] = np.resize(bits, x[::2].size).view(np_dtype(dtype))
+    return x
+
+
+@conformance("dtype.write.nan_payloads_convert", CL_NAN, REQUIRED, "core", "write", feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
+def test_write_nan_payloads_convert(kvx_provider, kvx_call_options, cache_dtype, io_dtype):
+    """Converting writes of NaNs whose payload lies only in the mantissa bits the cache dtype drops
+    (F32 0x7F800001, F16 0x7C01 into BF16) or fills them all (0x7FFFFFFF): each stays a NaN. The
+    round-to-nearest-even bit trick ``(x + 0x7FFF + lsb) >> 16`` without a NaN case turns the first
+    into inf and carries the second into the sign (-0); a converter that keeps the top payload bits
+    without setting one makes inf. ``dtype.write.convert`` writes the quiet NaN 0x7FC00000 only."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, cache_dtype, 62)
+    case = cb.write_case(cache, cb.spread_slots(G, 12, 62), io_dtype=io_dtype, seed=63,
+                         label=f"{NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache, NaNs with low payload bits")
+    case = cb.replace(case, key=_nan_mix(case.key.size, io_dtype, 64), value=_nan_mix(case.value.size, io_dtype, 65))
+    verify_write(kvx_provider, case, opts, clause=CL_NAN, feature="mixed_io_dtype")
+
+
+@conformance("dtype.gather.nan_payloads_convert", CL_NAN, REQUIRED, "core", "gather", feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,out_dtype", MIXED)
+def test_gather_nan_payloads_convert(kvx_provider, kvx_call_options, cache_dtype, out_dtype):
+    """The gather direction of ``dtype.write.nan_payloads_convert``: cache NaNs with low payload bits
+    gathered into outputs of another dtype stay NaNs."""
+    _gather_values(kvx_provider, kvx_call_options(), cache_dtype, out_dtype, 66, _nan_mix(512, cache_dtype, 67),
+                   _nan_mix(512, cache_dtype, 68), "NaNs with low payload bits", clause=CL_NAN)
 
 
 #: token counts of the batch conversion writes (the other conversion tests write at most 24
