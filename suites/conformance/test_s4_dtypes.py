@@ -541,6 +541,36 @@ def test_fp8_saturation(kvx_provider, kvx_call_options, dtype):
     verify_write(kvx_provider, case, opts, clause=CL_FP8, feature="fp8")
 
 
+CL_FP8_SAT_IO = CL_FP8 + " (clamp to the largest finite value, +-inf too, from every IO dtype; NaN stays NaN)"
+#: F16 / BF16 inputs at and past the largest finite E4M3 (448) and E5M2 (57344) values: the midpoints
+#: above them (464, 61440), the largest finite inputs, inf; and NaN
+SAT_IO_VALUES = [np.inf, 65504.0, 63488.0, 61440.0, 61408.0, 58000.0, 57344.0, 3.0e38, 1.0e6, 480.0, 464.0, 456.0,
+                 448.0, np.nan]
+
+
+@conformance("fp8.write.saturation_io_dtypes", CL_FP8_SAT_IO, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("io_dtype", [DType.F16, DType.BF16], ids=["io_f16", "io_bf16"])
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_saturation_io_dtypes(kvx_provider, kvx_call_options, dtype, io_dtype):
+    """F16 and BF16 inputs at and past the largest finite FP8 value, written with no scale (scale
+    1.0): they saturate to +-448 / +-57344, inf included, as F32 inputs do
+    (``fp8.write.saturation_and_specials``, F32 IO with a scale). A path that converts unscaled
+    F16 into E5M2 by rounding away F16's low byte without saturating (``__NV_NOSAT``) stores inf for
+    |x| >= 61440."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, dtype, 31)
+    case = cb.write_case(cache, cb.spread_slots(G, 10, 31), io_dtype=io_dtype, seed=32,
+                         label=f"{NAMES[io_dtype]} -> {NAMES[dtype]} cache, no scale, values at and past the "
+                               f"largest finite value")
+    vals = np.array(SAT_IO_VALUES, np.float32)
+    vals = np.concatenate([vals, -vals]).astype(np_dtype(io_dtype))
+    rng = cb.rng_for(33)
+    key, value = case.key.copy(), case.value.copy()
+    key[::2] = np.resize(vals, key[::2].size)
+    value[1::2] = np.resize(rng.permutation(vals), value[1::2].size)
+    verify_write(kvx_provider, cb.replace(case, key=key, value=value), opts, clause=CL_FP8_SAT_IO, feature="fp8")
+
+
 @conformance("fp8.write.raw_bytes", "spec 4.3; R-CONVERT (FP8 IO of the cache's dtype copies raw bytes)", REQUIRED,
              "fp8", "write", feature="fp8")
 @pytest.mark.parametrize("dtype", FP8_PARAMS)
