@@ -415,6 +415,34 @@ def test_io_strides(kvx_provider, kvx_call_options, io_kind, op):
         verify_gather(kvx_provider, case, opts, clause="spec 6.8; R-IO", feature="io_strides")
 
 
+CL_FULL_BLOCKS = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (IO tensors: shape and strides); "
+                  "R-IO, R-WRITE")
+#: the slots of a prefill-shaped write into 6 blocks of 4: blocks 2, 0 and 4 filled in order, then two
+#: tokens of a partial block and a token of block 3
+FULL_BLOCK_SLOTS = [8, 9, 10, 11, 0, 1, 2, 3, 16, 17, 18, 19, 21, 22, 13]
+
+
+@conformance("write.full_blocks_strided_io", CL_FULL_BLOCKS, REQUIRED, "layouts", "write", feature="io_strides")
+@pytest.mark.parametrize("io_kind", ["padded", "head_major"])
+@pytest.mark.parametrize("kind", ["nhd", "hnd"])
+def test_write_full_blocks_strided_io(kvx_provider, kvx_call_options, kind, io_kind):
+    """A prefill-shaped write: runs of block_size tokens whose slots fill whole blocks in order, then
+    a partial block, from key / value inputs that are strided views (``padded``: a token stride
+    larger than H * D, as a row of vLLM's fused QKV projection; ``head_major``: ``[H][tokens][D]``).
+    A provider whose whole-block path copies block_size * H * D contiguous input elements into the
+    block, as if the input were dense, fails here; ``io.strided`` writes random slots, which seldom
+    fill a block. The cache is NHD or HND (core needs one): a refusal is excused unless both
+    ``io_strides`` and that layout are claimed."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, kind, DType.F16, seed=87)
+    n = len(FULL_BLOCK_SLOTS)
+    lay = cb.io_layout(DType.F16, n, G, io_kind)
+    case = cb.write_case(cache, FULL_BLOCK_SLOTS, key_layout=lay, value_layout=lay, seed=88,
+                         label=f"{kind.upper()} cache, blocks 2, 0, 4 written whole, {io_kind} inputs "
+                               f"(strides {lay.stride})")
+    verify_write(kvx_provider, case, opts, clause=CL_FULL_BLOCKS, feature=("io_strides", kind))
+
+
 CL_KV_IN_STRIDES = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (io.key and io.value are tensor "
                     "descriptors of their own: each input read through its own strides); R-IO")
 #: (key IO kind, value IO kind)
