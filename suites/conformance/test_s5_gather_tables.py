@@ -353,6 +353,7 @@ RAGGED_DTYPES = [
     pytest.param(DType.S32, DType.S32, id="idx_s32-indptr_s32"),
     pytest.param(DType.S64, DType.S64, id="idx_s64-indptr_s64"),
     pytest.param(DType.S32, DType.S64, id="idx_s32-indptr_s64"),
+    pytest.param(DType.S64, DType.S32, id="idx_s64-indptr_s32"),  # each array read at its own width
 ]
 
 
