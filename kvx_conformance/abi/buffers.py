@@ -112,6 +112,26 @@ class ReadOnlyWhileCalled:
         _mprotect(self._base, self._data_bytes, writable=not on)
 
 
+class EndsAtInaccessiblePage:
+    """A read-only host copy of ``array`` whose last byte is the last one before an inaccessible
+    page: a read of any byte past the array (a vector load of the last elements that runs over
+    the end) faults in the call that makes it, where a guarded buffer's readable guard bytes
+    would hide it. ``ptr`` is the array's address; keep the object alive while a provider may
+    read it."""
+
+    def __init__(self, array: np.ndarray):
+        a = np.ascontiguousarray(array)
+        n = a.nbytes
+        self._data_bytes = max(1, -(-n // mmap.PAGESIZE)) * mmap.PAGESIZE
+        self._map = mmap.mmap(-1, self._data_bytes + mmap.PAGESIZE)
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        _mprotect(self._base + self._data_bytes, mmap.PAGESIZE, writable=False, readable=False)
+        self.ptr = self._base + self._data_bytes - n
+        ctypes.memmove(self.ptr, a.ctypes.data, n)
+        _mprotect(self._base, self._data_bytes, writable=False)
+        self.nbytes = n
+
+
 class HostBuffer(Buffer):
     """Host memory in pages of its own (``seal``: read-only while a call runs)."""
 

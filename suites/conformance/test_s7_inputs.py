@@ -8,12 +8,18 @@ these buffers and compares them after *every* call of every test (``checks.check
 the tests here make that rule visible by name, with calls that touch each kind of input:
 valid and invalid slots, S32 and S64 indices, per-tensor and per-head scales, and an
 erroneous call (an input stays the caller's whatever the answer).
+
+A call also reads no byte of an input past the elements its descriptors give (``token_count``
+slots, ``indices_count`` ids, ``seq_count`` lengths, the IO rows' span): on host memory
+``inputs.read_within_bounds`` places one input at a time so that it ends where an inaccessible
+page begins, and a read past it (a vector load of the last elements with no tail loop) faults.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from kvx_conformance.abi import buffers
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import (
@@ -135,3 +141,51 @@ def test_validate_leaves_cache(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
     verify_validate(kvx_provider, cb.validate_case(_cache(kvx_provider, opts.memory, 324), label="valid cache"),
                     opts, clause=CL_INPUTS)
+
+
+CL_BOUNDS = ("spec 7.2 (callers own the buffers passed via descriptors), 6.3, 6.4, 6.5, 6.8 (token_count slots, "
+             "indices_count ids, seq_count lengths, IO tensors of the described shape and strides); R-INPUTS "
+             "(a call reads no byte of an input past what its descriptors describe)")
+#: (operation, input, pointer field, index dtype): each input placed alone at an inaccessible page
+BOUNDS = {
+    "write-slots_s32": ("write", "slots", "desc.slots.slots", DType.S32),
+    "write-slots_s64": ("write", "slots", "desc.slots.slots", DType.S64),
+    "write-key": ("write", "key", "desc.io.key.data", DType.S64),
+    "write-value": ("write", "value", "desc.io.value.data", DType.S64),
+    "gather-indices_s32": ("gather", "indices", "desc.block_table.indices", DType.S32),
+    "gather-indices_s64": ("gather", "indices", "desc.block_table.indices", DType.S64),
+    "gather-seq_lens_s32": ("gather", "seq_lens", "desc.seq_lens.lengths", DType.S32),
+    "gather-seq_lens_s64": ("gather", "seq_lens", "desc.seq_lens.lengths", DType.S64),
+}
+
+
+@conformance("inputs.read_within_bounds", CL_BOUNDS, REQUIRED, "core", ("write", "gather"))
+@pytest.mark.kvx_memory_types("host")  # the inaccessible page is a host page
+@pytest.mark.parametrize("which", list(BOUNDS))
+def test_inputs_read_within_bounds(kvx_provider, kvx_call_options, which):
+    """5 slots (a count no vector width divides), 5 IO rows, 3 sequences of 3 table entries: one
+    input at a time ends at an inaccessible page (its pointer in the descriptor replaced by that
+    copy, the values unchanged). A provider that loads slots, ids or lengths 4, 8 or 16 at a time
+    with no tail loop reads past the buffer the caller gave and crashes here (on a GPU, the same
+    load reads another allocation or faults); the guarded buffers of the other tests hide such a
+    read behind readable guard bytes."""
+    op, name, field, index_dtype = BOUNDS[which]
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, 330)
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(G, 5, seed=331), slot_dtype=index_dtype, seed=332,
+                             label=f"5-token write, {name} ending at an inaccessible page")
+        data = {"slots": case.slots.encoded(), "key": case.key, "value": case.value}[name]
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(G, 3, 3, 333), [9, 12, 5], 12, seed=334,
+                                index_dtype=index_dtype, lens_dtype=index_dtype,
+                                label=f"3-sequence PACKED gather, {name} ending at an inaccessible page")
+        data = case.table.encoded_indices() if name == "indices" else case.seq_lens.encoded()
+    placed = buffers.EndsAtInaccessiblePage(data)
+    case = cb.replace(case, c_overrides={**case.c_overrides, field: placed.ptr},
+                      label=f"{case.label} ({placed.nbytes} bytes at 0x{placed.ptr:x}, {field})")
+    if op == "write":
+        verify_write(kvx_provider, case, opts, clause=CL_BOUNDS)
+    else:
+        verify_gather(kvx_provider, case, opts, clause=CL_BOUNDS)
+    del placed  # alive until the call and its checks are done
