@@ -17,16 +17,20 @@ providers of csrc/testing (built by the package build).
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from kvx_conformance.abi import loader, native
+from kvx_conformance.harness.plugin.controller import _Controller
 from kvx_conformance.results.certificate import suite_root
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -198,6 +202,147 @@ def test_segv_on_write_core_profile_goes_on(tmp_path):
     assert any("Segmentation fault" in (t["message"] + t.get("detail", "")) for t in r["hit"]), r["hit"][0]
     assert r["doc"]["profiles"]["core"]["verdict"] == "not certified"
     assert secs < 300, f"target: within 5 minutes on 2 cores, took {secs:.0f} s"
+
+
+#: a suite whose first two workers (gw0, gw1) both die in their first test, at the same moment,
+#: inside the provider's kvx_write_kv (the segv_on_write mutant); replacement workers run it all
+_TWO_DIE_SUITE = '''
+import os, time
+from pathlib import Path
+import pytest
+
+@pytest.mark.kvx(id="race.write", clause="spec 5", level="required", profile="core", entry="write")
+@pytest.mark.parametrize("i", range(40))
+def test_write(i, kvx_provider, request):
+    wid, barrier = request.config.workerinput["workerid"], Path(os.environ["KVX_RACE_DIR"])
+    if wid in ("gw0", "gw1"):
+        (barrier / wid).touch()
+        deadline = time.monotonic() + 60
+        while not ((barrier / "gw0").exists() and (barrier / "gw1").exists()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        kvx_provider.write_kv(None, None)  # SIGSEGV
+'''
+
+#: loaded into the controller (--pytest-args -p): when xdist takes the first worker down, it waits until
+#: the other one's process is gone too and gives xdist the view it has in the race: that worker not
+#: yet seen down (its channel's end unread). xdist's remove_node then hands the first worker's tests to
+#: the dead one (LoadScheduling.check_schedule -> node.send_runtest_some).
+_RACE_PLUGIN = '''
+import select, time
+import pytest
+
+_seen = []
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    if error is None or _seen:
+        return
+    _seen.append(node)
+    for other in node.config.pluginmanager.getplugin("dsession").sched.nodes:
+        if other is node:
+            continue
+        # the other worker's stdin pipe has no reader left (POLLERR): every thread of it has ended
+        poll = select.poll()
+        poll.register(other.gateway._io.outfile.fileno(), 0)
+        deadline = time.monotonic() + 60
+        while not poll.poll(5) and time.monotonic() < deadline:
+            pass
+        other._down = False
+'''
+
+
+@pytest.mark.skipif(not hasattr(select, "poll"), reason="needs poll(2)")
+def test_two_workers_dying_at_once_is_not_a_harness_error(tmp_path):
+    """Two workers segfault at the same moment: xdist hands the first one's tests to the second, whose
+    process is gone but not yet seen down, and the send fails (OSError: cannot send). That must not be
+    an INTERNALERROR (exit 12): both crashes recorded, named, the rest run on replacement workers,
+    "NOT CERTIFIED", exit 1, no test lost (the race made deterministic by _RACE_PLUGIN)."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_two_die.py").write_text(_TWO_DIE_SUITE, encoding="utf-8")
+    (tmp_path / "kvx_race_plugin.py").write_text(_RACE_PLUGIN, encoding="utf-8")
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    out = tmp_path / "out"
+    env = dict(os.environ, KVX_RACE_DIR=str(barrier),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    p = subprocess.run([*kvx_cmd(), "run", lib("mutant", "segv_on_write"), "--suite", str(suite), "-n", "2",
+                        "--reruns", "0", "--timeout", "30", "--output-dir", str(out), "--progress", "lines",
+                        "--pytest-args", "-p kvx_race_plugin"], capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == loader.EXIT_NOT_CERTIFIED, explain(p)
+    assert "INTERNALERROR" not in p.stdout + p.stderr and "== verdict: NOT CERTIF" in p.stdout, explain(p)
+    doc = results(out)
+    tests = doc["tests"]
+    assert doc["complete"] and doc["total"] == doc["finished"] == len(tests) == 40, explain(p)
+    crashes = [t for t in tests if t["outcome"] == "crash"]
+    assert {t["worker"] for t in crashes} == {"gw0", "gw1"} and len(crashes) == 2, \
+        [(t["id"], t["worker"]) for t in crashes]
+    for t in crashes:
+        assert f"worker '{t['worker']}' crashed while running " in t["message"], t["message"]
+        assert "Segmentation fault" in t["message"] and t["crash"]["entry"] == "kvx_write_kv", t
+    rest = [t for t in tests if t not in crashes]
+    assert all(t["outcome"] == "pass" and t["worker"] not in ("gw0", "gw1") for t in rest), \
+        [(t["id"], t["outcome"], t["worker"]) for t in rest if t["outcome"] != "pass"]
+    assert doc["profiles"]["core"]["verdict"] == "not certified"
+
+
+class _FakeWorker:
+    """An xdist WorkerController as the scheduler sees it; ``gone``: its process has ended."""
+
+    def __init__(self, wid: str):
+        self.gateway, self.gone, self.got, self.shutting_down = SimpleNamespace(id=wid), False, [], False
+
+    def sendcommand(self, name: str, **kwargs) -> None:
+        if self.gone:
+            raise OSError("cannot send (already closed?)")  # execnet, writing to a dead worker's pipe
+        self.got += kwargs.get("indices") or []
+
+    def send_runtest_some(self, indices) -> None:
+        self.sendcommand("runtests", indices=indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_scheduler_sends_to_gone_workers_lose_nothing():
+    """The same race with xdist's own LoadScheduling and fake workers: what xdist sends to a worker
+    already gone is dropped and comes back when that worker is taken down; its running test is its
+    crash; a test it never received is rescheduled (pytest_handlecrashitem), not charged to it."""
+    from xdist.scheduler import LoadScheduling
+
+    ctl = SimpleNamespace(_unsent={})
+    ids = [f"t.py::test[{i}]" for i in range(40)]
+    sched = LoadScheduling(SimpleNamespace(getvalue=lambda name: ["popen"] * 2, getoption=lambda name: None))
+
+    def join(wid: str) -> _FakeWorker:
+        node = _FakeWorker(wid)
+        _Controller._guard_sends(ctl, node)  # what pytest_configure_node does
+        sched.add_node(node)
+        sched.add_node_collection(node, ids)
+        return node
+
+    a, b = join("gw0"), join("gw1")
+    sched.schedule()
+    assert a.got == [0, 1, 2, 3, 4] and b.got == [5, 6, 7, 8, 9]
+    a.gone = b.gone = True  # both crash in their first test; xdist has seen only gw0's end
+    assert sched.remove_node(a) == ids[0]  # hands gw0's tests to gw1: the send fails (was INTERNALERROR)
+    assert ctl._unsent[b] and 5 not in ctl._unsent[b]
+    assert sched.remove_node(b) == ids[5]  # gw1's end: its running test is its crash
+    assert sorted(sched.pending) == [i for i in range(40) if i not in (0, 5)]  # the rest: nothing lost
+    c = join("gw2")  # a replacement
+    sched.schedule()
+    assert c.got and not c.gone
+    d = join("gw3")  # a replacement that dies before it gets a test
+    d.gone = True
+    sched.schedule()
+    crashitem = sched.remove_node(d)
+    assert crashitem is not None and ids.index(crashitem) in ctl._unsent[d]
+    report = SimpleNamespace(node=d, outcome="failed", user_properties=[])
+    _Controller.pytest_handlecrashitem(ctl, crashitem, report, sched)
+    assert report.outcome == "rerun" and ("kvx.unsent", "1") in report.user_properties
+    waiting = set(sched.pending) | set(sched.node2pending[c])
+    assert waiting == {i for i in range(40) if i not in (0, 5)}, "a test never run and never charged"
+    assert set(c.got) <= waiting
 
 
 def test_noop_provider_not_certified_with_waivers(tmp_path):

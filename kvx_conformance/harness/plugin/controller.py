@@ -123,6 +123,8 @@ class _Controller:
         #: worker id -> the test whose buffers got writes after return in that worker
         self.tainted: dict[str | None, str] = {}
         self._amend: dict[str, dict] = {}  # nodeid -> late-write finding for a test not finished yet
+        #: worker -> collection indices of the tests xdist could not send it (its process was gone)
+        self._unsent: dict[object, set[int]] = {}
         self._late_printed = 0
         self.t0 = time.monotonic()
         self._last_progress = self.t0
@@ -171,6 +173,33 @@ class _Controller:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
         node.workerinput["kvx_state_dir"] = str(self.state_dir)
+        self._guard_sends(node)
+
+    def _guard_sends(self, node) -> None:
+        """A command xdist sends to a worker whose process is already gone is dropped, not an
+        internal error. Two workers that crash together: xdist takes the first down
+        (``DSession.worker_errordown`` -> ``LoadScheduling.remove_node``) and hands its tests at once
+        to the other (``check_schedule`` -> ``node.send_runtest_some``), whose death its channel
+        has not reported yet (``WorkerController._down`` still False): the write fails with
+        ``OSError: cannot send (already closed?)`` and, uncaught, ended the run as INTERNALERROR
+        (exit 12). Nothing else need be done: the tests stay the dead worker's pending ones, and
+        the channel's end, which always follows, takes it down the usual way (``worker_errordown``):
+        its running test is its crash, the rest go to a live or a replacement worker.
+
+        Why a wrapper around this node's ``sendcommand``: xdist has no hook between the scheduler
+        and the send, and whether the process is gone is known only when the write fails (a check
+        before it would race with the crash); every scheduler's sends (runtests, runtests_all,
+        steal, shutdown) go through it. It wraps this one object, not xdist's class."""
+        send = node.sendcommand
+
+        def sendcommand(name: str, **kwargs: object) -> None:
+            try:
+                send(name, **kwargs)
+            except OSError:
+                if name == "runtests":
+                    self._unsent.setdefault(node, set()).update(kwargs.get("indices") or ())
+
+        node.sendcommand = sendcommand
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -216,6 +245,8 @@ class _Controller:
         if report.nodeid in self.done:
             return
         props = dict(report.user_properties or ())
+        if "kvx.unsent" in props:  # rescheduled: pytest_handlecrashitem
+            return
         if "kvx.meta" in props and report.nodeid not in self.metas:
             self.metas[report.nodeid] = json.loads(props["kvx.meta"])
         if "kvx.late_writes" in props:
@@ -236,6 +267,16 @@ class _Controller:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report, sched) -> None:
+        unsent = self._unsent.get(getattr(report, "node", None))
+        collection = getattr(sched, "collection", None) or []
+        if unsent and crashitem in collection and collection.index(crashitem) in unsent \
+                and hasattr(sched, "mark_test_pending"):
+            # the worker was gone before this test reached it (it died between tests): not this test's
+            # crash; it runs on another worker (the hook's documented way to reschedule)
+            sched.mark_test_pending(crashitem)
+            report.outcome = "rerun"
+            report.user_properties = [("kvx.unsent", "1")]
+            return
         worker = getattr(getattr(report, "node", None), "gateway", None)
         wid = getattr(worker, "id", None)
         elapsed = time.monotonic() - self.started.get(crashitem, time.monotonic())
