@@ -72,7 +72,7 @@ def gather_view(case: GatherCase, memory: Memory = Memory.HOST) -> CallView:
     cache = _cache_struct(case.cache, memory)
     t = case.table
     desc = abi.kvx_gather_desc_t.new(max_seq_len=case.max_seq_len)
-    desc.io = d.to_c_io(case.out_layout, _ptr(True), case.out_layout, _ptr(True), memory,
+    desc.io = d.to_c_io(case.out_layout, _ptr(True), case.value_out, _ptr(True), memory,
                         case.num_tokens, g.num_kv_heads, g.head_dim)
     desc.block_table = d.to_c_table(t, _ptr(len(t.indices) > 0), _ptr(t.indptr is not None))
     desc.seq_lens = d.to_c_seq_lens(case.seq_lens, _ptr(len(case.seq_lens.lengths) > 0))

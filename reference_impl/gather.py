@@ -171,7 +171,7 @@ def expected_gather(case: GatherCase, memory: Memory = Memory.HOST, memory_suppo
     for side, tdesc in (("k", g.io.key), ("v", g.io.value)):
         store = typed_view(out[side], tdesc.dtype, f"out {side}")
         shape, stride = dims(tdesc)
-        dst = io_offsets(shape, stride, rows, h, d) + case.out_layout.origin
+        dst = io_offsets(shape, stride, rows, h, d) + (case.out_layout if side == "k" else case.value_out).origin
         check_bounds(dst, store.size, f"out {side}")
         store[dst] = convert.convert(values[side], cache_dtypes[side], DType(tdesc.dtype))
     return Result(int(Status.OK), out)

@@ -380,25 +380,20 @@ def _gather(cache, bt: BlockTable, lengths, max_seq_len, *, seed, io_dtype, lens
 
 
 def with_out_dtypes(case: GatherCase, *, key: DType | None = None, value: DType | None = None) -> GatherCase:
-    """The gather with its key and / or value output in another dtype of the same element size as
-    ``out_layout.dtype`` (F16 <-> BF16): key and value outputs are separate tensors (spec 6.8),
-    each with its own dtype. The C descriptor's ``io.key.dtype`` / ``io.value.dtype`` is set
-    through ``c_overrides`` (the oracle reads each output's dtype from the C descriptor, as the
-    provider does) and the output's initial contents are retyped (the same bytes), so the
-    comparison reads and prints that output in its own dtype. ``out_layout`` (shape, strides)
-    stays common to both outputs."""
-    base = case.out_layout.dtype
-    changes: dict = {}
-    overrides = dict(case.c_overrides)
-    for side, dt, init in (("key", key, "out_k_init"), ("value", value, "out_v_init")):
-        if dt is None:
-            continue
-        if abi.DTYPE_SIZE[dt] != abi.DTYPE_SIZE[base]:
-            raise ValueError(f"{side} output {dt.name}: the outputs share out_layout ({base.name}), so the "
-                             f"dtypes must have the same size")
-        overrides[f"desc.io.{side}.dtype"] = int(dt)
-        changes[init] = getattr(case, init).view(np_dtype(dt))
-    return dataclasses.replace(case, c_overrides=overrides, **changes)
+    """The gather with its key and / or value output in another dtype: key and value outputs are
+    separate tensors (spec 6.8), each with its own dtype. The retyped output keeps its shape and
+    strides and gets poison of its new dtype as initial contents; the value output's layout becomes
+    its own (``GatherCase.value_out_layout``), so each output is described, compared and printed
+    in its own dtype."""
+    rng = rng_for((case.seed or 0) + 49979687)
+    changes: dict = {"value_out_layout": case.value_out}
+    if key is not None:
+        changes["out_layout"] = dataclasses.replace(case.out_layout, dtype=key)
+        changes["out_k_init"] = poison(rng, key, changes["out_layout"].span_elements())
+    if value is not None:
+        changes["value_out_layout"] = dataclasses.replace(case.value_out, dtype=value)
+        changes["out_v_init"] = poison(rng, value, changes["value_out_layout"].span_elements())
+    return dataclasses.replace(case, **changes)
 
 
 def distinct_table(geom: Geometry, seqs: int, max_blocks: int, seed: int) -> np.ndarray:
@@ -458,9 +453,9 @@ def case_features(case) -> list[str]:
             feats.append("noncanonical_strides")
     if c.k.layout != c.v.layout or c.k.dtype != c.v.dtype or c.k.stride != c.v.stride:
         feats.append("mixed_layouts")
-    ios = [case.out_layout] if hasattr(case, "out_layout") else (
+    ios = [case.out_layout, case.value_out] if hasattr(case, "out_layout") else (
         [case.key_layout, case.value_layout] if hasattr(case, "key_layout") else [])
-    # an output retyped through the C descriptor (with_out_dtypes: F16 <-> BF16) counts with its own dtype
+    # an output retyped through the C descriptor's dtype field (c_overrides) counts with its own dtype
     fp8_cache = c.k.dtype in FP8_DTYPES or c.v.dtype in FP8_DTYPES
     overrides = getattr(case, "c_overrides", None) or {}
     for side in ("key", "value"):

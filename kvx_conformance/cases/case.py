@@ -105,21 +105,30 @@ class GatherCase:
     table: BlockTable
     seq_lens: SeqLens
     max_seq_len: int
-    out_layout: IOLayout  # same layout for key and value outputs
+    out_layout: IOLayout  # the key output's layout, and the value output's unless value_out_layout is set
     num_tokens: int
-    #: initial (poisoned) contents of the outputs, flat storage of out_layout.dtype
+    #: initial (poisoned) contents of the outputs, flat storage of each output's dtype
     out_k_init: np.ndarray = field(default=None)  # type: ignore[assignment]
     out_v_init: np.ndarray = field(default=None)  # type: ignore[assignment]
     seed: int | None = None
     label: str = ""
     c_overrides: dict = field(default_factory=dict)
+    #: the value output's layout where it is not the key's (its own strides or dtype: spec 6.8, io.key and
+    #: io.value are tensor descriptors of their own)
+    value_out_layout: IOLayout | None = None
+
+    @property
+    def value_out(self) -> IOLayout:
+        """The value output's layout."""
+        return self.value_out_layout if self.value_out_layout is not None else self.out_layout
 
     def describe(self) -> str:
         c = self.cache
         t = self.table
         return (
             f"gather {self.label} seed={self.seed} geom={c.geom} k={c.k} v={c.v} out={self.out_layout} "
-            f"table={t.format.name}[{t.index_dtype.name}] seqs={t.seq_count} beam={t.beam_width} "
+            + (f"value_out={self.value_out_layout} " if self.value_out_layout is not None else "")
+            + f"table={t.format.name}[{t.index_dtype.name}] seqs={t.seq_count} beam={t.beam_width} "
             f"max_blocks={t.max_blocks_per_seq} lens[{self.seq_lens.dtype.name}]="
             f"{np.asarray(self.seq_lens.lengths).tolist()[:16]} "
             f"max_seq_len={self.max_seq_len}"

@@ -182,7 +182,7 @@ def converted_sides(case) -> dict[str, bool]:
     if isinstance(case, WriteCase):
         return {"k": case.key_layout.dtype != case.cache.k.dtype, "v": case.value_layout.dtype != case.cache.v.dtype}
     if isinstance(case, GatherCase):
-        return {"k": case.out_layout.dtype != case.cache.k.dtype, "v": case.out_layout.dtype != case.cache.v.dtype}
+        return {"k": case.out_layout.dtype != case.cache.k.dtype, "v": case.value_out.dtype != case.cache.v.dtype}
     return {}
 
 
@@ -244,9 +244,9 @@ def _array_views(case) -> dict[str, tuple[np.ndarray, Sequence[str], str]]:
             "v": (_cache_offsets(case.cache.v, case.cache.geom), ("block", "token", "head", "dim"), "V cache"),
         }
     if isinstance(case, GatherCase):
-        off = _io_offsets(case.out_layout)
         names = ("row", "head", "dim")
-        return {"k": (off, names, "gathered keys"), "v": (off, names, "gathered values")}
+        return {"k": (_io_offsets(case.out_layout), names, "gathered keys"),
+                "v": (_io_offsets(case.value_out), names, "gathered values")}
     raise TypeError(f"no arrays to compare for {type(case).__name__}")
 
 

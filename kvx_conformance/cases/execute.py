@@ -268,7 +268,7 @@ def _place_gather(arena: _Arena, case: GatherCase, mem: Memory):
     g = case.cache.geom
     kp = arena.put("out key", case.out_k_init, data=True)
     vp = arena.put("out value", case.out_v_init, data=True)
-    io = d.to_c_io(case.out_layout, kp, case.out_layout, vp, mem, case.num_tokens, g.num_kv_heads, g.head_dim)
+    io = d.to_c_io(case.out_layout, kp, case.value_out, vp, mem, case.num_tokens, g.num_kv_heads, g.head_dim)
     t = case.table
     ip = arena.put("indices", t.encoded_indices() if len(t.indices) else None, readonly=True)
     pp = arena.put("indptr", t.encoded_indptr(), readonly=True)

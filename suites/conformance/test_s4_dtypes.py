@@ -348,14 +348,16 @@ CL_KV_OUT = (CL_CONVERT + "; spec 6.8 (io.key and io.value are tensor descriptor
              "in its own dtype)")
 #: (cache dtype, key output dtype, value output dtype)
 KV_OUT = [pytest.param(c, k, v, id=f"cache_{NAMES[c]}-key_{NAMES[k]}-value_{NAMES[v]}")
-          for c in (DType.F16, DType.F32) for k, v in ((DType.F16, DType.BF16), (DType.BF16, DType.F16))]
+          for c in (DType.F16, DType.F32)
+          for k, v in ((DType.F16, DType.BF16), (DType.BF16, DType.F16), (DType.F16, DType.F32), (DType.F32, DType.BF16))]
 
 
 @conformance("dtype.gather.kv_out_dtypes", CL_KV_OUT, REQUIRED, "core", "gather", feature="mixed_io_dtype")
 @pytest.mark.parametrize("cache_dtype,key_dtype,value_dtype", KV_OUT)
 def test_gather_kv_out_dtypes(kvx_provider, kvx_call_options, cache_dtype, key_dtype, value_dtype):
-    """A gather whose key output and value output have different dtypes (F16 and BF16): each output
-    holds the cache's values converted to its own dtype, never to the other's."""
+    """A gather whose key output and value output have different dtypes (F16, BF16 and F32, of the
+    same element size and of different ones): each output holds the cache's values converted to
+    its own dtype, never to the other's, at its own element size."""
     opts = kvx_call_options()
     cache = _cache(kvx_provider, opts.memory, cache_dtype, 44)
     table = np.array([[0, 3, 5], [2, 1, 4]], np.int64)
