@@ -242,10 +242,13 @@ def pytest_testnodedown(node, error):
         if other is node:
             continue
         # the other worker's stdin pipe has no reader left (POLLERR): every thread of it has ended
-        poll = select.poll()
-        poll.register(other.gateway._io.outfile.fileno(), 0)
-        deadline = time.monotonic() + 60
-        while not poll.poll(5) and time.monotonic() < deadline:
+        try:
+            poll = select.poll()
+            poll.register(other.gateway._io.outfile.fileno(), 0)
+            deadline = time.monotonic() + 60
+            while not poll.poll(5) and time.monotonic() < deadline:
+                pass
+        except ValueError:  # execnet has closed the pipe: its end is read already (the send fails too)
             pass
         other._down = False
 '''
