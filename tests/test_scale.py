@@ -320,9 +320,10 @@ def _merge_refuses_a_shard_of_another_provider(runs, tmp_path):
 
     _, _, parts = runs
     other = tmp_path / "mutant-part2"
-    mutant = mutant_provider("noop_ok")
-    # the same shard of the same split, only the provider differs (re-runs are no merge setting, and
-    # the mutant's failures are deterministic: --reruns 0 spares three re-runs of ~300 failing tests)
+    # the reference built with one defect (no check of the sequence count: 3 tests of the whole suite
+    # fail), run as the same shard of the same split: of what merge compares (SAME), only the provider's
+    # sha256 differs. Re-runs are no merge setting (and would only re-run deterministic failures)
+    mutant = mutant_provider("seq_count_mismatch_unchecked")
     p = kvx("run", mutant, "--output-dir", other, "--progress", "none", "-n", "2", "--shard", "2/3",
             "--durations-from", runs[1] / "results.json", "--reruns", "0")
     assert p.returncode in (0, 1), p.stdout[-2000:] + p.stderr[-2000:]
