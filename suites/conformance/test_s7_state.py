@@ -45,6 +45,20 @@ def _judge_sequence(results, expected, cases, clause: str) -> None:
                      what=f"call {i + 1} of {len(cases)} through the same buffers differs from the reference")
 
 
+def _judge_write_chain(provider, opts, cache, make_case, clause: str) -> None:
+    """Writes ``make_case(i, cache)`` for i < CALLS, each case built on the cache the previous call
+    leaves (the oracle's), made through one set of buffers (``run_write_sequence``) and judged call
+    by call."""
+    cases, expected = [], []
+    for i in range(CALLS):
+        case = make_case(i, cache)
+        exp = oracle.expected_write(case, opts.memory)
+        cases.append(case)
+        expected.append(exp)
+        cache = cb.replace(cache, k_init=exp.arrays["k"], v_init=exp.arrays["v"])
+    _judge_sequence(run_write_sequence(provider, cases, opts), expected, cases, clause)
+
+
 @conformance("state.persistent_slots", CL_STATE, REQUIRED, "core", "write")
 @pytest.mark.parametrize("slot_dtype", [DType.S32, DType.S64], ids=["s32", "s64"])
 def test_persistent_slot_mapping(kvx_provider, kvx_call_options, slot_dtype):
@@ -52,17 +66,14 @@ def test_persistent_slot_mapping(kvx_provider, kvx_call_options, slot_dtype):
     between the calls; each call's slots overlap the previous call's on purpose."""
     opts = kvx_call_options()
     cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=301)
-    cases, expected = [], []
-    for i in range(CALLS):
+
+    def make_case(i, cache):
         slots = cb.spread_slots(G, 24, 310 + i).tolist()
         slots[5] = -1  # an invalid slot, a no-op (5.2)
-        case = cb.write_case(cache, slots, seed=320 + i, slot_dtype=slot_dtype,
+        return cb.write_case(cache, slots, seed=320 + i, slot_dtype=slot_dtype,
                              label=f"call {i + 1} of {CALLS} through one slots buffer: slots {slots[:6]}...")
-        exp = oracle.expected_write(case, opts.memory)
-        cases.append(case)
-        expected.append(exp)
-        cache = cb.replace(cache, k_init=exp.arrays["k"], v_init=exp.arrays["v"])
-    _judge_sequence(run_write_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE)
+
+    _judge_write_chain(kvx_provider, opts, cache, make_case, CL_STATE)
 
 
 @conformance("state.persistent_table", CL_STATE, REQUIRED, "core", "gather")
@@ -112,20 +123,16 @@ def test_cache_descriptor_per_call(kvx_provider, kvx_call_options):
         alone = cb.write_case(cb.simple_cache(G, kind, DType.F16, seed=400), cb.spread_slots(G, 10, 401), seed=402,
                               label=f"{kind.upper()} write alone")
         verify_write(kvx_provider, alone, opts, clause=CL_STATE_DESC, feature=kind)
-    cache = cb.simple_cache(G, "nhd", DType.F16, seed=403)
-    cases, expected = [], []
-    for i, kind in enumerate(["nhd", "hnd", "nhd"]):
-        lay = cb.layout(G, kind, DType.F16)
-        cache = cb.replace(cache, k=lay, v=lay)
-        case = cb.write_case(cache, cb.spread_slots(G, 10, 404 + i), seed=407 + i,
+    kinds = ["nhd", "hnd", "nhd"]
+
+    def make_case(i, cache):
+        lay = cb.layout(G, kinds[i], DType.F16)
+        return cb.write_case(cb.replace(cache, k=lay, v=lay), cb.spread_slots(G, 10, 404 + i), seed=407 + i,
                              overrides=_cache_layout_overrides(lay),
                              label=f"call {i + 1} of {CALLS} into one pair of cache buffers: described as "
-                                   f"{kind.upper()} (strides {lay.stride})")
-        exp = oracle.expected_write(case, opts.memory)
-        cases.append(case)
-        expected.append(exp)
-        cache = cb.replace(cache, k_init=exp.arrays["k"], v_init=exp.arrays["v"])
-    _judge_sequence(run_write_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE_DESC)
+                                   f"{kinds[i].upper()} (strides {lay.stride})")
+
+    _judge_write_chain(kvx_provider, opts, cb.simple_cache(G, "nhd", DType.F16, seed=403), make_case, CL_STATE_DESC)
 
 
 CL_STATE_SCALES = ("spec 7.2 (the API is stateless aside from user-provided buffers); 6.6, 6.9 (the FP8 scale "
@@ -149,19 +156,18 @@ def test_persistent_scales(kvx_provider, kvx_call_options, dtype, granularity):
     opts = kvx_call_options()
     g = ScaleGranularity.PER_TENSOR if granularity == "per_tensor" else ScaleGranularity.PER_HEAD
     cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), dtype, seed=390)
-    cases, expected = [], []
-    for i, (ks, vs) in enumerate(PERSISTENT_SCALES[granularity]):
+
+    def make_case(i, cache):
+        ks, vs = PERSISTENT_SCALES[granularity][i]
         case = cb.write_case(cache, cb.spread_slots(G, 24, 391 + i), io_dtype=DType.F32, seed=395 + i,
                              k_scale_desc=cb.scale_spec(ks, g), v_scale_desc=cb.scale_spec(vs, g),
                              label=f"call {i + 1} of {CALLS} through one set of scale buffers: {granularity} "
                                    f"K scales {ks}, V scales {vs}")
         if i == 0:  # a refusal of FP8 is the feature's; a wrong first call a failure of its own
             verify_write(kvx_provider, case, opts, clause=CL_STATE_SCALES, feature="fp8")
-        exp = oracle.expected_write(case, opts.memory)
-        cases.append(case)
-        expected.append(exp)
-        cache = cb.replace(cache, k_init=exp.arrays["k"], v_init=exp.arrays["v"])
-    _judge_sequence(run_write_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE_SCALES)
+        return case
+
+    _judge_write_chain(kvx_provider, opts, cache, make_case, CL_STATE_SCALES)
 
 
 # ---------------------------------------------------------------------------- engine-sized batches
