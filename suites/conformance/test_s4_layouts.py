@@ -159,7 +159,11 @@ PADDED = {
     "nhd_pad3": ("nhd", {"pad": 3}),
     "hnd_pad5": ("hnd", {"pad": 5}),
     "hnd_packed_pad2": ("hnd_packed", {"pack": 4, "pad": 2}),
+    # packs of 16 bytes (F16 pack 8: one vector per pack), two per head row, token rows padded
+    "hnd_packed8_pad2": ("hnd_packed", {"pack": 8, "pad": 2}),
 }
+#: the geometry of an entry where it is not G
+PADDED_GEOM = {"hnd_packed8_pad2": Geometry(num_blocks=6, block_size=4, num_kv_heads=2, head_dim=16)}
 
 
 @conformance("layout.padded_rows", CL_STRIDES, REQUIRED, "layouts", ("write", "gather"),
@@ -167,10 +171,15 @@ PADDED = {
 @pytest.mark.parametrize("which", list(PADDED))
 @OPS
 def test_padded_rows(kvx_provider, kvx_call_options, which, op):
+    """Canonical strides plus padding after each innermost row. ``hnd_packed8_pad2``: packs of 16
+    bytes, the unit a vectorized HND_PACKED kernel moves at once; a fast path that takes the pack
+    and token strides as canonical (``stride[2] = block_size * pack``, ``stride[3] = pack``) for
+    such packs writes between the padded rows."""
     kind, kw = PADDED[which]
-    t = cb.layout(G, kind, DType.F16, **kw)
+    geom = PADDED_GEOM.get(which, G)
+    t = cb.layout(geom, kind, DType.F16, **kw)
     _exercise(kvx_provider, kvx_call_options(), t, t, op, clause=CL_STRIDES, feature="noncanonical_strides",
-              seed=20, label=f"{which} strides {t.stride}")
+              seed=20, label=f"{which} strides {t.stride}", geom=geom)
 
 
 def _nhd_strides(token: int, block_tokens: int | None = None, head: int | None = None, g: Geometry = G):
