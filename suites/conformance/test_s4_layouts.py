@@ -302,6 +302,9 @@ CUSTOM = {
     "canonical": {},
     "permuted": {"order": (2, 0, 3, 1)},
     "permuted_padded": {"order": (1, 3, 0, 2), "pad": 3},
+    # the contiguous HND memory order [blocks][H][block_size][D], described in CUSTOM's logical
+    # order: a provider that sends it to its HND kernel must pass the strides permuted
+    "hnd_order": {"order": (0, 2, 1, 3)},
 }
 
 
