@@ -418,7 +418,14 @@ def test_rule(kvx_provider, kvx_call_options, violation, level, feature):
     Informational rules are the UNSUPPORTED answers of the reference (a provider may
     serve those cases; the result says so without weighing on certification). Where the
     spec defines the served result (negative strides: spec 4.2 "Implementations MUST honor
-    provided strides", ``rules.SERVABLE``), OK with that result passes as well.
+    provided strides", ``rules.SERVABLE``), OK with that result passes as well. Elsewhere
+    the refusal may be INVALID_ARGUMENT as well as UNSUPPORTED: spec 8 defines
+    INVALID_ARGUMENT as "Malformed descriptor or unsupported field", and readings R-REFUSAL
+    read both as refusals (none of these rules is one whose refusal spec 4.2 / 4.4 says
+    SHOULD be UNSUPPORTED). A provider that serves the feature may find the case malformed
+    for it: ``R-FP8.per_block_unsupported`` relabels a PER_TENSOR scale descriptor (``ndim``
+    0 or shape ``[1]``) as PER_BLOCK / PER_BLOCK_HEAD, which a provider serving per-block
+    scales reads as a shape that disagrees with ``num_blocks``.
     Recommended ones are data-dependent errors: OUT_OF_RANGE or INVALID_ARGUMENT, and
     nothing beyond what the valid part of the call writes.
     """
@@ -433,6 +440,8 @@ def test_rule(kvx_provider, kvx_call_options, violation, level, feature):
         kw["statuses"] = (Status.UNSUPPORTED, Status.OK)
         if hasattr(case, "slots") or hasattr(case, "table"):
             kw["served"] = (violation.rule,)
+    elif status == UNSUPPORTED:
+        kw["statuses"] = (Status.UNSUPPORTED, Status.INVALID_ARGUMENT)  # spec 8; R-REFUSAL
     if hasattr(case, "slots"):
         verify_write(kvx_provider, case, opts, partial=partial_write(case), **kw)
     elif hasattr(case, "table"):
