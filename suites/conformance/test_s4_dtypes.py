@@ -317,13 +317,16 @@ def test_gather_nan_payloads_convert(kvx_provider, kvx_call_options, cache_dtype
 
 
 #: token counts of the batch conversion writes (the other conversion tests write at most 24
-#: tokens; a provider may take another, vectorized or batched, path past some count)
-BATCH_TOKENS = [64, 203]
+#: tokens; a provider may take another, vectorized or batched, path past some count: 4096 is a
+#: prefill chunk, past the thresholds at which such paths start)
+BATCH_TOKENS = [64, 203, 4096]
 BATCH_GEOM = Geometry(num_blocks=64, block_size=4, num_kv_heads=2, head_dim=8)
+#: the geometry of a batch too large for BATCH_GEOM: 4096 slots
+PREFILL_GEOM = Geometry(num_blocks=1024, block_size=4, num_kv_heads=2, head_dim=8)
 
 
 @conformance("dtype.write.convert_batch", CL_CONVERT + " (through FP32, RNE, overflow to inf; writes of 64 tokens "
-             "and more)", REQUIRED, "core", "write", feature="mixed_io_dtype")
+             "and more, a 4096-token prefill chunk included)", REQUIRED, "core", "write", feature="mixed_io_dtype")
 @pytest.mark.parametrize("tokens", BATCH_TOKENS)
 @pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
 def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dtype, tokens):
@@ -331,7 +334,7 @@ def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dty
     values; from F32 into F16 / BF16 the second half of K and V lies at or next to rounding ties,
     so a path that truncates (or rounds ties away) on large writes changes many elements."""
     opts = kvx_call_options()
-    g = BATCH_GEOM
+    g = BATCH_GEOM if tokens <= BATCH_GEOM.num_slots else PREFILL_GEOM
     cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=46)
     case = cb.write_case(cache, cb.spread_slots(g, tokens, 46), io_dtype=io_dtype, seed=47, specials=True,
                          label=f"{tokens} tokens, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache")
