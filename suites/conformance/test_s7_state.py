@@ -13,7 +13,8 @@ reuse the caller's buffers, and batches of engine size.
   when the scales are calibrated): three FP8 writes through the same scale buffers with new values
   each time must each quantize by the values the buffers hold at that call.
 - A prefill write of 4096 tokens and a decode gather of 320 sequences: every token and
-  every sequence of a call is served, not only the first tile of them.
+  every sequence of a call is served, not only the first tile of them; the prefill write's
+  padding tokens carry a non-negative ``invalid_slot`` too, a no-op at any batch size.
 - A write of 65600 tokens: more tokens than a 16-bit grid dimension (65535) holds, so a
   kernel that launches one grid row per token with ``gridDim.y`` capped drops the tail.
 """
@@ -184,6 +185,31 @@ def test_prefill_sized_write(kvx_provider, kvx_call_options):
     for i in (0, 1023, 1024, 2047, 4095):
         slots[i] = -1
     verify_write(kvx_provider, cb.write_case(cache, slots, seed=362, label="4096-token write"), opts, clause=CL_BATCH)
+
+
+CL_BATCH_NOOP = ("spec 5.2 (implementations MUST treat invalid_slot as a no-op write), 7 (invalid slots, "
+                 "invalid_slot or negative, MUST be treated as no-op) - in a prefill-sized write; R-WRITE")
+#: the padding tokens' invalid_slot in the prefill-sized write: a valid slot of BATCH no other token writes
+BATCH_SENTINEL = 777
+
+
+@conformance("write.prefill_batch_sentinel", CL_BATCH_NOOP, REQUIRED, "core", "write")
+@pytest.mark.parametrize("slot_dtype", [DType.S32, DType.S64], ids=["s32", "s64"])
+def test_prefill_sized_write_sentinel(kvx_provider, kvx_call_options, slot_dtype):
+    """``write.prefill_batch`` whose padding tokens carry a non-negative ``invalid_slot`` (777, a valid
+    slot that no other token writes), a few others -1: all are no-ops however many tokens the call
+    holds. ``write.slots.invalid_slot_sentinel`` writes 7 to 10 tokens; a bulk path taken past some
+    token count that skips negative slots only (vLLM pads with -1) writes slot 777."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=365)
+    slots = cb.spread_slots(BATCH, 4096, 366, exclude={BATCH_SENTINEL}).tolist()
+    for i in (5, 1500, 2047, 2048, 3000, 4095):
+        slots[i] = BATCH_SENTINEL
+    for i in (0, 1024):
+        slots[i] = -1
+    case = cb.write_case(cache, slots, slot_dtype=slot_dtype, invalid_slot=BATCH_SENTINEL, seed=367,
+                         label=f"4096-token write, invalid_slot={BATCH_SENTINEL} on 6 tokens, -1 on 2")
+    verify_write(kvx_provider, case, opts, clause=CL_BATCH_NOOP)
 
 
 BIG_BATCH = Geometry(num_blocks=4112, block_size=16, num_kv_heads=1, head_dim=8)  # 65792 slots, 1 MiB per tensor
