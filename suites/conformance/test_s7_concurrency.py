@@ -119,7 +119,8 @@ def _split(case: WriteCase, parts: int) -> list[WriteCase]:
 
 
 def _concurrent_write_rounds(provider, opts, cache_dtype: DType, *, io_dtype: DType | None = None, seed: int = 0,
-                             feature: str | None = None, what: str = "", **scales) -> None:
+                             feature: str | None = None, what: str = "", slot_dtype: DType = DType.S64,
+                             **scales) -> None:
     """4 rounds: ``THREADS`` threads write disjoint slots (every slot of BIG once) of one shared
     cache at once; the cache must equal the oracle's serial result. With ``feature``, one part
     is first written alone through :func:`verify_write`: a refusal there is the feature's
@@ -131,7 +132,7 @@ def _concurrent_write_rounds(provider, opts, cache_dtype: DType, *, io_dtype: DT
     for rnd in range(4):
         cache = cb.simple_cache(BIG, kind, cache_dtype, seed=100 + seed + rnd)
         slots = cb.rng_for(seed + rnd).permutation(BIG.num_slots)  # disjoint by construction
-        whole = cb.write_case(cache, slots, io_dtype=io_dtype, seed=200 + seed + rnd,
+        whole = cb.write_case(cache, slots, io_dtype=io_dtype, seed=200 + seed + rnd, slot_dtype=slot_dtype,
                               label=f"round {rnd}: {THREADS} threads, disjoint slots{what}", **scales)
         parts = _split(whole, THREADS)
         if feature is not None and rnd == 0:
@@ -151,6 +152,16 @@ def _concurrent_write_rounds(provider, opts, cache_dtype: DType, *, io_dtype: DT
 @conformance("concurrency.threads.write_disjoint", CL_THREADS, REQUIRED, "concurrency", "write")
 def test_concurrent_writes(kvx_provider, kvx_call_options):
     _concurrent_write_rounds(kvx_provider, kvx_call_options(), DType.F16)
+
+
+@conformance("concurrency.threads.write_s32_slots", CL_THREADS + "; spec 5.2 (S32 slots)", REQUIRED, "concurrency",
+             "write")
+def test_concurrent_writes_s32_slots(kvx_provider, kvx_call_options):
+    """``concurrency.threads.write_disjoint`` with S32 slot mappings (the other write tests under
+    threads use S64): a provider that widens S32 slots into scratch memory shared by its calls (to
+    reuse an S64 kernel) lets one thread's tokens land at another thread's slots."""
+    _concurrent_write_rounds(kvx_provider, kvx_call_options(), DType.F16, seed=20, slot_dtype=DType.S32,
+                             what=", S32 slots")
 
 
 @conformance("concurrency.threads.write_convert", CL_THREADS + "; R-CONVERT", REQUIRED, "concurrency", "write",
