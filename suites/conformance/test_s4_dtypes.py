@@ -9,7 +9,8 @@
   division), saturating, RNE; the scale comes from ``k_scale_desc`` (PER_TENSOR, also as a
   0-d scalar; PER_HEAD, also with 8 and 16 heads), else the ``k_scale`` pointer, else 1.0;
   FP8 IO of the cache's dtype copies raw bytes, both ways; an E4M3 K cache beside an E5M2 V
-  cache (and the reverse) quantizes each side to its own format.
+  cache (and the reverse) quantizes each side to its own format; ``kvx_validate_cache_desc``
+  answers OK for a valid FP8 cache.
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ import pytest
 from kvx_conformance.abi.descriptors import Geometry
 from kvx_conformance.abi.dtypes import np_dtype
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
+from kvx_conformance.abi.loader import status_name
 from kvx_conformance.cases import build as cb
-from kvx_conformance.cases.checks import verify_gather, verify_write
-from kvx_conformance.results.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
+from kvx_conformance.cases.checks import verify_gather, verify_validate, verify_write
+from kvx_conformance.results.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, ConformanceFailure, conformance
 
 G = cb.GEOM
 BASE = [DType.F16, DType.BF16, DType.F32]
@@ -403,6 +405,35 @@ def _scale_kw(spec: dict) -> dict:
 
 
 FP8_PARAMS = [pytest.param(d, id=NAMES[d]) for d in FP8]
+
+
+CL_FP8_VALID = ("spec 7 (kvx_validate_cache_desc MUST validate layout, dtype, shape, stride and required fields, "
+                "returning INVALID_ARGUMENT on failure), 4.3, 10 (F8_E4M3 / F8_E5M2 caches); R-FP8")
+
+
+@conformance("fp8.validate.valid", CL_FP8_VALID, REQUIRED, "fp8", "validate", feature="fp8")
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_validate_valid(kvx_provider, kvx_call_options, dtype):
+    """A valid FP8 cache (E4M3 / E5M2, the core layout) validates OK and changes nothing. A refusal
+    (UNSUPPORTED, or INVALID_ARGUMENT: spec 8 "unsupported field") is the feature's only while the
+    provider's write refuses the same cache too: a provider whose validation checks dtypes against
+    the baseline table (F16, BF16, F32) while its writes serve FP8 fails (an engine that validates
+    its cache once, at start-up, would turn away a cache the provider serves)."""
+    opts = kvx_call_options()
+    seed = 90 + int(dtype)
+    cache = _cache(kvx_provider, opts.memory, dtype, seed)
+    vcase = cb.validate_case(cache, label=f"valid {NAMES[dtype]} cache", seed=seed)
+    got = verify_validate(kvx_provider, vcase, opts, clause=CL_FP8_VALID, expect=Status.OK,
+                          statuses=(Status.OK, Status.UNSUPPORTED, Status.INVALID_ARGUMENT))
+    if got.status == Status.OK:
+        return
+    wcase = cb.write_case(cache, cb.spread_slots(G, 6, seed), io_dtype=DType.F32, seed=seed + 1,
+                          label=f"F32 -> {NAMES[dtype]} cache, the cache kvx_validate_cache_desc refused")
+    verify_write(kvx_provider, wcase, opts, clause=CL_FP8, feature="fp8")  # a refusal here is the feature's
+    raise ConformanceFailure("kvx_validate_cache_desc refused an FP8 cache the provider writes",
+                             expected="OK (kvx_write_kv answers OK on the same cache and writes it correctly)",
+                             got=f"{status_name(int(got.status))} from kvx_validate_cache_desc", clause=CL_FP8_VALID,
+                             case=vcase.describe(), seed=seed)
 
 
 @conformance("fp8.write.scales", CL_FP8, REQUIRED, "fp8", "write", feature="fp8")
