@@ -1,7 +1,8 @@
 """Spec 4.4, 6, 7, 8: robustness against malformed and unusual calls.
 
 - misaligned buffers (every data pointer offset by 2, 4 or 8 bytes from a 256-byte
-  boundary): the correct result or UNSUPPORTED, never a wrong one (spec 4.4);
+  boundary): the correct result or UNSUPPORTED, never a wrong one (spec 4.4), head rows of
+  16 or 32 bytes and rows that are not a multiple of 16 bytes alike;
 - malformed descriptors: absurd counts (0xFFFFFFFF), products that overflow 32 or 64
   bits, enum values out of range, NULL pointers where data is needed: an error status
   and nothing written; a crash or a hang is the worst outcome (the harness isolates it);
@@ -14,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvx_conformance.abi.descriptors import Geometry
 from kvx_conformance.abi.header import DType, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import verify_gather, verify_validate, verify_write
@@ -46,6 +48,32 @@ def test_misaligned(kvx_provider, kvx_call_options, misalign, dtype, op):
         verify_write(kvx_provider, case, opts, clause=CL_ALIGN, feature="misaligned")
     else:
         case = cb.packed_gather(cache, cb.distinct_table(G, 3, 2, 4), [8, 5, 3], 8, seed=5, label=label)
+        verify_gather(kvx_provider, case, opts, clause=CL_ALIGN, feature="misaligned")
+
+
+#: head rows that are not a multiple of 16 bytes: F16 head_dim 12 (24 bytes), F32 head_dim 5 (20 bytes)
+ODD_ROWS = {DType.F16: Geometry(num_blocks=6, block_size=4, num_kv_heads=2, head_dim=12),
+            DType.F32: Geometry(num_blocks=6, block_size=4, num_kv_heads=2, head_dim=5)}
+
+
+@conformance("robust.misaligned_odd_rows", CL_ALIGN + "; R-REFUSAL (rows not a multiple of 16 bytes: a valid cache)",
+             REQUIRED, "robustness", ("write", "gather"), feature="misaligned")
+@pytest.mark.parametrize("misalign", [2, 4, 8])
+@pytest.mark.parametrize("dtype", [DType.F16, DType.F32], ids=["f16", "f32"])
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_misaligned_odd_rows(kvx_provider, kvx_call_options, misalign, dtype, op):
+    """``robust.misaligned`` with head rows of 24 (F16) and 20 (F32) bytes: a path for unaligned
+    pointers that moves each row in whole 16-byte chunks and drops the rest writes or gathers rows
+    without their last elements (``robust.misaligned``'s rows are 16 and 32 bytes)."""
+    opts = kvx_call_options(misalign=misalign)
+    g = ODD_ROWS[dtype]
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=31)
+    label = f"data pointers {misalign} bytes past a 256-byte boundary, head rows of {g.head_dim} {dtype.name}"
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(g, 12, 32), seed=33, label=label)
+        verify_write(kvx_provider, case, opts, clause=CL_ALIGN, feature="misaligned")
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(g, 3, 2, 34), [8, 5, 3], 8, seed=35, label=label)
         verify_gather(kvx_provider, case, opts, clause=CL_ALIGN, feature="misaligned")
 
 
