@@ -398,6 +398,102 @@ def test_exact_edges(kvx_provider, kvx_call_options, fmt):
                  key=kb.reshape(12, H, D), value=value, note=", scale edge cases")
 
 
+# ----------------------------------------------------------------------------- tiny blocks (subnormals)
+
+CL_TINY = (" (tiny blocks: inputs below 2^-126 read as their value, no DAZ; MXFP4 exponents clamped at -127, "
+           "scale byte 0 = 2^-127; results below 2^-126 kept, no FTZ)")
+#: block amax exponents of the tiny rows: F32 subnormals (2^-149 .. 2^-127), the smallest normals, and
+#: the range where MXFP4's exponent meets its clamp at -127 (amax / 6 <= 2^-127: scale byte 0)
+TINY_EXPONENTS = np.array([-140, -135, -130, -128, -127, -127, -126, -126, -125, -124, -123, -118], np.int32)
+#: NVFP4 global scales for tiny inputs: the smallest normal FP32 values (with g = 1 every tiny block's
+#: scale underflows to 0, codes 0, whatever the inputs)
+TINY_GLOBALS = (np.float32(2.0 ** -126), [np.float32(2.0 ** -126), np.float32(2.0 ** -125)])
+
+
+def _tiny_rows(seed: int, n: int, B: int) -> tuple[np.ndarray, np.ndarray]:
+    """K and V rows [n, H, D] of F32 whose every block has its largest magnitude at 2^e x [1, 2), e drawn
+    from TINY_EXPONENTS (one element is that amax, the others uniform below it, signs mixed): blocks of
+    subnormals and of values next to the smallest normal."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(2):
+        blocks = n * H * (D // B)
+        amax = np.ldexp(rng.uniform(1.0, 2.0, blocks), rng.choice(TINY_EXPONENTS, blocks))
+        x = rng.uniform(-1.0, 1.0, (blocks, B)) * amax[:, None]
+        x[np.arange(blocks), rng.integers(0, B, blocks)] = amax * rng.choice([-1.0, 1.0], blocks)
+        out.append(x.astype(np.float32).reshape(n, H, D))
+    return out[0], out[1]
+
+
+def _tiny_globals(fmt):
+    return TINY_GLOBALS if fmt == Fp4Format.NVFP4 else (None, None)
+
+
+@conformance("fp4.write.tiny_blocks", CL_COMPAT + CL_TINY, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("io", [pytest.param(DType.F32, id="f32"), pytest.param(DType.BF16, id="bf16")])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_write_tiny_blocks(kvx_provider, kvx_call_options, fmt, io):
+    """Blocks of F32 / BF16 subnormals and of values next to 2^-126 (NVFP4 with global scales of
+    2^-126 and 2^-125, so the block scales stay in range): every block is encoded from its values.
+    A quantizer built with flush-to-zero / denormals-are-zero arithmetic (fast math) reads such a
+    block as all zero and stores scale 0, codes 0."""
+    seed = 190 + int(fmt) * 3 + int(io)
+    key, value = _tiny_rows(seed, 12, fx.block_values(fmt))
+    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, io, Layout.BLOCK_NHD, seed, key=key,
+                                     value=value, globals_=_tiny_globals(fmt))
+    case = _case(fmt, io, Layout.BLOCK_NHD, seed, ", tiny blocks: amax 2^-140 to 2^-117" +
+                 (", global scales K 2^-126, V [2^-126, 2^-125]" if fmt == Fp4Format.NVFP4 else ""))
+    _status(res.status, Status.OK, "FP4 write of tiny blocks", CL_COMPAT + CL_TINY, seed, case)
+    _check_guards(res, CL_COMPAT + CL_TINY, seed, case)
+    want = fx.expected_write(cache, k, v, slots)
+    _fail_if(fx.compatible_write_problems(cache, res.cache, want, k, v, slots),
+             "FP4 write of tiny blocks outside the compatible tier", "scales within one step, codes within one "
+             "grid step of the oracle's, subnormal inputs read as their values (no DAZ), other rows untouched",
+             CL_COMPAT + CL_TINY, seed, case)
+
+
+@conformance("fp4_exact.write.tiny_blocks", CL_EXACT + CL_TINY, REQUIRED, "fp4_exact", "write", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_exact_tiny_blocks(kvx_provider, kvx_call_options, fmt):
+    """``fp4.write.tiny_blocks`` (F32) in the exact tier: where the exponent rule gives -127 or less
+    (MXFP4: amax / 6 <= 2^-127; OCP: amax < 2^-124) it clamps at -127, scale byte 0 (docs/fp4.md),
+    never byte 1."""
+    seed = 200 + int(fmt)
+    key, value = _tiny_rows(seed, 12, fx.block_values(fmt))
+    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed, key=key, value=value,
+                 globals_=_tiny_globals(fmt), note=", tiny blocks: amax 2^-140 to 2^-117")
+
+
+@conformance("fp4.gather.tiny_values", CL_COMPAT + CL_TINY, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("out", [pytest.param(DType.F32, id="f32"), pytest.param(DType.BF16, id="bf16")])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gather_tiny_values(kvx_provider, kvx_call_options, fmt, out):
+    """A cache holding the oracle's encoding of tiny blocks (MXFP4 scale bytes 0 to 8; NVFP4 with global
+    scales of 2^-126, 2^-125) gathered into F32 / BF16: the decoded values lie below 2^-126, subnormals
+    of the output dtype, within one ulp of the oracle's (a dequantizer with flush-to-zero returns 0)."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    seed = 210 + int(fmt) * 3 + int(out)
+    gk, gv = _tiny_globals(fmt)
+    cache = fx.new_cache(fmt, NB, BS, H, D, Layout.BLOCK_NHD, k_global=gk, v_global=gv)
+    blocks = list(np.random.default_rng(seed).permutation(NB)[:6])
+    k, v = _tiny_rows(seed, 6 * BS, cache.B)
+    fx.fill_cache(cache, blocks, k, v)
+    table = np.array([blocks[:3], blocks[3:6]], np.int32)
+    lens, msl = [11, 7], 10
+    res = fx.run_gather(kvx_provider, cache, table, lens, msl, out, memory=opts.memory)
+    case = _case(fmt, out, Layout.BLOCK_NHD, seed, f", tiny blocks, gather table {table.tolist()} seq_lens {lens} "
+                                                   f"max_seq_len {msl}")
+    clause = CL_COMPAT + CL_TINY
+    _status(res.status, Status.OK, "FP4 gather of tiny blocks", clause, seed, case)
+    _check_guards(res, clause, seed, case)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        want = fx.expected_gather(cache, table, lens, msl, out, fx.out_init(cache, len(lens) * msl, out))
+    _fail_if(fx.gather_problems(res.out, want, out, "compatible"), "dequantizing FP4 gather of tiny blocks",
+             "within one ulp of the oracle's decode, subnormal results kept (no FTZ); rows past the length "
+             "untouched", clause, seed, case)
+
+
 @conformance("fp4_exact.gather", CL_EXACT + " ((E2M1 x s) x g in FP32, one RNE rounding)", REQUIRED, "fp4_exact",
              "gather", feature="fp4")
 @pytest.mark.parametrize("out", IO)
