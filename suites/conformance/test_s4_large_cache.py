@@ -22,6 +22,13 @@ written and gathered at the rows that cross those lines (and KV_OFFSETS pools re
   (R-DATA). Compared bit-exactly with the oracle's gather of the same blocks in compact
   pools; the pools are left unchanged. A refusal is excused by ``large_cache``,
   ``kv_offsets`` or ``secondary_pool``.
+- ``large_cache.write_slots_past_2_31``: S64 slot indices on each side of 2^31 and 2^32 in a cache
+  of 2^32 + 1024 slots of one element (8 GiB per tensor): slots carried in 32 bits go negative or
+  wrap, a capacity computed in uint32 wraps.
+- ``large_cache.gather_output_rows_past_2_31`` / ``large_cache.write_input_rows_past_2_31``: IO
+  tensors whose rows cross element offsets 2^31 and 2^32 (a gather output of 3 x (2^21 + 2^10) rows
+  of 1024 elements, 12 GiB; a write of 2^22 + 2^10 tokens, 8 GiB of input, all but 8 of them with
+  slot -1), read and written through sparse buffers like the caches.
 
 The cache (and the pools) are never materialized: on HOST memory a private anonymous mapping
 whose untouched pages read as the zero page, scanned only where the process touched it
@@ -44,7 +51,7 @@ from kvx_conformance.abi.loader import status_name
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases import execute
 from kvx_conformance.cases.case import PoolCase, Result
-from kvx_conformance.cases.checks import check_guards, check_inputs, check_status, refusable_features
+from kvx_conformance.cases.checks import check_arrays, check_guards, check_inputs, check_status, refusable_features
 from kvx_conformance.reference_impl.addressing import cache_offsets
 from kvx_conformance.results.outcomes import REQUIRED, ConformanceFailure, Unsupported, conformance, note_served_call
 
@@ -722,4 +729,331 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
         note_served_call()
     finally:
         for b in bufs.values():
+            b.close()
+
+
+# ---------------------------------------------------------------------------- slot indices past 2^31
+
+CL_SLOT_INDICES = ("spec 4.1 (block_idx = slot_idx / block_size on num_blocks * block_size slots), 5.2 (S64 "
+                   "slots), 7 (kvx_write_kv writes every token) - slot indices past 2^31 and 2^32; R-CACHE, R-WRITE")
+#: 2^28 + 64 blocks of 16 slots x 1 head x 1 dim: 2^32 + 1024 slots (and elements, 8 GiB of F16) per tensor
+SGEOM = Geometry(num_blocks=(1 << 28) + 64, block_size=16, num_kv_heads=1, head_dim=1)
+S31, S32_, SLAST = 1 << 31, 1 << 32, SGEOM.num_slots - 1
+#: written slots (S64): why each one is there
+SLOT_INDICES = {
+    5: "a low slot (contrast)",
+    S31 - 1: "the last slot an int32 holds",
+    S31: "slot 2^31: negative as an int32 (a no-op to a kernel that skips negative slots)",
+    S31 + 1: "past 2^31",
+    S31 + 37: "an odd slot past 2^31",
+    S32_ - 1: "slot 2^32 - 1: -1 as an int32 (vLLM's padding value)",
+    S32_: "slot 2^32: 0 as a uint32 (capacity or slot in 32 bits wraps)",
+    S32_ + 1: "slot 2^32 + 1: 1 as a uint32",
+    SLAST - 1: "the last slot but one",
+    SLAST: "the last slot",
+}
+SEED_SLOTS = 4_2053
+
+
+def _sgeom_text(t: TensorLayout) -> str:
+    n = t.span_elements()
+    return (f"cache of {SGEOM.num_blocks} ({_pow2(SGEOM.num_blocks)}) blocks x {SGEOM.block_size} slots x 1 head x "
+            f"1 dim ({t.layout.name} F16, strides {t.stride}): {SGEOM.num_slots} ({_pow2(SGEOM.num_slots)}) slots, "
+            f"{n * ITEM / 2**30:.2f} GiB per tensor")
+
+
+@conformance("large_cache.write_slots_past_2_31", CL_SLOT_INDICES, REQUIRED, "robustness", "write", feature=FEATURE)
+def test_write_slots_past_2_31(kvx_provider, kvx_call_options):
+    """A write of S64 slots past 2^31 and 2^32 into a cache of 2^32 + 1024 slots (one F16 element each,
+    never materialized). ``large_cache.write_high_slots`` reaches element offsets past 2^32 with slots
+    below 2^25; here the slot indices themselves need more than 31 and 32 bits: a provider that checks
+    the range in 64 bits and hands its kernel int32 slots drops slot 2^31 as a negative (no-op) slot
+    and writes slot 2^32 + 1 at slot 1; one that computes ``num_blocks * block_size`` in uint32 refuses
+    valid slots as OUT_OF_RANGE. Every slot must hold its token's K and V, nothing else may change."""
+    opts = kvx_call_options()
+    mem = opts.memory
+    t = cb.layout(SGEOM, cb.core_layout(kvx_provider, mem), DType.F16)
+    seed = SEED_SLOTS
+    rng = cb.rng_for(seed)
+    slots = np.array(list(SLOT_INDICES), np.int64)[rng.permutation(len(SLOT_INDICES))]
+    n = len(slots)
+    bits = {"k": _f16_bits(rng, n), "v": _f16_bits(rng, n)}
+    io = IOLayout.dense(DType.F16, n, 1, 1)
+    sm = SlotMapping(slots, dtype=DType.S64)
+    case = f"write of {n} F16 tokens (IO dense [{n}, 1, 1], slots S64) into a {_sgeom_text(t)}; slots {slots.tolist()}"
+    health.set_case(case)
+    nbytes = t.span_elements() * ITEM
+    _check_memory_available(mem, 2 * nbytes, "the large cache")
+    dev = opts.device if mem == Memory.DEVICE else None
+    bufs = {side: buffers.SparseBuffer(nbytes, mem, f"{side} cache", salt=60 + i, device=dev)
+            for i, side in enumerate(("k", "v"))}
+    try:
+        arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
+        kp = arena.put("key", bits["k"].view(np.float16), data=True, readonly=True)
+        vp = arena.put("value", bits["v"].view(np.float16), data=True, readonly=True)
+        sp = arena.put("slots", sm.encoded(), readonly=True)
+        desc = abi.kvx_write_desc_t.new()
+        desc.io = d.to_c_io(io, kp, io, vp, mem, n, 1, 1)
+        desc.slots = d.to_c_slots(sm, sp)
+        desc.k_scale_desc, desc.v_scale_desc = d.to_c_scale(None, 0), d.to_c_scale(None, 0)
+        c_cache = d.to_c_cache(SGEOM, t, bufs["k"].ptr, t, bufs["v"].ptr, mem)
+        with arena.sealed({"cache": c_cache, "desc": desc}) as args:
+            st = kvx_provider.write_kv(args["cache"], args["desc"], opts.stream)
+        buffers.synchronize(mem, opts.device)
+        got = Result(int(st), {}, arena.violations() + [v for b in bufs.values() for v in b.violations()],
+                     input_changes=arena.input_changes())
+        check_inputs(got, case=case)
+        zz = np.zeros(n, np.int64)
+        offsets = cache_offsets(t.layout, tuple(t.stride), 1, slots // SGEOM.block_size, slots % SGEOM.block_size,
+                                zz, zz)
+        words = sorted({int(o) * ITEM // 8 for o in offsets})
+        bad: list[str] = []
+        stray: list[str] = []
+        for side in ("k", "v"):
+            lanes = {w: np.zeros(4, np.uint16) for w in words}
+            for i, off in enumerate(offsets):
+                lanes[int(off) * ITEM // 8][int(off) % 4] = bits[side][i]
+            total, nz = bufs[side].nonzero_words(limit=len(words) + 64)
+            extra = [int(w) for w in nz if int(w) not in lanes]
+            n_extra = total - sum(1 for w in nz if int(w) in lanes)
+            if n_extra:
+                first = ""
+                if extra:
+                    lane = np.frombuffer(bufs[side].read(extra[0] * 8, 8).tobytes(), np.uint16)
+                    at = extra[0] * 4 + int(np.flatnonzero(lane)[0])
+                    hit = np.flatnonzero(bits[side] == lane[at % 4])
+                    first = f", first at slot {at}" + (f" (token {int(hit[0])}'s row)" if hit.size else "")
+                stray.append(f"{side.upper()} cache: {n_extra} word(s) of the zero-filled cache outside every "
+                              f"written slot changed{first}")
+            for i, off in enumerate(offsets):
+                w = int(off) * ITEM // 8
+                have = np.frombuffer(bufs[side].read(w * 8, 8).tobytes(), np.uint16)
+                if not np.array_equal(have, lanes[w]):
+                    lane = int(off) % 4
+                    what = ("never written" if have[lane] == 0 else
+                            f"holds token {int(np.flatnonzero(bits[side] == have[lane])[0])}'s row"
+                            if (bits[side] == have[lane]).any() else "holds another value")
+                    bad.append(f"{side.upper()} cache, token {i} -> slot {int(slots[i])} ({_pow2(int(slots[i]))}; "
+                               f"{SLOT_INDICES[int(slots[i])]}): expected 0x{int(bits[side][i]):04x}, got "
+                               f"0x{int(have[lane]):04x} ({what})")
+        if int(st) in (int(s) for s in REFUSALS):
+            _refused(got, f"a write into a {_sgeom_text(t)}", CL_SLOT_INDICES, case, seed,
+                     stray + [b for b in bad if "never written" not in b])
+        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_SLOT_INDICES, case=case,
+                     what="status (OK, or a refusal of the large cache; every slot is valid)")
+        check_guards(got, clause=CL_SLOT_INDICES, case=case)
+        if bad or stray:
+            raise ConformanceFailure(
+                "a write of slots past 2^31 and 2^32 answered OK but dropped or misplaced tokens",
+                expected="every token's K and V at slot_idx / block_size, slot_idx % block_size (64-bit slot "
+                         "indices), no other element changed",
+                got="\n            ".join(bad[:8] + stray), clause=CL_SLOT_INDICES, case=case, seed=seed)
+        note_served_call()
+    finally:
+        for b in bufs.values():
+            b.close()
+
+
+# ---------------------------------------------------------------------------- IO rows past 2^31 elements
+
+CL_IO_ROWS = ("spec 6.8 (IO tensors [num_tokens, num_kv_heads, head_dim], dense row-major MUST be accepted), 4.2, "
+              "6.2 (strides in elements, int64), 7 - IO element offsets past 2^31 and 2^32; R-IO, R-WRITE, R-GATHER")
+#: 8 heads x 128: rows of 1024 elements, so row 2^21 is element offset 2^31 and row 2^22 is 2^32
+IOGEOM = Geometry(num_blocks=8, block_size=16, num_kv_heads=8, head_dim=128)
+IO_ROW = IOGEOM.num_kv_heads * IOGEOM.head_dim
+#: gather: rows per sequence, so that sequence s starts at element offset s * (2^31 + 2^20): sequence 1
+#: past 2^31 (int32 offsets negative), sequence 2 past 2^32 (uint32 offsets wrap into sequence 0's rows)
+IO_MSL = (1 << 21) + (1 << 10)
+IO_LENS = [40, 33, 24]
+#: write: a batch of 2^22 + 2^10 tokens (input rows past element offset 2^32), S32 slot -1 but for these rows
+IO_TOKENS = (1 << 22) + (1 << 10)
+IO_WRITE_ROWS = {3: "a low row (contrast)", (1 << 21) - 1: "the last row below element offset 2^31",
+                 1 << 21: "element offset 2^31 (int32 offsets overflow)", (1 << 21) + 1: "past 2^31",
+                 (1 << 22) - 1: "the last row below element offset 2^32",
+                 1 << 22: "element offset 2^32 (uint32 offsets wrap to row 0)", (1 << 22) + 5: "past 2^32",
+                 IO_TOKENS - 1: "the last row of the batch"}
+SEED_IO = 4_2061
+
+
+@conformance("large_cache.gather_output_rows_past_2_31", CL_IO_ROWS, REQUIRED, "robustness", "gather",
+             feature=FEATURE)
+def test_gather_output_rows_past_2_31(kvx_provider, kvx_call_options):
+    """A PACKED gather of 3 sequences from a small cache into a dense output of 3 x (2^21 + 2^10) rows of
+    1024 elements (12 GiB per output, never materialized): sequence s's rows start at element offset
+    s * (2^31 + 2^20). Output offsets computed in int32 (row * stride) land gigabytes before the
+    buffer, in uint32 in sequence 0's rows. Every gathered row must equal the oracle's, the rest of
+    the outputs stay untouched (zero)."""
+    opts = kvx_call_options()
+    mem = opts.memory
+    kind = cb.core_layout(kvx_provider, mem)
+    seed = SEED_IO
+    cache = cb.simple_cache(IOGEOM, kind, DType.F16, seed=seed)
+    mb = -(-max(IO_LENS) // IOGEOM.block_size)
+    table = cb.distinct_table(IOGEOM, len(IO_LENS), mb, seed)
+    proxy = cb.packed_gather(cache, table, IO_LENS, mb * IOGEOM.block_size, seed=seed,
+                             label="the same gather with max_seq_len 48 (compact proxy)")
+    exp = _expected_gather(proxy, mem)
+    rows = len(IO_LENS) * IO_MSL
+    nbytes = rows * IO_ROW * ITEM
+    case = (f"PACKED gather of {len(IO_LENS)} sequences (table {table.tolist()}, lengths {IO_LENS}, max_seq_len "
+            f"{IO_MSL} = {_pow2(IO_MSL)}) from a {kind.upper()} F16 cache of {IOGEOM.num_blocks} blocks x "
+            f"{IOGEOM.block_size} x {IOGEOM.num_kv_heads} x {IOGEOM.head_dim} into dense outputs [{rows}, "
+            f"{IOGEOM.num_kv_heads}, {IOGEOM.head_dim}] ({nbytes / 2**30:.2f} GiB each, zero-filled): sequence s "
+            f"starts at element offset s x {_pow2(IO_MSL * IO_ROW)}")
+    health.set_case(case)
+    _check_memory_available(mem, 2 * nbytes, "the large outputs")
+    dev = opts.device if mem == Memory.DEVICE else None
+    outs = {side: buffers.SparseBuffer(nbytes, mem, f"out {name}", salt=70 + i, device=dev)
+            for i, (side, name) in enumerate((("k", "key"), ("v", "value")))}
+    try:
+        arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
+        kc = arena.put("k cache", cache.k_init, data=True, readonly=True)
+        vc = arena.put("v cache", cache.v_init, data=True, readonly=True)
+        ip = arena.put("indices", proxy.table.encoded_indices(), readonly=True)
+        lp = arena.put("seq_lens", proxy.seq_lens.encoded(), readonly=True)
+        out = IOLayout.dense(DType.F16, rows, IOGEOM.num_kv_heads, IOGEOM.head_dim)
+        desc = abi.kvx_gather_desc_t.new(max_seq_len=IO_MSL)
+        desc.io = d.to_c_io(out, outs["k"].ptr, out, outs["v"].ptr, mem, rows, IOGEOM.num_kv_heads, IOGEOM.head_dim)
+        desc.block_table = d.to_c_table(proxy.table, ip, 0)
+        desc.seq_lens = d.to_c_seq_lens(proxy.seq_lens, lp)
+        c_cache = d.to_c_cache(IOGEOM, cache.k, kc, cache.v, vc, mem)
+        with arena.sealed({"cache": c_cache, "desc": desc}) as args:
+            st = kvx_provider.gather_kv(args["cache"], args["desc"], opts.stream)
+        buffers.synchronize(mem, opts.device)
+        got = Result(int(st), {}, arena.violations() + [v for b in outs.values() for v in b.violations()],
+                     input_changes=arena.input_changes())
+        check_inputs(got, case=case)
+        spans = [(s * IO_MSL * IO_ROW * ITEM // 8, (s * IO_MSL + n) * IO_ROW * ITEM // 8) for s, n in enumerate(IO_LENS)]
+        bad: list[str] = []
+        stray: list[str] = []
+        for side, label in (("k", "gathered keys"), ("v", "gathered values")):
+            e_ = exp.arrays[side].view(np.uint16).reshape(-1, IOGEOM.num_kv_heads, IOGEOM.head_dim)
+            for s, n in enumerate(IO_LENS):
+                g_ = np.frombuffer(outs[side].read(s * IO_MSL * IO_ROW * ITEM, n * IO_ROW * ITEM).tobytes(),
+                                   np.uint16).reshape(n, IOGEOM.num_kv_heads, IOGEOM.head_dim)
+                want = e_[s * proxy.max_seq_len: s * proxy.max_seq_len + n]
+                wrong = np.flatnonzero((g_ != want).reshape(n, -1).any(axis=1))
+                if wrong.size:
+                    t = int(wrong[0])
+                    r = s * IO_MSL + t
+                    bad.append(f"{label}, sequence {s}: {wrong.size} of {n} row(s) differ, first token {t} (row {r}, "
+                               f"element offset {_pow2(r * IO_ROW)})" + (": never written" if not g_[t].any() else ""))
+            total, nz = outs[side].nonzero_words(limit=64)
+            inside = sum(int(np.count_nonzero(np.frombuffer(outs[side].read(a * 8, (b - a) * 8).tobytes(), np.uint64)))
+                         for a, b in spans)
+            if total - inside:
+                extra = [int(w) for w in nz if not any(a <= int(w) < b for a, b in spans)]
+                first = (f", first at element offset {_pow2(extra[0] * 4)} (row {extra[0] * 4 // IO_ROW})"
+                         if extra else "")
+                stray.append(f"{label}: {total - inside} word(s) of the zero-filled output outside every gathered "
+                             f"row changed{first}")
+        if int(st) in (int(s) for s in REFUSALS):
+            _refused(got, f"a gather into outputs of {nbytes / 2**30:.2f} GiB", CL_IO_ROWS, case, seed,
+                     stray + [b for b in bad if "never written" not in b])
+        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_IO_ROWS, case=case,
+                     what="status (OK, or a refusal of the large outputs)")
+        check_guards(got, clause=CL_IO_ROWS, case=case)
+        if bad or stray:
+            raise ConformanceFailure(
+                "a gather into outputs past 2^31 elements answered OK but misplaced or dropped rows",
+                expected="each sequence's rows at row s * max_seq_len + t (64-bit element offsets), bit-exact with "
+                         "the reference (kvx_conformance.reference_impl), every other output element untouched",
+                got="\n            ".join(bad + stray), clause=CL_IO_ROWS, case=case, seed=seed)
+        note_served_call()
+    finally:
+        for b in outs.values():
+            b.close()
+
+
+@conformance("large_cache.write_input_rows_past_2_31", CL_IO_ROWS, REQUIRED, "robustness", "write", feature=FEATURE)
+def test_write_input_rows_past_2_31(kvx_provider, kvx_call_options):
+    """A write of 2^22 + 2^10 tokens of 1024 elements (dense inputs of 8 GiB each, never
+    materialized) into a small cache: every token's S32 slot is -1 but those of 8 rows on each side
+    of element offsets 2^31 and 2^32. Input offsets computed in int32 read gigabytes before the
+    buffer, in uint32 from row 0's neighbourhood. The cache must equal the oracle's write of those
+    8 rows."""
+    opts = kvx_call_options()
+    mem = opts.memory
+    kind = cb.core_layout(kvx_provider, mem)
+    seed = SEED_IO + 1
+    rng = cb.rng_for(seed)
+    cache = cb.simple_cache(IOGEOM, kind, DType.F16, seed=seed)
+    rows = np.array(sorted(IO_WRITE_ROWS), np.int64)
+    k = len(rows)
+    slots_of_rows = rng.permutation(IOGEOM.num_slots)[:k].astype(np.int64)
+    bits = {"k": _f16_bits(rng, k * IO_ROW), "v": _f16_bits(rng, k * IO_ROW)}
+    proxy = cb.write_case(cache, slots_of_rows, seed=seed, slot_dtype=DType.S32,
+                          label=f"the same write of its {k} valid tokens only (compact proxy: input rows "
+                                f"{rows.tolist()} of {IO_TOKENS} -> slots {slots_of_rows.tolist()})")
+    proxy = cb.replace(proxy, key=bits["k"].view(np.float16), value=bits["v"].view(np.float16))
+    from kvx_conformance import reference_impl
+
+    exp = reference_impl.expected_write(proxy, mem)
+    slots = np.full(IO_TOKENS, -1, np.int64)
+    slots[rows] = slots_of_rows
+    sm = SlotMapping(slots, dtype=DType.S32)
+    nbytes = IO_TOKENS * IO_ROW * ITEM
+    case = (f"write of {IO_TOKENS} F16 tokens (dense inputs [{IO_TOKENS}, {IOGEOM.num_kv_heads}, "
+            f"{IOGEOM.head_dim}], {nbytes / 2**30:.2f} GiB each) into a {kind.upper()} F16 cache of "
+            f"{IOGEOM.num_blocks} blocks x {IOGEOM.block_size}; S32 slots -1 but rows " +
+            ", ".join(f"{int(r)} ({_pow2(int(r) * IO_ROW)}) -> slot {int(s)}" for r, s in zip(rows, slots_of_rows)))
+    health.set_case(case)
+    _check_memory_available(mem, 2 * nbytes, "the large inputs")
+    dev = opts.device if mem == Memory.DEVICE else None
+    ins = {side: buffers.SparseBuffer(nbytes, mem, name, salt=80 + i, device=dev)
+           for i, (side, name) in enumerate((("k", "key"), ("v", "value")))}
+    try:
+        for side in ("k", "v"):
+            for i, r in enumerate(rows):
+                ins[side].write(int(r) * IO_ROW * ITEM, bits[side][i * IO_ROW:(i + 1) * IO_ROW])
+        arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
+        kc = arena.put("k cache", cache.k_init, data=True)
+        vc = arena.put("v cache", cache.v_init, data=True)
+        sp = arena.put("slots", sm.encoded(), readonly=True)
+        io = IOLayout.dense(DType.F16, IO_TOKENS, IOGEOM.num_kv_heads, IOGEOM.head_dim)
+        desc = abi.kvx_write_desc_t.new()
+        desc.io = d.to_c_io(io, ins["k"].ptr, io, ins["v"].ptr, mem, IO_TOKENS, IOGEOM.num_kv_heads,
+                            IOGEOM.head_dim)
+        desc.slots = d.to_c_slots(sm, sp)
+        desc.k_scale_desc, desc.v_scale_desc = d.to_c_scale(None, 0), d.to_c_scale(None, 0)
+        c_cache = d.to_c_cache(IOGEOM, cache.k, kc, cache.v, vc, mem)
+        if opts.seal_inputs:
+            for b in ins.values():
+                b.seal(True)  # the inputs of a write: a store into them faults
+        try:
+            with arena.sealed({"cache": c_cache, "desc": desc}) as args:
+                st = kvx_provider.write_kv(args["cache"], args["desc"], opts.stream)
+        finally:
+            for b in ins.values():
+                b.seal(False)
+        buffers.synchronize(mem, opts.device)
+        got = Result(int(st), {"k": arena.get("k cache", np.float16), "v": arena.get("v cache", np.float16)},
+                     arena.violations() + [v for b in ins.values() for v in b.violations()],
+                     input_changes=arena.input_changes())
+        check_inputs(got, case=case)
+        changed = []  # the inputs: unchanged
+        for side, name in (("k", "key"), ("v", "value")):
+            now = np.concatenate([np.frombuffer(ins[side].read(int(r) * IO_ROW * ITEM, IO_ROW * ITEM).tobytes(),
+                                                np.uint16) for r in rows])
+            total, _ = ins[side].nonzero_words(limit=1)
+            if not np.array_equal(now, bits[side]) or total > int(np.count_nonzero(now.view(np.uint64))):
+                changed.append(f"{name}: the input changed")
+        if changed:
+            raise ConformanceFailure("the provider modified an input it may only read", expected="the inputs "
+                                     "unchanged by a write", got="; ".join(changed),
+                                     clause="spec 7.2 (kvx_abi.h declares the inputs const); R-INPUTS",
+                                     case=case, seed=seed)
+        if int(st) in (int(s) for s in REFUSALS):
+            wrote = [f"{side.upper()} cache changed" for side, init in (("k", cache.k_init), ("v", cache.v_init))
+                     if not np.array_equal(got.arrays[side].view(np.uint16), init.view(np.uint16))]
+            _refused(got, f"a write from inputs of {nbytes / 2**30:.2f} GiB", CL_IO_ROWS, case, seed, wrote)
+        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_IO_ROWS, case=case,
+                     what="status (OK, or a refusal of the large inputs)")
+        check_guards(got, clause=CL_IO_ROWS, case=case)
+        check_arrays(got, exp, proxy, clause=CL_IO_ROWS,
+                     what=f"a write whose valid tokens sit at input rows past element offsets 2^31 and 2^32 "
+                          f"({case}) differs from the reference's write of those tokens")
+        note_served_call()
+    finally:
+        for b in ins.values():
             b.close()
