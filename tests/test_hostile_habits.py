@@ -186,9 +186,10 @@ def test_deterministic_failure_stays_fail_and_counts_once(tmp_path):
              "--reruns", "2", "--output-dir", str(out), "--progress", "none", "--memory", "host")
     assert p.returncode == 1, _explain(p)
     doc = json.loads((out / "results.json").read_text())
-    assert [t["outcome"] for t in doc["tests"]] == ["fail"] * 3
+    n = len(doc["tests"])  # every padded_rows write case: the mutant writes them all at canonical offsets
+    assert n >= 3 and [t["outcome"] for t in doc["tests"]] == ["fail"] * n
     assert all(t["attempts"] == ["fail"] * 3 and t["tally"] == {"fail": 3} for t in doc["tests"])
-    assert doc["counts"]["fail"] == 3 and doc["counts"]["flaky"] == 0
+    assert doc["counts"]["fail"] == n and doc["counts"]["flaky"] == 0
     assert "element(s) differ" in doc["tests"][0]["failure"]["got"]
     assert sorted(p.name for p in (out / "reruns").iterdir()) == ["attempt-1", "attempt-2"]
 
