@@ -10,8 +10,14 @@ side (:func:`expected_write`, :func:`expected_gather`) is
 Storage of an :class:`Fp4Cache` (numpy, uint8):
 
 * ``k_codes`` / ``v_codes``: packed E2M1, ``[nb, bs, H, D/2]`` (NHD) or
-  ``[nb, H, bs, D/2]`` (HND); described to the provider in elements (nibbles):
-  shape ``[nb, bs, H, D]``, strides ``[bs*H*D, H*D, D, 1]`` (NHD);
+  ``[nb, H, bs, D/2]`` (HND); described to the provider in elements (nibbles:
+  ``kvx_abi.h``, "shapes and strides of such a tensor count elements"): shape
+  ``[nb, bs, H, D]``, strides ``[bs*H*D, H*D, D, 1]`` (NHD) by default. With
+  ``k_data_strides`` / ``v_data_strides`` (elements; ``head_dim`` stride 1, the block,
+  token and head strides even and non-negative, e.g. padded rows, heads or blocks) the
+  code arrays are strided views (byte strides: half the element strides) into the
+  buffers ``k_code_buf`` / ``v_code_buf`` handed to the provider, whose gaps hold
+  :data:`GAP_FILL`;
 * ``k_scales`` / ``v_scales``: ``[nb, bs, H, D/B]`` or ``[nb, H, bs, D/B]``, the
   scale pool, indexed by the same physical block ids. Dense by default; with
   ``k_scale_strides`` / ``v_scale_strides`` (bytes = elements, any non-negative
@@ -80,6 +86,12 @@ class Fp4Cache:
     v_scale_strides: tuple | None = None
     k_scale_buf: np.ndarray | None = None
     v_scale_buf: np.ndarray | None = None
+    #: data tensor strides in elements (nibbles; None: dense); with strides, ``*_codes`` are views into
+    #: ``*_code_buf``
+    k_data_strides: tuple | None = None
+    v_data_strides: tuple | None = None
+    k_code_buf: np.ndarray | None = None
+    v_code_buf: np.ndarray | None = None
 
     @property
     def B(self) -> int:
@@ -88,6 +100,11 @@ class Fp4Cache:
     def code_shape(self) -> tuple[int, ...]:
         nb, bs, H, D = self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim
         return (nb, bs, H, D // 2) if self.layout == Layout.BLOCK_NHD else (nb, H, bs, D // 2)
+
+    def data_shape(self) -> tuple[int, ...]:
+        """Shape of a data tensor as described to the provider (elements: ``head_dim`` last)."""
+        nb, bs, H, D = self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim
+        return (nb, bs, H, D) if self.layout == Layout.BLOCK_NHD else (nb, H, bs, D)
 
     def scale_shape(self) -> tuple[int, ...]:
         nb, bs, H, J = self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim // self.B
@@ -110,7 +127,38 @@ class Fp4Cache:
             buf = getattr(self, f"{side}_scale_buf")
             if buf is not None:
                 out.set_scale_buf(side, buf.copy())
+            buf = getattr(self, f"{side}_code_buf")
+            if buf is not None:
+                out.set_code_buf(side, buf.copy())
         return out
+
+    def data_strides(self, side: str) -> tuple:
+        """Strides (elements, i.e. nibbles) of one side's data tensor as described to the provider."""
+        st = getattr(self, f"{side}_data_strides")
+        return tuple(int(x) for x in st) if st is not None else tuple(_dense_strides(self.data_shape()))
+
+    def code_byte_strides(self, side: str) -> tuple:
+        """Byte strides of one side's code array ``[..., D/2]``: half the element strides, 1 for the
+        byte pairs of ``head_dim``."""
+        st = self.data_strides(side)
+        return tuple(x // 2 for x in st[:3]) + (1,)
+
+    def code_storage(self, side: str) -> np.ndarray:
+        """The buffer the provider is handed for one side's codes (padded or dense)."""
+        buf = getattr(self, f"{side}_code_buf")
+        return buf if buf is not None else getattr(self, f"{side}_codes")
+
+    def set_code_buf(self, side: str, buf: np.ndarray) -> None:
+        """Adopt ``buf`` (flat uint8) as one side's padded data tensor; ``*_codes`` views it."""
+        buf = np.ascontiguousarray(buf, np.uint8).reshape(-1)
+        setattr(self, f"{side}_code_buf", buf)
+        setattr(self, f"{side}_codes", np.lib.stride_tricks.as_strided(
+            buf, self.code_shape(), self.code_byte_strides(side), writeable=True))
+
+    def code_gaps(self, side: str) -> np.ndarray | None:
+        """Mask of the bytes of a padded data buffer that no code byte covers (None: dense)."""
+        buf = getattr(self, f"{side}_code_buf")
+        return None if buf is None else _gap_mask(buf.size, self.code_shape(), self.code_byte_strides(side))
 
     def scale_strides(self, side: str) -> tuple:
         """Strides (bytes) of one side's scale tensor as described to the provider."""
@@ -132,27 +180,31 @@ class Fp4Cache:
     def scale_gaps(self, side: str) -> np.ndarray | None:
         """Mask of the bytes of a padded scale buffer that no scale element covers (None: dense)."""
         buf = getattr(self, f"{side}_scale_buf")
-        if buf is None:
-            return None
-        idx = np.zeros(self.scale_shape(), np.int64)
-        for axis, (n, st) in enumerate(zip(self.scale_shape(), self.scale_strides(side))):
-            shp = [1] * len(self.scale_shape())
-            shp[axis] = n
-            idx = idx + (np.arange(n, dtype=np.int64) * st).reshape(shp)
-        gaps = np.ones(buf.size, bool)
-        gaps[idx.reshape(-1)] = False
-        return gaps
+        return None if buf is None else _gap_mask(buf.size, self.scale_shape(), self.scale_strides(side))
 
 
-#: byte of the gaps of a padded scale pool (unlike every scale byte the poison fill leaves)
+def _gap_mask(size: int, shape, strides) -> np.ndarray:
+    """Mask of the ``size`` bytes of a buffer that no element of the strided view ``shape`` /
+    ``strides`` (bytes) covers."""
+    idx = np.zeros(shape, np.int64)
+    for axis, (n, st) in enumerate(zip(shape, strides)):
+        shp = [1] * len(shape)
+        shp[axis] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * st).reshape(shp)
+    gaps = np.ones(size, bool)
+    gaps[idx.reshape(-1)] = False
+    return gaps
+
+
+#: byte of the gaps of a padded scale pool or data tensor (unlike every byte the poison fill leaves)
 GAP_FILL = 0x5A
 
 
 def padded_strides(shape, pads=(0, 0, 0), step: int = 1) -> tuple[int, ...]:
-    """Row-major strides (bytes) of a 4-D scale tensor ``shape`` with gaps: ``step`` bytes from
-    one scale byte of a row to the next, then ``pads[2]`` bytes after each row (axis 2),
-    ``pads[1]`` after each item of axis 1, ``pads[0]`` after each block (axis 0). All zero
-    pads and step 1: the dense strides."""
+    """Row-major strides of a 4-D tensor ``shape`` with gaps, in its own units (bytes for a scale
+    pool, elements (nibbles) for FP4 data): ``step`` from one element of a row to the next, then
+    ``pads[2]`` after each row (axis 2), ``pads[1]`` after each item of axis 1, ``pads[0]`` after
+    each block (axis 0). All zero pads and step 1: the dense strides."""
     _, d1, d2, d3 = (int(x) for x in shape)
     s3 = int(step)
     s2 = d3 * s3 + int(pads[2])
@@ -161,17 +213,40 @@ def padded_strides(shape, pads=(0, 0, 0), step: int = 1) -> tuple[int, ...]:
     return (s0, s1, s2, s3)
 
 
+def _check_data_strides(side: str, shape, st) -> None:
+    """Data strides the oracle addresses as bytes: ``head_dim`` stride 1, the others non-negative
+    and even (a whole byte apart), non-zero on an extent > 1 (R-CACHE: elements would alias)."""
+    if len(st) != 4 or st[3] != 1:
+        raise ValueError(f"{side} data strides {st}: four strides with head_dim stride 1 expected")
+    for n, x in zip(shape[:3], st[:3]):
+        if x < 0 or (n > 1 and (x == 0 or x % 2)):
+            raise ValueError(f"{side} data strides {st}: block, token and head strides must be even and > 0")
+
+
 def new_cache(fmt: Fp4Format, num_blocks: int, block_size: int, H: int, D: int, layout=Layout.BLOCK_NHD,
               k_global=None, v_global=None, fill: int = POISON, k_scale_strides=None, v_scale_strides=None,
-              scale_tail: int = 0) -> Fp4Cache:
+              scale_tail: int = 0, k_data_strides=None, v_data_strides=None, data_tail: int = 0) -> Fp4Cache:
     """A cache filled with poison bytes. ``k_scale_strides`` / ``v_scale_strides`` (bytes,
     non-negative; None: dense) describe a scale pool with gaps: its buffer is as long as the
-    farthest element plus ``scale_tail`` bytes, the gaps hold :data:`GAP_FILL`."""
+    farthest element plus ``scale_tail`` bytes, the gaps hold :data:`GAP_FILL`.
+    ``k_data_strides`` / ``v_data_strides`` (elements, i.e. nibbles: ``head_dim`` stride 1, the
+    others even; None: dense) do the same for the codes, with ``data_tail`` bytes after the
+    farthest code byte."""
     c = Fp4Cache(Fp4Format(fmt), num_blocks, block_size, H, D, Layout(layout), k_global=k_global, v_global=v_global,
                  k_scale_strides=None if k_scale_strides is None else tuple(int(x) for x in k_scale_strides),
-                 v_scale_strides=None if v_scale_strides is None else tuple(int(x) for x in v_scale_strides))
+                 v_scale_strides=None if v_scale_strides is None else tuple(int(x) for x in v_scale_strides),
+                 k_data_strides=None if k_data_strides is None else tuple(int(x) for x in k_data_strides),
+                 v_data_strides=None if v_data_strides is None else tuple(int(x) for x in v_data_strides))
     c.k_codes = np.full(c.code_shape(), fill, np.uint8)
     c.v_codes = np.full(c.code_shape(), fill ^ 0x3C, np.uint8)
+    for side, init in (("k", fill), ("v", fill ^ 0x3C)):
+        st = getattr(c, f"{side}_data_strides")
+        if st is None:
+            continue
+        _check_data_strides(side, c.data_shape(), st)
+        span = sum((n - 1) * x for n, x in zip(c.code_shape(), c.code_byte_strides(side))) + 1
+        c.set_code_buf(side, np.full(span + int(data_tail), GAP_FILL, np.uint8))
+        getattr(c, f"{side}_codes")[...] = init
     c.k_scales = np.full(c.scale_shape(), fill ^ 0x11, np.uint8)
     c.v_scales = np.full(c.scale_shape(), fill ^ 0x22, np.uint8)
     for side, init in (("k", fill ^ 0x11), ("v", fill ^ 0x22)):
@@ -323,8 +398,10 @@ def cache_struct(cache: Fp4Cache, arena: _Arena, cache_size: int | None = None) 
     logical = (nb, bs, H, D) if cache.layout == Layout.BLOCK_NHD else (nb, H, bs, D)
     sshape = cache.scale_shape()
     c = abi.kvx_cache_desc_v1_2_t.new(num_blocks=nb, block_size=bs, num_kv_heads=H, head_dim=D)
-    c.k = _tensor(DType.F4_E2M1, cache.layout, memory, logical, _dense_strides(logical), arena.put("k cache", cache.k_codes))
-    c.v = _tensor(DType.F4_E2M1, cache.layout, memory, logical, _dense_strides(logical), arena.put("v cache", cache.v_codes))
+    c.k = _tensor(DType.F4_E2M1, cache.layout, memory, logical, cache.data_strides("k"),
+                  arena.put("k cache", cache.code_storage("k")))
+    c.v = _tensor(DType.F4_E2M1, cache.layout, memory, logical, cache.data_strides("v"),
+                  arena.put("v cache", cache.code_storage("v")))
     c.pool = abi.kvx_pool_desc_t.new()
     x = abi.kvx_fp4_cache_ext_t.new(format=int(cache.fmt))
     sdt = scale_dtype(cache.fmt)
@@ -343,9 +420,12 @@ def cache_struct(cache: Fp4Cache, arena: _Arena, cache_size: int | None = None) 
 
 def _read_cache(cache: Fp4Cache, arena: _Arena) -> Fp4Cache:
     out = cache.copy()
-    out.k_codes = arena.get("k cache", cache.k_codes)
-    out.v_codes = arena.get("v cache", cache.v_codes)
     for side in ("k", "v"):
+        got = arena.get(f"{side} cache", cache.code_storage(side))
+        if getattr(cache, f"{side}_code_buf") is not None:
+            out.set_code_buf(side, got)
+        else:
+            setattr(out, f"{side}_codes", got)
         got = arena.get(f"{side} scale pool", cache.scale_storage(side))
         if getattr(cache, f"{side}_scale_buf") is not None:
             out.set_scale_buf(side, got)
@@ -539,17 +619,21 @@ def _nan_scale(fmt: Fp4Format, s: np.ndarray) -> np.ndarray:
 
 
 def scale_gap_problems(before: Fp4Cache, got: Fp4Cache, limit: int = 4) -> list[str]:
-    """Bytes in the gaps of a padded scale pool (no scale element there) that changed; [] for dense pools."""
+    """Bytes in the gaps of a padded scale pool (no scale element there) or of a padded data
+    tensor (no code byte there) that changed; [] for dense tensors."""
     out = []
     for side in ("k", "v"):
-        gaps = before.scale_gaps(side)
-        if gaps is None:
-            continue
-        b, g = before.scale_storage(side).reshape(-1), got.scale_storage(side).reshape(-1)
-        _first(out, np.flatnonzero(gaps & (b != g)), limit,
-               lambda i: f"{side} scale pool byte {int(i)} (a gap between scale elements, strides "
-                         f"{before.scale_strides(side)}): expected {int(b[i]):#04x} unchanged, got {int(g[i]):#04x}",
-               f"{side} scale pool: {{}} gap bytes changed in all")
+        for what, gaps, storage, strides in (
+                ("scale pool", before.scale_gaps(side), "scale_storage", f"{before.scale_strides(side)} bytes"),
+                ("data tensor", before.code_gaps(side), "code_storage", f"{before.data_strides(side)} elements")):
+            if gaps is None:
+                continue
+            b = getattr(before, storage)(side).reshape(-1)
+            g = getattr(got, storage)(side).reshape(-1)
+            _first(out, np.flatnonzero(gaps & (b != g)), limit,
+                   lambda i: f"{side} {what} byte {int(i)} (a gap, strides {strides}): expected "
+                             f"{int(b[i]):#04x} unchanged, got {int(g[i]):#04x}",
+                   f"{side} {what}: {{}} gap bytes changed in all")
     return out
 
 
