@@ -665,10 +665,9 @@ def _refusal_wrote_nothing(res, init: dict | None, before, clause, seed, case):
             if g is not None and g.shape == e.shape and not np.array_equal(g.view(np.uint8), e.view(np.uint8)):
                 probs.append(f"output {k} changed")
     if before is not None and res.cache is not None:
-        for a in ("k_codes", "v_codes"):
-            if not np.array_equal(getattr(res.cache, a), getattr(before, a)):
-                probs.append(f"{a} changed")
         for side in ("k", "v"):
+            if not np.array_equal(res.cache.code_storage(side), before.code_storage(side)):
+                probs.append(f"{side}_codes changed")
             if not np.array_equal(res.cache.scale_storage(side), before.scale_storage(side)):
                 probs.append(f"{side} scale pool changed")
     _fail_if(probs, f"a refused FP4 call ({status_name(res.status)}) wrote", "nothing written by a refusal", clause,
@@ -860,6 +859,109 @@ def test_write_scale_pool_strides(kvx_provider, kvx_call_options, fmt, layout, p
     _fail_if(probs, "FP4 write into a scale pool with gaps", "scale bytes where the pool's strides put them "
              "(" + ("the bytes written" if raw else "compatible tier") + "), the gaps and other rows unchanged",
              CL_SCALE_STRIDES, seed, case)
+
+
+# ----------------------------------------------------------------------------- data tensor strides
+
+CL_DATA_STRIDES = (CL_COMPAT + "; spec 4.2 (\"Implementations MUST honor provided strides\"; a non-contiguous "
+                   "stride pattern may be refused, UNSUPPORTED); R-CACHE, R-REFUSAL, R-FP4 (F4_E2M1 data strides "
+                   "count elements, i.e. nibbles: byte offset = element offset / 2)")
+_NHD, _HND = Layout.BLOCK_NHD, Layout.BLOCK_HND
+#: padded FP4 data tensors: (layout, K's pads, V's pads), in elements (nibbles, always even), the
+#: ``pads`` of ``fp4.padded_strides`` on the data shape: after each row of D codes, after each item of
+#: axis 1 (a token row in NHD, a head in HND), after each block. K's unlike V's.
+DATA_PATTERNS = {
+    "nhd_token_rows": (_NHD, (0, 32, 0), (0, 12, 0)),  # 16 / 6 bytes after each token's H x D codes
+    "nhd_heads": (_NHD, (0, 0, 2), (0, 0, 6)),  # head rows 33 / 35 bytes apart (odd byte strides)
+    "nhd_blocks": (_NHD, (48, 0, 0), (200, 0, 0)),  # dense blocks, 24 / 100 bytes between them
+    "hnd_padded": (_HND, (16, 8, 4), (2, 24, 10)),  # HND: token rows, heads and blocks all padded
+}
+#: (pattern, format, IO): every pattern in every format with F16 IO, one F32, raw codes and scales
+DATA_CASES = ([(p, f.values[0], DType.F16) for p in DATA_PATTERNS for f in FMTS]
+              + [("hnd_padded", Fp4Format.NVFP4, DType.F32)]
+              + [("nhd_token_rows", f.values[0], DType.F4_E2M1) for f in FMTS])
+DATA_PARAMS = [pytest.param(p, f, io, id=f"{fx.FORMAT_NAMES[f]}-{p}-" + ("raw" if io == DType.F4_E2M1 else
+                                                                           io.name.lower()))
+               for p, f, io in DATA_CASES]
+
+
+def _data_strides_kw(pattern) -> dict:
+    layout, kp, vp = DATA_PATTERNS[pattern]
+    shape = (NB, BS, H, D) if layout == _NHD else (NB, H, BS, D)
+    return {"k_data_strides": fx.padded_strides(shape, pads=kp), "v_data_strides": fx.padded_strides(shape, pads=vp),
+            "data_tail": 6}
+
+
+def _data_strides_note(cache) -> str:
+    return f", data strides (elements) K {cache.data_strides('k')} V {cache.data_strides('v')} (gaps hold " \
+           f"{fx.GAP_FILL:#04x})"
+
+
+@conformance("fp4.write.data_strides", CL_DATA_STRIDES, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("pattern,fmt,io", DATA_PARAMS)
+def test_write_data_strides(kvx_provider, kvx_call_options, pattern, fmt, io):
+    """An FP4 write (quantizing from F16 / F32, or raw codes and scale bytes) into data tensors
+    whose token, head or block strides are padded (K's unlike V's): each code byte lands at
+    element offset / 2 of its strides, the gap bytes and every other byte stay unchanged. A
+    provider that takes the token stride as canonical, or reads the element strides as bytes,
+    writes into the gaps. Refusing the strides is acceptable while ``noncanonical_strides`` is
+    not claimed (R-REFUSAL)."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    layout = DATA_PATTERNS[pattern][0]
+    seed = 400 + DATA_CASES.index((pattern, fmt, io))
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv, **_data_strides_kw(pattern))
+    n = 20
+    key, value = _data(seed, n, cache.B)
+    slots = np.random.default_rng(seed + 99).permutation(NB * BS)[:n].astype(np.int64)  # scattered blocks
+    slots[5] = -1
+    raw = io == DType.F4_E2M1
+    if raw:
+        kc, ks = fx.encode_rows(fmt, key, cache.g_per_head("k"))
+        vc, vs = fx.encode_rows(fmt, value, cache.g_per_head("v"))
+        res = fx.run_write(kvx_provider, cache, np.ascontiguousarray(kc), np.ascontiguousarray(vc), slots,
+                           memory=opts.memory, raw_scales=(np.ascontiguousarray(ks), np.ascontiguousarray(vs)))
+    else:
+        with np.errstate(over="ignore"):
+            key, value = key.astype(fx.IO_NP[io]), value.astype(fx.IO_NP[io])
+        res = fx.run_write(kvx_provider, cache, key, value, slots, memory=opts.memory)
+        key, value = key.astype(np.float32), value.astype(np.float32)
+    case = _case(fmt, io, layout, seed, f", slots {slots.tolist()}" + _data_strides_note(cache))
+    _check_guards(res, CL_DATA_STRIDES, seed, case)
+    _refusal_wrote_nothing(res, None, cache, CL_DATA_STRIDES, seed, case)
+    _status(res.status, Status.OK, "raw FP4 write" if raw else "FP4 write", CL_DATA_STRIDES, seed, case,
+            feature=("fp4", "noncanonical_strides"))
+    want = fx.expected_write(cache, key, value, slots)
+    if raw:
+        probs = fx.exact_write_problems(res.cache, want)
+    else:
+        probs = fx.compatible_write_problems(cache, res.cache, want, key, value, slots)
+    _fail_if(probs, "FP4 write into padded data tensors", "codes at their strides' byte offsets (element offset / "
+             "2; " + ("the bytes written" if raw else "compatible tier") + "), the gaps and other rows unchanged",
+             CL_DATA_STRIDES, seed, case)
+
+
+@conformance("fp4.gather.data_strides", CL_DATA_STRIDES, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("pattern,fmt,out", DATA_PARAMS)
+def test_gather_data_strides(kvx_provider, kvx_call_options, pattern, fmt, out):
+    """An FP4 gather (dequantizing into F16 / F32, or raw) from data tensors whose token, head or
+    block strides are padded (K's unlike V's), the gaps poisoned (0x5A): each code byte is read
+    at element offset / 2 of its strides (spec 4.2), never at its dense offset; the cache, gaps
+    included, is an input and stays unchanged. Refusing the strides is acceptable while
+    ``noncanonical_strides`` is not claimed (R-REFUSAL)."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    layout = DATA_PATTERNS[pattern][0]
+    seed = 440 + DATA_CASES.index((pattern, fmt, out))
+    cache, blocks = _filled_cache(fmt, layout, seed, **_data_strides_kw(pattern))
+    table = np.array([blocks[:3], blocks[3:6], blocks[6:8] + [blocks[0]]], np.int32)
+    lens, msl = [11, 7, 12], 10
+    res = fx.run_gather(kvx_provider, cache, table, lens, msl, out, memory=opts.memory)
+    case = _case(fmt, out, layout, seed, f", gather table {table.tolist()} seq_lens {lens} max_seq_len {msl}"
+                                         + _data_strides_note(cache))
+    _judge_gather(res, cache, table, lens, msl, out, CL_DATA_STRIDES, seed, case,
+                  feature=("fp4", "noncanonical_strides"))
 
 
 CL_GLOBAL_STRIDE = (CL_COMPAT + "; spec 6.6 (scale descriptor: stride[] \"Scale strides\"), 4.2 (\"MUST honor "
