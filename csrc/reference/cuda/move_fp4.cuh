@@ -318,6 +318,71 @@ constexpr bool kFp4Mutant = KVX_MUT(FP4_NIBBLE_SWAP) || KVX_MUT(FP4_TIES_AWAY) |
 
 constexpr unsigned kNoBlock = 0xFFFFFFFFu;
 
+/* Bulk copies into shared memory completed on an mbarrier (sm_90; the sm_80 build compiles
+ * them out, and the planner takes their kernels on devices of compute capability 9 or more only). */
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#else
+  (void)bar;
+  (void)count;
+#endif
+}
+/* Makes the barriers' initialization visible to the async proxy (before the CTA's barrier). */
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+/* One arrival that also expects `bytes` of transactions on `bar`. */
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#else
+  (void)bar;
+  (void)bytes;
+#endif
+}
+/* `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned), counted on `bar`. */
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  (void)bar;
+#endif
+}
+/* Waits for the phase of `bar` of parity `parity` to complete. */
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+#else
+  (void)bar;
+  (void)parity;
+#endif
+}
+/* Orders this thread's earlier shared-memory accesses before later async-proxy ones (a bulk copy
+ * into a buffer just read). */
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 /* Warms L2 with `bytes` from `p` (16-byte aligned, a multiple of 16): the bulk
  * prefetch of sm_90; older GPUs (the sm_80 build) skip it. */
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
@@ -557,6 +622,38 @@ kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaS
     P.row_begin = r0;
     P.rows = rows - r0 < max_rows ? rows - r0 : max_rows;
     kernel<<<(unsigned)((P.rows + rows_per_cta - 1) / rows_per_cta), threads, smem, stream>>>(P);
+    if (cudaGetLastError() != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+  }
+  return KVX_STATUS_OK;
+}
+
+/* Whether the current device runs the staged kernels' bulk copies (compute capability 9 or more). */
+bool bulk_capable() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major >= 9;
+}
+
+/* Launches a kernel whose warps split `rows` rows evenly (the staged kernels) over a grid of the resident CTAs
+ * of `threads` threads and `smem` bytes of dynamic shared memory, in chunks of 2^30 rows. */
+kvx_status_t launch_persistent(Kernel kernel, Params P, unsigned long long rows, unsigned threads, int smem,
+                               cudaStream_t stream) {
+  if (!allow_smem(kernel, smem)) return KVX_STATUS_INTERNAL_ERROR;
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)threads, smem) != cudaSuccess || per_sm < 1)
+    return KVX_STATUS_INTERNAL_ERROR;
+  P.fd_j = make_div((unsigned)P.J);
+  P.fd_bs = make_div(P.block_size);
+  P.lin = lin_ok(P);
+  const unsigned long long max_rows = 1ull << 30, warps = threads / 32;
+  for (unsigned long long r0 = 0; r0 < rows; r0 += max_rows) {
+    P.row_begin = r0;
+    P.rows = rows - r0 < max_rows ? rows - r0 : max_rows;
+    const unsigned long long want = (P.rows + warps - 1) / warps, cap = (unsigned long long)(sms > 0 ? sms : 1) * per_sm;
+    kernel<<<(unsigned)(want < cap ? want : cap), threads, smem, stream>>>(P);
     if (cudaGetLastError() != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
   }
   return KVX_STATUS_OK;
