@@ -1068,6 +1068,115 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
   }
 }
 
+/* The staged write (KVX_FP4_BULK): the lean write's blocks and codes (encode_lean) from 16-bit IO,
+ * with the IO rows brought into shared memory by bulk copies (sm_90) instead of registers. Each
+ * warp owns a ring of KVX_FP4_BULK_STAGES stages, one row (both sides) each: lane 0 issues the
+ * copies of the next rows while the warp encodes the current one from shared memory, so the bytes
+ * in flight no longer depend on the registers a warp holds (the lean kernel keeps one side of one
+ * row in flight per warp, at 16 warps per SM). Rows are split evenly over the warps of a grid of
+ * the resident CTAs. Taken for OCP MXFP4 and NVFP4 on devices of memory depth 2 or more (the
+ * H200: OCP 16-bit writes 79-86 -> 89-91 %, NVFP4 84-86 -> 86-87 %; MXFP4's 16-value blocks lose
+ * 2-3 points and keep the lean write; on the H100, forced on, every format loses 1-9 points:
+ * docs/fp4.md, "Sixteenth round"). */
+#ifndef KVX_FP4_BULK
+#define KVX_FP4_BULK 1 /* 0 never; 1 on devices of memory depth KVX_FP4_BULK_MIN_DEPTH or more; needs sm_90 */
+#endif
+#ifndef KVX_FP4_BULK_MIN_DEPTH
+#define KVX_FP4_BULK_MIN_DEPTH 2
+#endif
+#ifndef KVX_FP4_BULK_MX16
+#define KVX_FP4_BULK_MX16 0 /* 1: MXFP4 (16-value blocks) too */
+#endif
+#ifndef KVX_FP4_BULK_WARPS
+#define KVX_FP4_BULK_WARPS 8 /* warps per CTA, each with its own ring */
+#endif
+#ifndef KVX_FP4_BULK_STAGES
+#define KVX_FP4_BULK_STAGES 2 /* rows in each warp's ring */
+#endif
+#ifndef KVX_FP4_BULK_MAX_ROW
+#define KVX_FP4_BULK_MAX_ROW 4096 /* bytes of one side's IO row, at most */
+#endif
+
+template <int DT, int FMT>
+__global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS) write_bulk_kernel(Params P) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* the sm_80 build: an empty kernel, never launched */
+  constexpr int ES = Es<DT>::value, B = LeanB<FMT>::value, NV = B * ES / 16, S = KVX_FP4_BULK_STAGES;
+  extern __shared__ __align__(128) unsigned char bulk_ring[];
+  __shared__ unsigned long long bar[KVX_FP4_BULK_WARPS][S];
+  __shared__ uint4 thr_tab[512];
+  WSide ws[2];
+  load_wside(P, ws);
+  build_thr<DT, FMT, KVX_FP4_LEAN_THR_C>(thr_tab, ws);
+  const unsigned lane = threadIdx.x & 31u, wi = threadIdx.x >> 5;
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) mbar_init(&bar[wi][s], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const unsigned NS = (unsigned)(P.H * P.J), row_bytes = NS * (unsigned)B * ES;
+  unsigned char* ring = bulk_ring + (size_t)wi * S * 2 * row_bytes; /* stage s: K's row, then V's */
+  const unsigned long long nw = (unsigned long long)gridDim.x * KVX_FP4_BULK_WARPS,
+                           warp = (unsigned long long)blockIdx.x * KVX_FP4_BULK_WARPS + wi;
+  const unsigned long long lo = warp * P.rows / nw, hi = (warp + 1) * P.rows / nw, nu = hi - lo;
+  auto issue = [&](unsigned long long u) { /* lane 0: row lo + u (both sides) into its stage */
+    unsigned long long* b = &bar[wi][u % S];
+    unsigned char* dst = ring + (size_t)(u % S) * 2 * row_bytes;
+    mbar_expect_tx(b, 2 * row_bytes);
+#pragma unroll
+    for (unsigned sd = 0; sd < 2; ++sd)
+      bulk_load(dst + sd * row_bytes, P.side[sd].io + (long long)(P.row_begin + lo + u) * P.side[sd].io_token * ES,
+                row_bytes, b);
+  };
+  if (lane == 0)
+    for (unsigned long long u = 0; u < nu && u < S; ++u) issue(u);
+#pragma unroll 1
+  for (unsigned long long r0 = lo; r0 < hi; r0 += 32) {
+    const unsigned n = hi - r0 < 32ull ? (unsigned)(hi - r0) : 32u;
+    unsigned bl, tl;
+    row_slot(P, r0, lane, n, bl, tl);
+#pragma unroll 1
+    for (unsigned i = 0; i < n; ++i) {
+      const unsigned long long r = r0 + i, row = P.row_begin + r, u = r - lo;
+      const unsigned b = __shfl_sync(0xFFFFFFFFu, bl, i), t = __shfl_sync(0xFFFFFFFFu, tl, i);
+      const unsigned st = (unsigned)(u % S);
+      mbar_wait(&bar[wi][st], (unsigned)(u / S) & 1u);
+      if (b != kNoBlock) {
+#pragma unroll
+        for (int sd = 0; sd < 2; ++sd) {
+          const Side& Sd = P.side[sd];
+          const uint4* src_s = (const uint4*)(ring + ((size_t)st * 2 + sd) * row_bytes);
+          const char* io_row = Sd.io + (long long)row * Sd.io_token * ES;
+          char* code_row = Sd.codes + ((long long)b * Sd.c_block + (long long)t * Sd.c_token) / 2;
+          char* sc_row = Sd.scales + (long long)b * Sd.s_block + (long long)t * Sd.s_token;
+          const uint4* thr = FMT == kvx_ref::FP4_NVFP4 ? thr_tab + (KVX_FP4_LEAN_THR_C ? 128 : 256) * sd : thr_tab;
+#pragma unroll 2
+          for (unsigned sb = lane; sb < NS; sb += 32u) {
+            uint4 raw[NV];
+#pragma unroll
+            for (int v = 0; v < NV; ++v) raw[v] = src_s[sb * NV + v];
+            uint32_t out[B / 8];
+            const uint32_t sbyte =
+                encode_lean<DT, FMT, true>((const uint32_t*)raw, ws[sd], thr, io_row + sb * (unsigned)B * ES, out);
+            if constexpr (B == 32) {
+              *(uint4*)(code_row + sb * 16u) = make_uint4(out[0], out[1], out[2], out[3]);
+            } else {
+              *(uint2*)(code_row + sb * 8u) = make_uint2(out[0], out[1]);
+            }
+            sc_row[sb] = (char)sbyte;
+          }
+        }
+      }
+      __syncwarp(); /* every lane is done with stage st before lane 0 refills it */
+      if (lane == 0 && u + S < nu) {
+        fence_proxy_async();
+        issue(u + S);
+      }
+    }
+  }
+#endif
+}
+
 /* Decode-sized writes (at most KVX_FP4_FAST_MIN_ROWS rows, the fast kernels' layouts): one thread
  * per (row, side, head, scale block), as the per-block kernel, but every load known at entry is
  * issued at once (the slot, the block's IO words, the NVFP4 global scale), the block is encoded by
@@ -1201,6 +1310,29 @@ Kernel pick_lean(const Params& P, bool& deep) {
   return nv ? lean_kernel<KVX_DTYPE_BF16, NV>(deep) : lean_kernel<KVX_DTYPE_BF16, MX>(deep);
 }
 Kernel pick_decode(const Params& P) { return pick_format<DecodeKernel>(P); }
+/* The staged write's kernel and its dynamic shared memory, or nullptr where it does not apply
+ * (module comment above it): 16-bit IO, NVFP4 without per-head g or OCP MXFP4 (MXFP4 too with
+ * KVX_FP4_BULK_MX16), heads packed, every IO row 16-byte aligned and at most KVX_FP4_BULK_MAX_ROW
+ * bytes, a device of compute capability 9 or more and memory depth KVX_FP4_BULK_MIN_DEPTH or more. */
+Kernel pick_bulk(const Params& P, int& smem) {
+  smem = 0;
+  if (!KVX_FP4_BULK || !lin_ok(P) || kvx_cuda::memory_depth() < KVX_FP4_BULK_MIN_DEPTH) return nullptr;
+  if (P.io_dtype != KVX_DTYPE_F16 && P.io_dtype != KVX_DTYPE_BF16) return nullptr;
+  if (P.format == kvx_ref::FP4_NVFP4 && (P.side[0].g_per_head || P.side[1].g_per_head)) return nullptr;
+  if (P.format != kvx_ref::FP4_NVFP4 && P.B != 32 && !KVX_FP4_BULK_MX16) return nullptr; /* MXFP4 */
+  if (!bulk_capable()) return nullptr;
+  const unsigned long long row_bytes = (unsigned long long)P.H * P.J * P.B * P.io_esize;
+  if (row_bytes > KVX_FP4_BULK_MAX_ROW || row_bytes % 16) return nullptr;
+  for (int i = 0; i < 2; ++i)
+    if (!aligned(P.side[i].io, 16) || (P.side[i].io_token * P.io_esize) % 16) return nullptr;
+  smem = (int)(KVX_FP4_BULK_WARPS * KVX_FP4_BULK_STAGES * 2 * row_bytes);
+  constexpr int NV = kvx_ref::FP4_NVFP4, MX = kvx_ref::FP4_MXFP4, OCP = kvx_ref::FP4_MXFP4_OCP;
+  const bool f16 = P.io_dtype == KVX_DTYPE_F16;
+  if (P.B == 32) return f16 ? write_bulk_kernel<KVX_DTYPE_F16, OCP> : write_bulk_kernel<KVX_DTYPE_BF16, OCP>;
+  if (P.format == NV) return f16 ? write_bulk_kernel<KVX_DTYPE_F16, NV> : write_bulk_kernel<KVX_DTYPE_BF16, NV>;
+  return f16 ? write_bulk_kernel<KVX_DTYPE_F16, MX> : write_bulk_kernel<KVX_DTYPE_BF16, MX>;
+}
+
 
 /* Dynamic shared memory of the fast write: the ASYNC staging ring (16-bit IO; 64 bytes per lane per step). */
 int write_smem(const Params& P, unsigned threads) {
@@ -1240,6 +1372,9 @@ kvx_status_t cuda_fp4_write(const WritePlan& plan, void* stream) {
    * kernel; write_decode_kernel where the fast kernels' layouts hold, else the per-block kernel
    * (docs/cuda-reference.md, "Decode-sized calls") */
   if (fast_ok(P) && plan.num_tokens > (unsigned long long)KVX_FP4_FAST_MIN_ROWS) {
+    int smem;
+    if (const Kernel bulk = pick_bulk(P, smem))
+      return launch_persistent(bulk, P, plan.num_tokens, 32 * KVX_FP4_BULK_WARPS, smem, (cudaStream_t)stream);
     bool deep;
     if (const Kernel lean = pick_lean(P, deep)) {
       unsigned long long rpc = KVX_FP4_LEAN_THREADS / 32 * KVX_FP4_W_ROWS_B16; /* rows per CTA */
