@@ -349,6 +349,43 @@ def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dty
     verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
 
 
+#: batch id -> (sequences, max_seq_len, geometry) of the batch conversion gathers (the other
+#: conversion gathers return at most 24 rows): a decode batch of 64 sequences of up to 16 tokens
+#: (1024 output rows) and a prefill's context, 2 sequences of up to 2048 tokens (4096 rows)
+GATHER_BATCHES = {"decode_64x16": (64, 16, BATCH_GEOM), "context_2x2048": (2, 2048, PREFILL_GEOM)}
+
+
+@conformance("dtype.gather.convert_batch", CL_CONVERT + " (cache -> FP32 -> IO dtype, RNE, overflow to inf; "
+             "gathers of 1024 and 4096 output rows)", REQUIRED, "core", "gather", feature="mixed_io_dtype")
+@pytest.mark.parametrize("batch", list(GATHER_BATCHES))
+@pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
+def test_gather_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dtype, batch):
+    """``dtype.gather.convert`` with many output rows in one call: PACKED gathers of 64 sequences x
+    16 rows and of 2 sequences x 2048 rows (lengths from half of ``max_seq_len`` to past it), the
+    special values in the first block gathered; from an F32 cache into F16 / BF16 outputs the second
+    half of the K and V storage lies at or next to rounding ties, so a path that truncates (or rounds
+    ties away) on large gathers changes many elements (R-CONVERT: the rule does not depend on the
+    size of the call)."""
+    opts = kvx_call_options()
+    seqs, msl, g = GATHER_BATCHES[batch]
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=50)
+    k, v = cb.with_specials(cache.k_init, cache_dtype), cache.v_init.copy()
+    if cache_dtype == DType.F32 and io_dtype in (DType.F16, DType.BF16):
+        half = k.size // 2
+        k[half:] = _near_ties(k.size - half, io_dtype, 51)
+        v[half:] = _near_ties(v.size - half, io_dtype, 52)
+    cache = cb.replace(cache, k_init=k, v_init=v)
+    rng = cb.rng_for(53)
+    table = rng.integers(0, g.num_blocks, size=(seqs, -(-msl // g.block_size)))
+    table[0, 0] = 0  # the block that holds the special values
+    lens = rng.integers(msl // 2, msl + 1, size=seqs)
+    lens[::5] = msl + 3  # truncated by max_seq_len
+    case = cb.packed_gather(cache, table, lens.tolist(), msl, io_dtype=io_dtype, seed=54,
+                            label=f"{seqs} sequences x max_seq_len {msl} ({seqs * msl} output rows), "
+                                  f"{NAMES[cache_dtype]} cache -> {NAMES[io_dtype]}")
+    verify_gather(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
+
+
 CL_KV_OUT = (CL_CONVERT + "; spec 6.8 (io.key and io.value are tensor descriptors of their own: each output "
              "in its own dtype)")
 #: (cache dtype, key output dtype, value output dtype)
