@@ -10,7 +10,10 @@ the shapes of deployed models are written and gathered here, each through a smal
 - 32 heads x 128 (Llama-2-7B without tensor parallelism): a token row of 4096 elements, so a
   per-token stage of 1024 elements is seen;
 - 1 head x 576 (DeepSeek's MLA latent cache, 512 + 64) and 1 head x 512: dims past 256 in one
-  head, so a head tile of 256 is seen.
+  head, so a head tile of 256 is seen;
+- 96 and 112 heads x 128 (multi-head attention without tensor parallelism: OPT-175B, BLOOM-176B):
+  more than 64 KV heads, so a kernel with one thread row per head, launched with at most 64 rows
+  (heads 64 and later neither written nor gathered), is seen.
 
 Head counts that are not powers of two (``shapes.heads_not_pow2``: 5, 6, 7, 10, 12 and 25 heads
 of 8): a kernel that handles heads in groups of 4 (or 8) and drops the remainder is seen.
@@ -30,7 +33,7 @@ CL_SHAPES = ("spec 4.1, 5.2, 6.10, 7 (K and V of every head of a token, every el
 #: id -> (num_kv_heads, head_dim)
 MODEL_HEADS = {
     "h2_d72": (2, 72), "h2_d80": (2, 80), "h2_d96": (2, 96), "h2_d112": (2, 112),
-    "h32_d128": (32, 128), "h1_d576": (1, 576), "h1_d512": (1, 512),
+    "h32_d128": (32, 128), "h1_d576": (1, 576), "h1_d512": (1, 512), "h96_d128": (96, 128), "h112_d128": (112, 128),
 }
 
 
