@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvx_conformance.abi.descriptors import Geometry, TensorLayout
+from kvx_conformance.abi.descriptors import Geometry, IOLayout, TensorLayout
 from kvx_conformance.abi.header import DType, Layout, ScaleGranularity
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import verify_gather, verify_write
@@ -425,6 +425,49 @@ def test_io_strides(kvx_provider, kvx_call_options, io_kind, op):
         case = cb.replace(base, out_layout=lay, out_k_init=cb.poison(rng, DType.F16, n),
                           out_v_init=cb.poison(rng, DType.F16, n))
         verify_gather(kvx_provider, case, opts, clause="spec 6.8; R-IO", feature="io_strides")
+
+
+CL_WIDE_IO = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (IO tensors: shape and strides); R-IO "
+              "(any non-negative strides: the correct result or UNSUPPORTED, whatever the head shape)")
+#: id -> (num_kv_heads, head_dim, IO kind): ``latent_view`` is MLA's 512-element latent read as a view
+#: of its 576-element projection row (token stride 576: kv_c beside k_pe); the others cb.io_layout's kinds
+WIDE_IO = {"h1_d512-latent_view": (1, 512, "latent_view"), "h1_d576-padded": (1, 576, "padded"),
+           "h2_d256-head_major": (2, 256, "head_major")}
+
+
+def _wide_io_layout(kind: str, n: int, geom: Geometry):
+    if kind == "latent_view":
+        return IOLayout(DType.F16, (n, 1, geom.head_dim), (geom.head_dim + 64, geom.head_dim, 1))
+    return cb.io_layout(DType.F16, n, geom, kind)
+
+
+@conformance("io.strided_wide_heads", CL_WIDE_IO, REQUIRED, "layouts", ("write", "gather"), feature="io_strides")
+@pytest.mark.parametrize("which", list(WIDE_IO))
+@OPS
+def test_io_strided_wide_heads(kvx_provider, kvx_call_options, which, op):
+    """``io.strided`` with heads of 256 elements and more (MLA's 512 / 576, Gemma's 256): the IO
+    tensors of a write and a gather are strided views, MLA's latent a view of the wider projection
+    row as vLLM passes it. A wide-head path that takes the IO as dense rows (strides unread) fails;
+    ``io.strided`` uses heads of 8 elements and ``shapes.model_heads`` dense IO."""
+    opts = kvx_call_options()
+    h, d, kind = WIDE_IO[which]
+    geom = Geometry(num_blocks=6, block_size=4, num_kv_heads=h, head_dim=d)
+    cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=76 + d)
+    if op == "write":
+        n = 10
+        lay = _wide_io_layout(kind, n, geom)
+        case = cb.write_case(cache, cb.spread_slots(geom, n, 77), key_layout=lay, value_layout=lay, seed=78,
+                             label=f"{h} heads x head_dim {d}, {kind} inputs (strides {lay.stride})")
+        verify_write(kvx_provider, case, opts, clause=CL_WIDE_IO, feature="io_strides")
+    else:
+        base = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 79), [12, 5], 12, seed=80)
+        lay = _wide_io_layout(kind, base.num_tokens, geom)
+        rng = cb.rng_for(81)
+        n = lay.span_elements()
+        case = cb.replace(base, out_layout=lay, out_k_init=cb.poison(rng, DType.F16, n),
+                          out_v_init=cb.poison(rng, DType.F16, n),
+                          label=f"{h} heads x head_dim {d}, {kind} outputs (strides {lay.stride})")
+        verify_gather(kvx_provider, case, opts, clause=CL_WIDE_IO, feature="io_strides")
 
 
 CL_FULL_BLOCKS = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (IO tensors: shape and strides); "
