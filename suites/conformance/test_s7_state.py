@@ -240,3 +240,30 @@ def test_decode_sized_gather(kvx_provider, kvx_call_options):
     lens = rng.integers(0, mb * BATCH.block_size + 1, size=seqs).tolist()
     case = cb.packed_gather(cache, table, lens, mb * BATCH.block_size, seed=372, label="320-sequence gather")
     verify_gather(kvx_provider, case, opts, clause=CL_BATCH)
+
+
+CL_BATCH_WIDE = CL_BATCH + ", 5.3 / 6.5 (seq_lens dtype S32 or S64), 7.1 (S32 or S64 indices); R-WIDE-IDS"
+#: (block id dtype, length dtype) of the wide decode batches: ``gather.decode_batch`` is S32 / S32
+WIDE_BATCH = [pytest.param(DType.S64, DType.S64, id="idx_s64-lens_s64"),
+              pytest.param(DType.S32, DType.S64, id="idx_s32-lens_s64"),
+              pytest.param(DType.S64, DType.S32, id="idx_s64-lens_s32")]
+
+
+@conformance("gather.decode_batch_wide_indices", CL_BATCH_WIDE, REQUIRED, "core", "gather")
+@pytest.mark.parametrize("index_dtype,lens_dtype", WIDE_BATCH)
+def test_decode_sized_gather_wide_indices(kvx_provider, kvx_call_options, index_dtype, lens_dtype):
+    """``gather.decode_batch`` (320 sequences, lengths 0 to 64) with S64 block ids and / or S64
+    lengths (PyTorch's default integer tensors): each array is read at its own width in a batch of
+    any size. A batch kernel for many sequences instantiated for int32 only, handed the S64 arrays
+    unconverted, reads the low and high words of lengths (or ids) 0, 1, ... as those of sequences
+    0, 1, 2, 3, ...; the other S64 tables and lengths go with a few sequences."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=373)
+    rng = cb.rng_for(374)
+    seqs, mb = 320, 4
+    table = rng.integers(0, BATCH.num_blocks, size=(seqs, mb))
+    lens = rng.integers(0, mb * BATCH.block_size + 1, size=seqs).tolist()
+    case = cb.packed_gather(cache, table, lens, mb * BATCH.block_size, seed=375, index_dtype=index_dtype,
+                            lens_dtype=lens_dtype, label=f"320-sequence gather, {index_dtype.name} block ids, "
+                                                         f"{lens_dtype.name} lengths")
+    verify_gather(kvx_provider, case, opts, clause=CL_BATCH_WIDE)
