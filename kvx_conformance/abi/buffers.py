@@ -111,6 +111,12 @@ class ReadOnlyWhileCalled:
     def seal(self, on: bool) -> None:
         _mprotect(self._base, self._data_bytes, writable=not on)
 
+    def refill(self, struct: ctypes.Structure) -> None:
+        """New contents (a struct of the same type) at the same address; the copy must not be sealed."""
+        if type(struct) is not type(self.struct):
+            raise TypeError(f"refill with a {type(struct).__name__}, not a {type(self.struct).__name__}")
+        ctypes.memmove(ctypes.addressof(self.struct), ctypes.addressof(struct), ctypes.sizeof(struct))
+
 
 class EndsAtInaccessiblePage:
     """A read-only host copy of ``array`` whose last byte is the last one before an inaccessible

@@ -90,15 +90,24 @@ class _Arena:
         return out
 
     @contextlib.contextmanager
-    def sealed(self, args: dict[str, object]):
+    def sealed(self, args: dict[str, object], held: dict[str, buffers.ReadOnlyWhileCalled] | None = None):
         """The call's arguments with every descriptor copied into pages of its own, and those
         pages and the read-only host buffers made read-only while the call runs: inputs are
         const (spec 7.2, kvx_abi.h), so a store into one faults in the call that made it, even
-        one undone before the return (docs/spec-readings.md R-INPUTS)."""
+        one undone before the return (docs/spec-readings.md R-INPUTS). ``held``: copies kept
+        across calls by name, refilled in place (one descriptor address for a call sequence)."""
         if not self.seal:
             yield args
             return
-        copies = {k: buffers.ReadOnlyWhileCalled(v) for k, v in args.items() if isinstance(v, ctypes.Structure)}
+        copies = {}
+        for k, v in args.items():
+            if not isinstance(v, ctypes.Structure):
+                continue
+            if held is not None and k in held:
+                held[k].refill(v)
+                copies[k] = held[k]
+            else:
+                copies[k] = buffers.ReadOnlyWhileCalled(v)
         held = [c for c in copies.values()] + [self.bufs[n] for n in self.readonly]
         for h in held:
             h.seal(True)
@@ -161,6 +170,34 @@ def run_validate(provider, case: ValidateCase, opts: CallOptions | None = None) 
         st = provider.validate_cache_desc(args["cache"])
     buffers.synchronize(opts.memory, opts.device)
     return Result(st, {}, arena.violations(), input_changes=arena.input_changes())
+
+
+def run_validate_sequence(provider, cases: list[ValidateCase], opts: CallOptions | None = None) -> list[Result]:
+    """The validations of ``cases`` through one cache descriptor at one address, as an engine keeps
+    its descriptor in one struct and rewrites it: the first case places the cache buffers (every case
+    names the same ``CacheCase``); each call's descriptor is the first case's struct with that case's
+    ``c_overrides``, copied into the same memory (the same pages while inputs are sealed, else the
+    same ctypes struct). One Result per call."""
+    opts = opts or CallOptions()
+    if any(c.cache is not cases[0].cache for c in cases):
+        raise ValueError("a validation sequence describes one cache: every case names the first case's cache")
+    arena = _Arena(opts.memory, opts.misalign, opts.device, opts.seal_inputs)
+    base = _place_cache(arena, cases[0].cache, opts.memory, readonly=True)
+    one = type(base)()  # the struct passed while inputs are not sealed
+    held = {"cache": buffers.ReadOnlyWhileCalled(base)} if opts.seal_inputs else None
+    out = []
+    for case in cases:
+        health.set_case(case)
+        c = type(base).from_buffer_copy(base)
+        args = apply_overrides({"cache": c}, case.c_overrides)
+        if args["cache"] is None:
+            raise ValueError("a validation sequence passes a descriptor in every call")
+        ctypes.memmove(ctypes.addressof(one), ctypes.addressof(c), ctypes.sizeof(c))
+        with arena.sealed({"cache": one}, held) as sargs:
+            st = provider.validate_cache_desc(sargs["cache"])
+        buffers.synchronize(opts.memory, opts.device)
+        out.append(Result(st, {}, arena.violations(), input_changes=arena.input_changes()))
+    return out
 
 
 def _scale_value_ptr(arena: _Arena, name: str, value: float | None) -> int:

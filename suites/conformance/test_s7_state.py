@@ -27,8 +27,9 @@ from kvx_conformance.abi.descriptors import Geometry
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance import reference_impl as oracle
-from kvx_conformance.cases.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
-from kvx_conformance.cases.execute import run_gather_sequence, run_write_sequence
+from kvx_conformance.cases.checks import (OracleDisagrees, check_arrays, check_guards, check_status, verify_gather,
+                                          verify_write)
+from kvx_conformance.cases.execute import run_gather_sequence, run_validate_sequence, run_write_sequence
 from kvx_conformance.results.outcomes import REQUIRED, conformance
 
 CL_STATE = ("spec 7.2 (the API is stateless aside from user-provided buffers); 5.2 (the slot of each token in "
@@ -134,6 +135,47 @@ def test_cache_descriptor_per_call(kvx_provider, kvx_call_options):
                                    f"{kinds[i].upper()} (strides {lay.stride})")
 
     _judge_write_chain(kvx_provider, opts, cb.simple_cache(G, "nhd", DType.F16, seed=403), make_case, CL_STATE_DESC)
+
+
+CL_STATE_VALIDATE = ("spec 7 (kvx_validate_cache_desc MUST validate layout, dtype, shape, stride, and required "
+                     "fields, returning KVX_STATUS_INVALID_ARGUMENT on failure), 4.2 (shape MUST agree with the cache "
+                     "descriptor), 7.1 (dimensions MUST be non-zero), 7.2 (the API is stateless aside from "
+                     "user-provided buffers); R-STATE")
+#: the calls of state.validate_descriptor_per_call: what the descriptor says, its fields over the valid one's
+VALIDATE_CALLS = [
+    ("valid", {}, Status.OK),
+    ("K shape[0] = num_blocks + 1", {"cache.k.shape[0]": G.num_blocks + 1}, Status.INVALID_ARGUMENT),
+    ("valid again", {}, Status.OK),
+    ("head_dim 0 (and the shapes' head_dim extent 0)", {"cache.head_dim": 0, "cache.k.shape[3]": 0,
+                                                         "cache.v.shape[3]": 0}, Status.INVALID_ARGUMENT),
+]
+
+
+@conformance("state.validate_descriptor_per_call", CL_STATE_VALIDATE, REQUIRED, "core", "validate")
+def test_validate_descriptor_per_call(kvx_provider, kvx_call_options):
+    """Four ``kvx_validate_cache_desc`` calls through one descriptor (the same struct address, the same
+    K and V buffers) whose fields change between the calls, as an engine keeps its cache descriptor in
+    one struct and rewrites it: valid, a K shape that disagrees with ``num_blocks``, valid again,
+    ``head_dim`` 0. Each call is answered by what the descriptor holds then: a provider that remembers
+    the descriptors it found valid by address and buffers (an engine validates the same cache at every
+    step) answers OK for the second and fourth (``execute.run_validate_sequence``; the other validation
+    tests pass each descriptor once)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=415)
+    n = len(VALIDATE_CALLS)
+    cases = [cb.validate_case(cache, overrides=ov, seed=415,
+                              label=f"call {i + 1} of {n} through one descriptor and one pair of buffers: {what}")
+             for i, (what, ov, _) in enumerate(VALIDATE_CALLS)]
+    for case, (_, _, want) in zip(cases, VALIDATE_CALLS):
+        exp = oracle.expected_validate(case, opts.memory)
+        if exp.status != want:
+            raise OracleDisagrees(f"the test expects {want.name} but the oracle answers {Status(exp.status).name} "
+                                  f"for {case.label}")
+    results = run_validate_sequence(kvx_provider, cases, opts)
+    for i, (got, case, (_, _, want)) in enumerate(zip(results, cases, VALIDATE_CALLS)):
+        check_status(got.status, want, clause=CL_STATE_VALIDATE, case=case,
+                     what=f"status of call {i + 1} of {n} through one descriptor")
+        check_guards(got, clause=CL_STATE_VALIDATE, case=case)
 
 
 CL_STATE_SCALES = ("spec 7.2 (the API is stateless aside from user-provided buffers); 6.6, 6.9 (the FP8 scale "
