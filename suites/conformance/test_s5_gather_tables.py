@@ -137,9 +137,11 @@ CL_NON_POW2 = ("spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx %
 
 
 @conformance("gather.packed.block_size_non_pow2", CL_NON_POW2, REQUIRED, "core", "gather")
-@pytest.mark.parametrize("block_size", [48, 96])
+@pytest.mark.parametrize("block_size", [48, 96, 528])
 def test_packed_block_size_non_pow2(kvx_provider, kvx_call_options, block_size):
-    """block_size 48 and 96 (not powers of two, >= 32): every token of a block is at its offset t % block_size."""
+    """block_size 48, 96 and 528 (not powers of two, >= 32): every token of a block is at its offset
+    t % block_size. 528 (a hybrid model's attention block, sized to the Mamba state) has offsets 256
+    and later, which a kernel of at most 256 threads per block and no loop leaves ungathered."""
     opts = kvx_call_options()
     geom = Geometry(num_blocks=4, block_size=block_size, num_kv_heads=2, head_dim=4)
     cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=93)

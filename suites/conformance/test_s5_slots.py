@@ -71,10 +71,12 @@ CL_NON_POW2 = ("spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx %
 
 @conformance("write.slots.block_size_non_pow2", CL_NON_POW2, REQUIRED, "core", "write")
 @SLOT_DTYPES
-@pytest.mark.parametrize("block_size", [48, 96])
+@pytest.mark.parametrize("block_size", [48, 96, 528])
 def test_block_size_non_pow2(kvx_provider, kvx_call_options, block_size, slot_dtype):
-    """block_size 48 and 96 (not powers of two, >= 32): every slot once, shuffled, so a block index
-    taken with a shift and an offset with a mask (right only for powers of two) is seen."""
+    """block_size 48, 96 and 528 (not powers of two, >= 32): every slot once, shuffled, so a block
+    index taken with a shift and an offset with a mask (right only for powers of two) is seen. 528 is
+    a hybrid model's attention block (vLLM sizes it to the Mamba state): block offsets 256 and later,
+    which a kernel of one thread per token of a block, launched with at most 256 and no loop, drops."""
     opts = kvx_call_options()
     geom = Geometry(num_blocks=3, block_size=block_size, num_kv_heads=2, head_dim=4)
     slots = cb.rng_for(11).permutation(geom.num_slots)
