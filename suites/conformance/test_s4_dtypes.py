@@ -427,6 +427,9 @@ SCALES = {
     "per_head_desc": {"k_scale_desc": ("h", [0.5, 1.7]), "v_scale_desc": ("h", [2.25, 0.093])},
     "desc_over_pointer": {"k_scale": 9.0, "v_scale": 9.0, "k_scale_desc": ("t", [0.61]),
                           "v_scale_desc": ("h", [0.3, 1.1])},
+    # K per head beside V per tensor (desc_over_pointer has the other way round): each side's value by its
+    # own granularity, never by K's (a kernel chosen by K's granularity reads V's data[h], past its value)
+    "k_per_head_v_per_tensor": {"k_scale_desc": ("h", [0.5, 1.7]), "v_scale_desc": ("t", [3.3])},
 }
 
 
