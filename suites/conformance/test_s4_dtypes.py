@@ -548,8 +548,9 @@ CL_SCALE_STRIDE = ("spec 6.6 (scale descriptor: stride[] \"Scale strides\"), 4.2
                    "provided strides\"); R-FP8 (head h's value at data[h * stride[0]]: a correct result or "
                    "UNSUPPORTED)")
 #: PER_HEAD scale descriptors whose values lie stride[0] elements apart (the elements between hold
-#: a negative scale): K strided, V strided, both
-SCALE_STRIDES = {"k_stride2": (2, 1), "v_stride3": (1, 3), "both_stride5": (5, 5)}
+#: a negative scale): K strided, V strided, both (2 heads); both with 8 heads (K stride 3, V stride 2)
+SCALE_STRIDES = {"k_stride2": (2, 1, 2), "v_stride3": (1, 3, 2), "both_stride5": (5, 5, 2),
+                 "heads8_both_strided": (3, 2, 8)}
 
 
 @conformance("fp8.write.scale_strides", CL_SCALE_STRIDE, REQUIRED, "fp8", "write", feature="scale_strides")
@@ -557,15 +558,21 @@ SCALE_STRIDES = {"k_stride2": (2, 1), "v_stride3": (1, 3), "both_stride5": (5, 5
 @pytest.mark.parametrize("dtype", FP8_PARAMS)
 def test_fp8_write_scale_strides(kvx_provider, kvx_call_options, strides, dtype):
     """A provider that reads the per-head values as adjacent quantizes a head by the gap's negative
-    scale; the reference refuses such descriptors (UNSUPPORTED), which the spec allows."""
-    ks, vs = SCALE_STRIDES[strides]
+    scale; the reference refuses such descriptors (UNSUPPORTED), which the spec allows. With 8 heads
+    (Llama-3-8B) too: a provider that loads 8 or more heads' values as one vector of adjacent floats,
+    and honours stride[0] only in its loop for fewer heads, fails ``heads8_both_strided``."""
+    ks, vs, heads = SCALE_STRIDES[strides]
     opts = kvx_call_options()
-    cache = _cache(kvx_provider, opts.memory, dtype, 18)
-    k = cb.replace(cb.scale_spec([0.5, 1.7], ScaleGranularity.PER_HEAD), stride=ks)
-    v = cb.replace(cb.scale_spec([2.25, 0.093], ScaleGranularity.PER_HEAD), stride=vs)
-    case = cb.write_case(cache, cb.spread_slots(G, 12, 18), io_dtype=DType.F32, seed=19, k_scale_desc=k,
-                         v_scale_desc=v, label=f"F32 -> {NAMES[dtype]} cache, PER_HEAD scales with stride[0] "
-                                               f"{ks} (K) and {vs} (V)")
+    g = G if heads == G.num_kv_heads else Geometry(num_blocks=6, block_size=4, num_kv_heads=heads, head_dim=8)
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=18)
+    rng = cb.rng_for(20)
+    kvals = [0.5, 1.7] if heads == 2 else (0.05 * 1.3 ** rng.permutation(heads)).astype(np.float32).tolist()
+    vvals = [2.25, 0.093] if heads == 2 else (0.04 * 1.37 ** rng.permutation(heads)).astype(np.float32).tolist()
+    k = cb.replace(cb.scale_spec(kvals, ScaleGranularity.PER_HEAD), stride=ks)
+    v = cb.replace(cb.scale_spec(vvals, ScaleGranularity.PER_HEAD), stride=vs)
+    case = cb.write_case(cache, cb.spread_slots(g, 12, 18), io_dtype=DType.F32, seed=19, k_scale_desc=k,
+                         v_scale_desc=v, label=f"F32 -> {NAMES[dtype]} cache, {heads} heads, PER_HEAD scales with "
+                                               f"stride[0] {ks} (K) and {vs} (V)")
     verify_write(kvx_provider, case, opts, clause=CL_SCALE_STRIDE, feature="scale_strides",
                  served=("R-FP8.scale_stride",))
 
