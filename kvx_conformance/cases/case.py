@@ -87,11 +87,15 @@ class WriteCase:
     seed: int | None = None
     label: str = ""
     c_overrides: dict = field(default_factory=dict)
+    #: io.value points at the key input's buffer (one tensor for both, as MLA passes its latent);
+    #: ``value`` / ``value_layout`` must then be ``key`` / ``key_layout``
+    value_is_key: bool = False
 
     def describe(self) -> str:
         c = self.cache
         return (
             f"write {self.label} seed={self.seed} geom={c.geom} k={c.k} v={c.v} key={self.key_layout} "
+            + ("value=key (one buffer) " if self.value_is_key else "")
             + (f"value={self.value_layout} " if self.value_layout != self.key_layout else "")
             + f"tokens={self.num_tokens} slots[{self.slots.dtype.name}, invalid={self.slots.invalid_slot}]="
             f"{np.asarray(self.slots.slots)[:16].tolist()}{'...' if len(self.slots.slots) > 16 else ''}"

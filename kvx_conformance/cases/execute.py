@@ -211,7 +211,12 @@ def _place_write(arena: _Arena, case: WriteCase, mem: Memory):
     cache = _place_cache(arena, case.cache, mem, readonly=False)
     g = case.cache.geom
     kp = arena.put("key", case.key, data=True, readonly=True)
-    vp = arena.put("value", case.value, data=True, readonly=True)
+    if case.value_is_key:  # one buffer for both inputs (io.value.data == io.key.data)
+        if case.value_layout != case.key_layout or not np.array_equal(case.value.view(np.uint8), case.key.view(np.uint8)):
+            raise ValueError("value_is_key: the value input must be the key input (same layout and contents)")
+        vp = kp
+    else:
+        vp = arena.put("value", case.value, data=True, readonly=True)
     io = d.to_c_io(case.key_layout, kp, case.value_layout, vp, mem, case.num_tokens, g.num_kv_heads, g.head_dim)
     sp = arena.put("slots", case.slots.encoded(), readonly=True)
     desc = abi.kvx_write_desc_t.new()
@@ -275,7 +280,8 @@ def run_write_sequence(provider, cases: list[WriteCase], opts: CallOptions | Non
 
     def refill(arena: _Arena, case: WriteCase) -> None:
         arena.refill("key", case.key)
-        arena.refill("value", case.value)
+        if not case.value_is_key:
+            arena.refill("value", case.value)
         arena.refill("slots", case.slots.encoded())
         for name, get in scales.items():
             values = get(case)

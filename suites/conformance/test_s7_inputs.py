@@ -64,6 +64,25 @@ def test_write_scales_unchanged(kvx_provider, kvx_call_options):
     verify_write(kvx_provider, case, opts, clause=CL_INPUTS)
 
 
+CL_ONE_BUFFER = ("spec 6.9 (io.key and io.value: the input K and V tensors), 7 (kvx_write_kv writes K/V for tokens "
+                 "using a slot mapping), 7.2 (callers own the buffers; the inputs are const); R-INPUTS, R-WRITE")
+
+
+@conformance("inputs.write.key_value_one_buffer", CL_ONE_BUFFER, REQUIRED, "core", "write")
+def test_write_key_value_one_buffer(kvx_provider, kvx_call_options):
+    """``io.key.data == io.value.data``: one input tensor for both (MLA's latent, which DeepSeek's models
+    store as K and as V; a caller reusing a buffer). Inputs are only read, so nothing forbids it: K and V
+    caches both receive the tensor's rows. A provider that takes one buffer for an MLA cache keeping a
+    single copy, and leaves the V cache unwritten, fails here (every other write passes two buffers)."""
+    opts = kvx_call_options()
+    slots = cb.spread_slots(G, 10, seed=306).tolist()
+    slots[4:4] = [-1]
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 307), slots, seed=308,
+                         label="io.value.data == io.key.data (one input buffer for K and V)")
+    case = cb.replace(case, value=case.key, value_layout=case.key_layout, value_is_key=True)
+    verify_write(kvx_provider, case, opts, clause=CL_ONE_BUFFER)
+
+
 @conformance("inputs.write.fp8_scales_unchanged", CL_INPUTS, REQUIRED, "fp8", "write", feature="fp8")
 def test_write_fp8_scales_unchanged(kvx_provider, kvx_call_options):
     """Per-head scale descriptors of an FP8 write (the scales the write divides by) stay as given."""
