@@ -482,10 +482,14 @@ _CORE_LAYOUT: dict[tuple[str, int], str] = {}
 
 
 def core_layout(provider, memory=abi.Memory.HOST) -> str:
-    """"nhd" when the provider validates a canonical F16 NHD cache, else "hnd".
+    """"nhd" when the provider validates a canonical F16 NHD cache, else "hnd" -- unless the
+    run's preflight saw which of the two a write serves (:func:`seed_core_layout`).
 
     The core profile needs one of NHD and HND (readings: core); tests of semantics
-    that do not depend on the layout use the one the provider serves.
+    that do not depend on the layout use the one the provider serves. Validation alone
+    cannot say which: spec 7 has ``kvx_validate_cache_desc`` validate "layout, dtype, shape,
+    stride, and required fields", so a provider may answer OK for a valid NHD cache that its
+    writes refuse (docs/spec-readings.md, R-REFUSAL).
     """
     from .execute import CallOptions, run_validate
 
@@ -495,6 +499,15 @@ def core_layout(provider, memory=abi.Memory.HOST) -> str:
         st = run_validate(provider, case, CallOptions(memory=memory)).status
         _CORE_LAYOUT[key] = "nhd" if st == abi.Status.OK else "hnd"
     return _CORE_LAYOUT[key]
+
+
+def seed_core_layout(provider, memory, write_layout: str | None) -> None:
+    """Record the core layout from the preflight's write probe (``run-info.json``: the layout of
+    the first of NHD, HND whose tiny write answered OK, probed in a subprocess), so that a
+    provider whose validation accepts NHD but whose writes serve HND alone is held to HND."""
+    kind = {"BLOCK_NHD": "nhd", "BLOCK_HND": "hnd"}.get(str(write_layout))
+    if kind is not None:
+        _CORE_LAYOUT[(str(getattr(provider, "path", id(provider))), int(memory))] = kind
 
 
 def replace(case, **changes):
@@ -507,5 +520,5 @@ __all__ = [
     "io_layout", "make_cache", "simple_cache", "validate_case", "write_case", "with_slots", "spread_slots",
     "scale_spec", "packed_gather", "with_out_dtypes",
     "ragged_table", "ragged_gather", "kv_offsets_cache", "kv_offsets_gather",
-    "distinct_table", "case_features", "core_layout", "replace", "canonical_shape", "contiguous_strides",
+    "distinct_table", "case_features", "core_layout", "seed_core_layout", "replace", "canonical_shape", "contiguous_strides",
 ]

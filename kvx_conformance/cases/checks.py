@@ -387,14 +387,32 @@ def _unsupported(got: Result, case, feature: str | tuple[str, ...] | None, claus
                       refused_with=name)
 
 
-def is_refusal(got_status: int, expected_status: int, allowed) -> bool:
+def is_refusal(got_status: int, expected_status: int, allowed, refused_feature: bool = False) -> bool:
     """UNSUPPORTED where the test does not expect it, or INVALID_ARGUMENT for a call the
-    oracle answers OK (spec 8: INVALID_ARGUMENT also means "unsupported field")."""
+    oracle answers OK (spec 8: INVALID_ARGUMENT also means "unsupported field") -- or for an
+    erroneous call of a feature the provider refuses outright (``refused_feature``: its valid
+    probe call was not served, :func:`_uses_unserved`), where INVALID_ARGUMENT is that refusal."""
     allowed = {int(s) for s in allowed}
     if int(got_status) == Status.UNSUPPORTED:
         return int(Status.UNSUPPORTED) not in allowed
-    return (int(got_status) == Status.INVALID_ARGUMENT and int(expected_status) == Status.OK
+    return (int(got_status) == Status.INVALID_ARGUMENT and (int(expected_status) == Status.OK or refused_feature)
             and int(Status.INVALID_ARGUMENT) not in allowed)
+
+
+def _uses_unserved(provider, memory: Memory, case, feature, core: str | None) -> bool:
+    """Whether ``case`` uses an optional feature whose tiny valid probe call the provider did not
+    serve (``served.served_features``). A provider that refuses, say, RAGGED tables with
+    INVALID_ARGUMENT (spec 8: "unsupported field") answers INVALID_ARGUMENT to a RAGGED call
+    with a data error too: that is its refusal of RAGGED, not a status it chose for the error."""
+    from .served import PROBED, served_features
+
+    used = set(refusable_features(case, feature, core)) & set(PROBED)
+    if not used:
+        return False
+    try:
+        return bool(used - served_features(provider, memory))
+    except Exception:  # noqa: BLE001 - no probe, no excuse
+        return False
 
 
 def _judge(
@@ -408,6 +426,7 @@ def _judge(
     statuses: Iterable[int] | None,
     partial: Callable[[], Result] | None,
     core: str | None = None,
+    provider=None,
 ) -> Result:
     exp_status = int(expected.status)
     allowed = {exp_status} if statuses is None else {int(s) for s in statuses}
@@ -417,7 +436,13 @@ def _judge(
     if device_ok:
         allowed.add(int(Status.OK))  # R-DEVICE-STATUS
     check_inputs(got, case=case)  # whatever the answer, the inputs are the caller's (R-INPUTS)
-    if feature is not None and is_refusal(got.status, exp_status, allowed):
+    refused_feature = (
+        feature is not None and provider is not None and int(got.status) == Status.INVALID_ARGUMENT
+        and exp_status not in (int(Status.OK), int(Status.INVALID_ARGUMENT))
+        and int(Status.INVALID_ARGUMENT) not in allowed
+        and _uses_unserved(provider, opts.memory, case, feature, core)
+    )
+    if feature is not None and is_refusal(got.status, exp_status, allowed, refused_feature):
         _unsupported(got, case, feature, clause, core)
     if int(got.status) not in allowed and got.guard_violations:
         # both wrong: the status is the finding, the stray stores are said with it (not lost)
@@ -511,7 +536,8 @@ def verify_write(
         exp = _oracle().expected_write(case, opts.memory, served=served)
     got = execute.run_write(provider, case, opts)
     core = provider_core_layout(provider, opts.memory) if feature is not None and got.status != exp.status else None
-    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=partial)
+    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=partial,
+                  provider=provider)
 
 
 def verify_gather(
@@ -529,7 +555,8 @@ def verify_gather(
         exp = _oracle().expected_gather(case, opts.memory, served=served)
     got = execute.run_gather(provider, case, opts)
     core = provider_core_layout(provider, opts.memory) if feature is not None and got.status != exp.status else None
-    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=partial)
+    return _judge(got, exp, case, opts, clause=clause, feature=feature, statuses=statuses, core=core, partial=partial,
+                  provider=provider)
 
 
 # ---------------------------------------------------------------------------- valid parts

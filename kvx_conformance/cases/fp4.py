@@ -53,6 +53,35 @@ def scale_dtype(fmt: Fp4Format) -> DType:
     return DType.F8_E4M3 if fmt == Fp4Format.NVFP4 else DType.UE8M0
 
 
+#: (provider, memory, cache layout) of the latest run_write / run_gather / run_validate: what a
+#: refusal of that call may be charged to besides ``fp4`` (:func:`layout_feature`)
+_LAST_CALL: tuple | None = None
+
+
+def _record_call(provider, memory, cache: "Fp4Cache") -> None:
+    global _LAST_CALL
+    _LAST_CALL = (provider, Memory(memory), cache.layout)
+
+
+def layout_feature() -> tuple[str, ...]:
+    """The layout feature ("nhd" / "hnd") of the latest FP4 call's cache, unless it is the
+    provider's core layout (``build.core_layout``: required of it, never an excuse): a refusal of
+    an FP4 call in the other layout is charged to that layout too (readings R-REFUSAL: a refusal
+    names every optional feature the case uses), so an HND-only provider is not failed by the
+    NHD cases of a claimed ``fp4``."""
+    if _LAST_CALL is None:
+        return ()
+    from . import build as cb
+
+    provider, memory, layout = _LAST_CALL
+    name = {Layout.BLOCK_NHD: "nhd", Layout.BLOCK_HND: "hnd"}.get(Layout(int(layout)))
+    try:
+        core = cb.core_layout(provider, memory)
+    except Exception:  # noqa: BLE001 - no core known: both layouts count as required
+        return ()
+    return () if name is None or name == core else (name,)
+
+
 def provider_minor(provider) -> int:
     try:
         return int(provider.version().minor)
@@ -465,6 +494,7 @@ def run_write(provider, cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slo
               cache_size: int | None = None, overrides: dict | None = None, stream=None) -> Fp4Result:
     """Write ``key``/``value`` (``[n, H, D]`` F32/F16/BF16, or packed codes ``[n, H, D/2]`` with
     ``raw_scales=(k_scales, v_scales)``) at ``slots``; returns the cache as left by the call."""
+    _record_call(provider, memory, cache)
     arena = _Arena(Memory(memory), READONLY_WRITE)
     c = cache_struct(cache, arena, cache_size)
     n, H = key.shape[0], cache.num_kv_heads
@@ -495,6 +525,7 @@ def run_validate(provider, cache: Fp4Cache, *, memory=Memory.HOST, cache_size: i
                  overrides: dict | None = None) -> Fp4Result:
     """``kvx_validate_cache_desc`` on the 1.2 cache struct of ``cache`` (its buffers read-only,
     as for a gather); ``Fp4Result.cache`` is the cache as the call left it."""
+    _record_call(provider, memory, cache)
     arena = _Arena(Memory(memory), READONLY_GATHER)
     c = cache_struct(cache, arena, cache_size)
     _apply(c, None, overrides)
@@ -512,6 +543,7 @@ def run_gather(provider, cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_l
     PACKED (``indptr`` None): ``table`` is ``[S, max_blocks_per_seq]``. RAGGED: ``table`` is
     the flat indices, ``indptr`` the ``S + 1`` offsets (``max_blocks_per_seq`` required).
     Indices in ``index_dtype`` (S32 or S64), indptr in ``indptr_dtype``."""
+    _record_call(provider, memory, cache)
     arena = _Arena(Memory(memory), READONLY_GATHER)
     c = cache_struct(cache, arena, cache_size)
     np_idx = {DType.S32: np.int32, DType.S64: np.int64}

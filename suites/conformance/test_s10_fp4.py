@@ -49,7 +49,11 @@ def _need_fp4(provider):
 def _status(st: int, want: int, what: str, clause: str, seed: int | None = None, case: str = "",
             feature: str | tuple[str, ...] = "fp4"):
     """``feature``: the optional feature(s) a refusal of this call names (R-REFUSAL: acceptable
-    while any of them is unclaimed); "fp4" unless the case also uses another one."""
+    while any of them is unclaimed); "fp4" unless the case also uses another one. The cache's
+    layout is named too where it is not the provider's core layout (``fx.layout_feature``)."""
+    if st in (Status.UNSUPPORTED, Status.INVALID_ARGUMENT) and st != want:
+        feature = tuple(dict.fromkeys(((feature,) if isinstance(feature, str) else tuple(feature))
+                                      + fx.layout_feature()))
     if st == Status.UNSUPPORTED and want != Status.UNSUPPORTED:
         raise Unsupported(f"{what}: UNSUPPORTED", feature=feature)
     if st == Status.INVALID_ARGUMENT and want == Status.OK:  # spec 8: "unsupported field"
@@ -609,7 +613,7 @@ def _judge_bad_id(res, memory, cache, table, bad_at, stand_in, lens, msl, out, c
     if memory == Memory.DEVICE:
         allowed.add(int(Status.OK))  # R-DEVICE-STATUS: the valid part only
     if res.status == Status.UNSUPPORTED:
-        raise Unsupported(f"{what}: UNSUPPORTED", feature="fp4")
+        raise Unsupported(f"{what}: UNSUPPORTED", feature=("fp4",) + fx.layout_feature())
     if res.status not in allowed:
         raise ConformanceFailure(what, expected="OUT_OF_RANGE (recommended) "
                                  "or INVALID_ARGUMENT" + (" (or OK on DEVICE memory, valid part only)"

@@ -147,13 +147,38 @@ def kvx_run_config(pytestconfig: pytest.Config) -> RunConfig:
     return run_config(pytestconfig)
 
 
+def preflight_write_layout(config: pytest.Config, memory: abi.Memory) -> str | None:
+    """The layout ("BLOCK_NHD" / "BLOCK_HND") of the preflight's first tiny write that answered OK,
+    from the run info the CLI wrote, when the preflight probed ``memory``; else None."""
+    import json
+
+    info_path = config.getoption("kvx_run_info")
+    if not info_path:
+        return None
+    try:
+        info = json.loads(Path(info_path).read_text(encoding="utf-8"))
+        requested = (info.get("config") or {}).get("memory_requested")
+        probed = requested if requested in ("device", "unified") else "host"
+        if probed != memory.name.lower():
+            return None
+        return ((info.get("provider") or {}).get("struct_sizes") or {}).get("kvx_write_kv", {}).get("layout")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 @pytest.fixture(scope="session")
-def kvx_provider(kvx_run_config: RunConfig):
+def kvx_provider(kvx_run_config: RunConfig, pytestconfig: pytest.Config):
     from ...abi.loader import load_provider
+    from ...cases.build import seed_core_layout
 
     if kvx_run_config.provider_path is None:
         raise RuntimeError("no provider: pass --kvx-provider (kvx-conform run PROVIDER)")
-    return load_provider(kvx_run_config.provider_path)
+    provider = load_provider(kvx_run_config.provider_path)
+    # the core layout is the one a write serves (the preflight probed NHD, then HND), not merely one
+    # that validates (build.core_layout)
+    seed_core_layout(provider, kvx_run_config.memory,
+                     preflight_write_layout(pytestconfig, kvx_run_config.memory))
+    return provider
 
 
 @pytest.fixture(scope="session")
