@@ -260,10 +260,10 @@ def test_packed_table_invalid(kvx_provider, kvx_call_options, which):
     verify_gather(kvx_provider, case, opts, clause="spec 5.1, 5.3, 7.1; R-GATHER", expect=INVALID)
 
 
-def _ragged(provider, memory, overrides, label, indptr=None):
+def _ragged(provider, memory, overrides, label, indptr=None, extra=0):
     cache = cb.simple_cache(G, cb.core_layout(provider, memory), DType.F16, seed=11)
     table = cb.distinct_table(G, 2, 2, 12)
-    bt = cb.ragged_table(table, [5, 7], G.block_size, 2)
+    bt = cb.ragged_table(table, [5, 7], G.block_size, 2, extra=extra)
     if indptr is not None:
         bt.indptr = indptr
     return cb.ragged_gather(cache, table, [5, 7], 8, seed=13, block_table=bt, label=label, overrides=overrides)
@@ -278,8 +278,15 @@ RAGGED_BAD = {
     "beam_width_2": ({"desc.block_table.beam_width": 2}, None),
     "indptr_first_negative": ({}, [-1, 5, 12]),
     "indptr_decreasing": ({}, [0, 13, 12]),
-    "indptr_last_not_count": ({}, [0, 5, 11]),
+    # 14 indices (one spare per sequence): ranges of 6 and 7 hold both lengths, so the only error is
+    # indptr[2] = 13 != indices_count (with [0, 5, 11] over 12 indices sequence 1 would also be short)
+    "indptr_last_not_count": ({}, [0, 6, 13]),
 }
+#: indptr cases built over ``extra`` spare indices per sequence
+RAGGED_EXTRA = {"indptr_last_not_count": 1}
+#: readings ("Gather output"): a RAGGED indptr that is not non-decreasing "must never cause an
+#: out-of-bounds read or write; the status should be OUT_OF_RANGE or INVALID_ARGUMENT"
+RAGGED_EITHER = {"indptr_decreasing"}
 
 
 @conformance("gather.validation.ragged", "spec 5.1, 7.1, 9 (indptr validation); R-GATHER, R-DATA", REQUIRED,
@@ -290,9 +297,11 @@ def test_ragged_table_invalid(kvx_provider, kvx_call_options, which):
     ov, indptr = RAGGED_BAD[which]
     import numpy as np
 
-    case = _ragged(kvx_provider, opts.memory, ov, which, None if indptr is None else np.array(indptr, np.int64))
+    case = _ragged(kvx_provider, opts.memory, ov, which, None if indptr is None else np.array(indptr, np.int64),
+                   extra=RAGGED_EXTRA.get(which, 0))
+    kw = {"statuses": (INVALID, Status.OUT_OF_RANGE)} if which in RAGGED_EITHER else {}
     verify_gather(kvx_provider, case, opts, clause="spec 5.1, 7.1; R-GATHER, R-DATA", feature="ragged",
-                  expect=INVALID, partial=partial_gather(case) if indptr is not None else None)
+                  expect=INVALID, partial=partial_gather(case) if indptr is not None else None, **kw)
 
 
 def _kv(provider, memory, overrides, label, geom=G):
