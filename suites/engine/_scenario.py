@@ -115,8 +115,9 @@ class Scenario:
                 case=case.describe(), seed=case.seed) from None
 
     def write(self, slots, *, label: str, io_dtype: DType | None = None,
-              k_scale: float | None = None, v_scale: float | None = None):
-        """Write ``len(slots)`` new tokens of random values through ``slots``."""
+              k_scale: float | None = None, v_scale: float | None = None, k_scale_desc=None, v_scale_desc=None):
+        """Write ``len(slots)`` new tokens of random values through ``slots`` (``k_scale`` / ``v_scale``:
+        the flat F32 pointers of spec 6.9; ``k_scale_desc`` / ``v_scale_desc``: scale descriptors)."""
         self.step += 1
         g = self.geometry
         n = int(slots.count)
@@ -125,7 +126,8 @@ class Scenario:
         key = values(dt, (n, g.num_kv_heads, g.head_dim), s)
         value = values(dt, (n, g.num_kv_heads, g.head_dim), s + 500)
         case = self.adapted.write_case(key, value, slots, label=f"{self.what}: step {self.step} {label}")
-        case = dataclasses.replace(case, seed=self.seed, k_scale=k_scale, v_scale=v_scale)
+        case = dataclasses.replace(case, seed=self.seed, k_scale=k_scale, v_scale=v_scale, k_scale_desc=k_scale_desc,
+                                   v_scale_desc=v_scale_desc)
         got = self._run(verify_write, case, CL_WRITE)
         self.adapted.load(got.arrays)
         return got

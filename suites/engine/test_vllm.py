@@ -21,6 +21,7 @@ import pytest
 from kvx_conformance.abi.descriptors import SeqLens
 from kvx_conformance.abi.header import DType
 from kvx_conformance.adapters import vllm
+from kvx_conformance.cases import build as cb
 from kvx_conformance.results.outcomes import INFORMATIONAL, REQUIRED, conformance
 
 from ._scenario import (CL_REFUSED, CL_SCENARIO, SHAPE_PARAMS, Scenario, churned_manager, fp8_bytes,
@@ -238,7 +239,13 @@ def test_decode_context_parallel(kvx_provider, kvx_call_options, kvx_claims, wor
 @conformance("engine.vllm.fp8.decode", CL, REQUIRED, "engines", ("write", "gather"), feature="fp8")
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
 def test_fp8_cache(kvx_provider, kvx_call_options, kvx_claims, kv_cache_dtype):
-    """``kv_cache_dtype=fp8*``: a uint8 cache tensor, BF16 inputs quantized with k_scale / v_scale."""
+    """``kv_cache_dtype=fp8*``: a uint8 cache tensor, BF16 inputs quantized with k_scale / v_scale.
+
+    vLLM's ``k_scale`` / ``v_scale`` are 0-d F32 tensors: described as scalar PER_TENSOR scale
+    descriptors (spec 6.6: ``ndim`` / ``shape`` "for non-scalar scales"), not as the flat
+    ``k_scale`` / ``v_scale`` pointers, whose use without a descriptor is a MAY of spec 6.9
+    ("implementations MAY fall back to ``k_scale``/``v_scale``"): a required test does not
+    depend on it (readings R-FP8)."""
     h, d, nb = 8, 128, 10
     dt = DType.F8_E4M3 if kv_cache_dtype == "fp8_e4m3" else DType.F8_E5M2
     k = fp8_bytes(dt, (nb, BS, h, d), 191)
@@ -253,7 +260,8 @@ def test_fp8_cache(kvx_provider, kvx_call_options, kvx_claims, kv_cache_dtype):
         for s in seqs:
             bm.append_tokens(s, 1)
         slots = vllm.slot_mapping(bm.slot_mapping(seqs, pad_to=4).slots)
-        scn.write(slots, io_dtype=DType.BF16, k_scale=0.25, v_scale=4.0, label="decode, scales 0.25 / 4, padded to 4")
+        scn.write(slots, io_dtype=DType.BF16, k_scale_desc=cb.scale_spec([0.25], scalar=True),
+                  v_scale_desc=cb.scale_spec([4.0], scalar=True), label="decode, scales 0.25 / 4, padded to 4")
     _gather_all(scn, bm, seqs, 4, "3 requests + 1 padded row")
 
 

@@ -166,7 +166,7 @@ def random_write_case(
     num_tokens: int | None = None,
     slot_dtype: DType | None = None,
     value_mode: str | None = None,
-    scales: str | None = None,  # "none", "tensor_ptr", "per_tensor", "per_head", "both"
+    scales: str | None = None,  # "none", "tensor_ptr" (pointer + scalar descriptor), "per_tensor", "per_head", "both"
 ) -> WriteCase:
     geom = geom or random_geometry(rng)
     k_dtype = k_dtype or _pick(rng, _profile.get().cache_dtypes)
@@ -200,6 +200,12 @@ def random_write_case(
         if scales in ("tensor_ptr", "both"):
             kw[f"{side}_scale"] = _random_scale_value(rng, exact)
             scale_of[side] = kw[f"{side}_scale"]
+            if scales == "tensor_ptr":
+                # the same value as a scalar descriptor (ndim 0): a pointer alone is the MAY fallback of
+                # spec 6.9 ("implementations MAY fall back to k_scale/v_scale"), which no required test
+                # depends on (readings R-FP8); a provider must still ignore the pointer beside it
+                kw[f"{side}_scale_desc"] = ScaleSpec(np.array(kw[f"{side}_scale"], np.float32).reshape(()),
+                                                     ScaleGranularity.PER_TENSOR)
         if scales in ("per_tensor", "both"):
             val = _random_scale_value(rng, exact)
             kw[f"{side}_scale_desc"] = ScaleSpec(np.array([val], np.float32), ScaleGranularity.PER_TENSOR)
