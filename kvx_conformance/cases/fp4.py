@@ -677,15 +677,36 @@ def _first(out: list[str], bad, limit: int, line, total: str) -> None:
         out.append(total.format(len(bad)))
 
 
-def exact_write_problems(got: Fp4Cache, want: Fp4Cache, limit: int = 4) -> list[str]:
+def special_blocks(cache: Fp4Cache, key, value, slots, invalid_slot: int = -1) -> dict[str, np.ndarray]:
+    """Per side, a mask over the scale array of the blocks a write fills from inputs holding a
+    NaN or an Inf (``key`` / ``value``: the values passed, as FP32; an F16 input past 65504 is
+    such an Inf). The readings leave them open: "NaN/Inf inputs must not crash and must not
+    disturb other blocks (informational beyond that)"."""
+    out = {}
+    for side, x in (("k", key), ("v", value)):
+        m = np.zeros(cache.scale_shape(), bool)
+        xs = np.asarray(x, np.float32)
+        for i, b, t in written_rows(cache, slots, invalid_slot):
+            blk = xs[i].reshape(cache.num_kv_heads, -1, cache.B)
+            cache.row(m, b, t)[...] = ~np.all(np.isfinite(blk), axis=-1)
+        out[side] = m
+    return out
+
+
+def exact_write_problems(got: Fp4Cache, want: Fp4Cache, limit: int = 4,
+                         special: dict[str, np.ndarray] | None = None) -> list[str]:
     """Codes and scale bytes of a quantizing write against the oracle's, bit for bit,
     except NaN blocks, compared as a class (docs/numerics.md): where both scale bytes are
     NaN (E4M3 0x7F or 0xFF, UE8M0 0xFF) the block decodes to NaN whatever its bytes, so
-    neither its scale encoding nor its codes are pinned."""
+    neither its scale encoding nor its codes are pinned. ``special`` (:func:`special_blocks`):
+    blocks filled from NaN / Inf inputs, not compared at all (informational in the readings;
+    ``fp4.write.specials_isolated`` checks that they disturb no other block)."""
     out = scale_gap_problems(want, got)
     for side in ("k", "v"):
         gs, es = getattr(got, f"{side}_scales"), getattr(want, f"{side}_scales")
         nan_blk = _nan_scale(got.fmt, gs) & _nan_scale(want.fmt, es) if gs.shape == es.shape else None
+        if nan_blk is not None and special is not None and special[side].shape == nan_blk.shape:
+            nan_blk = nan_blk | special[side]
         for a in (f"{side}_codes", f"{side}_scales"):
             g, e = getattr(got, a), getattr(want, a)
             differ = g != e
@@ -707,7 +728,8 @@ def compatible_write_problems(before: Fp4Cache, got: Fp4Cache, want: Fp4Cache, k
 
     Per block: the scale within one E4M3 step / one exponent of the oracle's (an all-zero
     block exactly scale 0 and codes 0); per element: the provider's code within one
-    grid step of the oracle's code for the provider's own scale; the relative RMSE of
+    grid step of the oracle's code for the provider's own scale (any code where that scale
+    decodes to 0: every code then decodes to +-0); the relative RMSE of
     the provider's decode at most ``metric_slack`` times the oracle's. Blocks with
     NaN/Inf inputs are informational (skipped); bytes of rows not written are unchanged.
     """
@@ -752,7 +774,11 @@ def compatible_write_problems(before: Fp4Cache, got: Fp4Cache, want: Fp4Cache, k
                     d = _scale_f32(fmt, np.array([p], np.uint8))[0] * (g[h] if fmt == Fp4Format.NVFP4 else 1)
                     vp = oracle.e2m1_to_float(cp[h, j])
                     if d == 0:
-                        ok = not np.any(vp)
+                        # a scale that decodes to 0 (NVFP4's E4M3 underflow, scale byte 0): every code decodes
+                        # to +-0, the decode of the oracle's codes (readings: "each decoded value equal to the
+                        # decode of the reference code or of an adjacent code"); x / 0 saturating at +-6, the
+                        # formula read literally, is as compatible as the oracle's codes 0 (docs/fp4.md)
+                        ok = True
                     else:
                         with np.errstate(over="ignore", invalid="ignore"):
                             ref_codes = oracle.float_to_e2m1(blk / np.float32(d))

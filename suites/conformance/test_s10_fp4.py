@@ -336,8 +336,11 @@ def _exact_write(provider, opts, fmt, io, layout, seed, **kw):
     _status(res.status, Status.OK, "FP4 write", CL_EXACT, seed, case)
     _check_guards(res, CL_EXACT, seed, case)
     want = fx.expected_write(cache, k, v, slots)
-    _fail_if(fx.exact_write_problems(res.cache, want), "FP4 write not bit-identical to the reference codec",
-             "codes and scale bytes of reference_impl.fp4", CL_EXACT, seed, case)
+    # blocks filled from NaN / Inf inputs (F16 inputs of the 2^40 block overflow to Inf) are informational
+    # (readings: "NaN/Inf inputs must not crash and must not disturb other blocks (informational beyond that)")
+    _fail_if(fx.exact_write_problems(res.cache, want, special=fx.special_blocks(cache, k, v, slots)),
+             "FP4 write not bit-identical to the reference codec",
+             "codes and scale bytes of reference_impl.fp4 (blocks with NaN / Inf inputs aside)", CL_EXACT, seed, case)
 
 
 @conformance("fp4_exact.write", CL_EXACT, REQUIRED, "fp4_exact", "write", feature="fp4")
