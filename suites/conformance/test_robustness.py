@@ -181,12 +181,15 @@ def test_malformed_write(kvx_provider, kvx_call_options, which):
 
 
 @conformance("robust.huge_consistent_descriptor",
-             "spec 4.1, 6.1 (counts are uint32; slot arithmetic must not wrap in 32 bits); R-CACHE, R-WRITE",
-             REQUIRED, "robustness", ("validate", "write"))
+             "spec 4.1, 6.1 (counts are uint32; slot arithmetic must not wrap in 32 bits); R-CACHE, R-WRITE, R-LARGE",
+             REQUIRED, "robustness", ("validate", "write"), feature="large_cache")
 @pytest.mark.parametrize("op", ["validate", "write"])
 def test_huge_consistent_descriptor(kvx_provider, kvx_call_options, op):
     """num_blocks = 2^31 (so num_blocks * block_size = 2^33 does not fit 32 bits), buffers
-    for the first 6 blocks only; the write touches slots inside them."""
+    for the first 6 blocks only; the write touches slots inside them. Such a cache holds more
+    than 2^31 elements and 2^24 slots: the feature ``large_cache``, which a provider may refuse
+    (readings R-LARGE: "A provider may refuse such a cache ... it may never write or read the
+    wrong elements"); a provider that serves it must not wrap."""
     opts = kvx_call_options()
     kind = cb.core_layout(kvx_provider, opts.memory)
     cache = _cache(kvx_provider, opts.memory, 19)
@@ -195,11 +198,12 @@ def test_huge_consistent_descriptor(kvx_provider, kvx_call_options, op):
     label = f"{kind} cache claiming 2^31 blocks"
     if op == "validate":
         verify_validate(kvx_provider, cb.validate_case(cache, label=label, overrides=ov), opts,
-                        clause="spec 4.1, 6.1", expect=OK)
+                        clause="spec 4.1, 6.1; R-LARGE", expect=OK, feature="large_cache")
     else:
         case = cb.write_case(cache, [0, 5, G.num_slots - 1, -1, 7], slot_dtype=DType.S64, seed=20, label=label,
                              overrides=ov)
-        verify_write(kvx_provider, case, opts, clause="spec 4.1, 6.1; R-WRITE", expect=OK)
+        verify_write(kvx_provider, case, opts, clause="spec 4.1, 6.1; R-WRITE, R-LARGE", expect=OK,
+                     feature="large_cache")
 
 
 # ---------------------------------------------------------------------------- zero-sized
