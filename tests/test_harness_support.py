@@ -233,3 +233,41 @@ def test_writer_is_readable_at_every_step(tmp_path):
     w.total = 5
     doc = w.close()
     assert doc["complete"] and doc["finished"] == 5 and doc["verdict"] == "certified"
+
+
+def test_hide_test_environment_from_concurrent_threads():
+    """The concurrency tests call providers from several threads at once, and each call first hides
+    the PYTEST_* variables (loader.hide_test_environment): two threads removing one variable must
+    not raise (a KeyError there was a harness error of concurrency.threads.gather)."""
+    import threading
+
+    from kvx_conformance.abi.loader import hide_test_environment
+
+    saved = {k: v for k, v in os.environ.items() if k.startswith("PYTEST_")}
+    interval = sys.getswitchinterval()
+    errors: list[str] = []
+
+    def run():
+        try:
+            for _ in range(20):
+                hide_test_environment()
+        except Exception as e:  # noqa: BLE001 - the failure under test
+            errors.append(repr(e))
+
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for _ in range(300):
+            for i in range(30):
+                os.environ[f"PYTEST_KVX_PROBE_{i}"] = "x"
+            threads = [threading.Thread(target=run) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        for k in [k for k in os.environ if k.startswith("PYTEST_KVX_PROBE_")]:
+            del os.environ[k]
+        os.environ.update(saved)
+    assert not errors, errors[:3]
+    assert not any(k.startswith("PYTEST_KVX_PROBE_") for k in os.environ)

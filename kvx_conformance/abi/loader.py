@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +37,23 @@ EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C)
 
 
 
+_ENV_LOCK = threading.Lock()
+
+
 def hide_test_environment() -> None:
     """No ``PYTEST_*`` variable (pytest's and xdist's names of the test phase, the worker, the
     version) in the environment a provider call sees: pytest sets the test's name again in each
     phase, so this runs before every call (a no-op once they are gone). A provider cannot learn
-    from its environment that a test harness calls it; other signs, the harness does not hide."""
-    if any(k.startswith("PYTEST_") for k in os.environ):
+    from its environment that a test harness calls it; other signs, the harness does not hide.
+    Thread-safe: the concurrency tests call providers from several threads at once, and two
+    threads removing one variable (``os.environ.pop`` reads, then deletes) raised KeyError in
+    the second, a harness error of the test."""
+    with _ENV_LOCK:
         for k in [k for k in os.environ if k.startswith("PYTEST_")]:
-            os.environ.pop(k, None)
+            try:
+                del os.environ[k]
+            except KeyError:  # another process-level writer removed it first
+                pass
 
 class ProviderLoadError(Exception):
     """A provider that cannot be used; ``str(e)`` is the one-line message."""
