@@ -124,6 +124,29 @@ def test_correct_host_provider_certified_with_no_claims(tmp_path):
     assert 'id="not-served"' in report and "not served" in report
 
 
+def _run_with_claims(name: str, unclaimed: set, tmp_path: Path):
+    """One full run of the testing provider ``name`` (no re-runs) with its claims file
+    (csrc/testing/<name>/kvx-claims.json), which must claim every optional feature but
+    ``unclaimed``: CERTIFIED, certifying, every claimed profile certified, within the budget.
+    Returns the run's results document."""
+    from kvx_conformance.results.outcomes import OPTIONAL_FEATURES
+
+    claims_file = Path(__file__).resolve().parents[1] / "csrc" / "testing" / name / "kvx-claims.json"
+    claimed = set(json.loads(claims_file.read_text(encoding="utf-8"))["features"])
+    assert claimed == set(OPTIONAL_FEATURES) - unclaimed, claimed ^ (set(OPTIONAL_FEATURES) - unclaimed)
+    p, doc, elapsed = _run(name, tmp_path / name, "--claims", str(claims_file), *NO_RERUNS)
+    print(f"full run of {name}, its features claimed: {elapsed:.1f} s, {len(doc['tests'])} tests")
+    assert p.returncode == 0, _explain(p)
+    assert doc["verdict"] == "certified" and doc["certifying"] and doc["claimed_profiles_certified"]
+    assert elapsed < FULL_RUN_BUDGET_S, f"the full run took {elapsed:.0f} s"
+    assert set(doc["claims"]["features"]) == claimed
+    for prof, rec in doc["profiles"].items():
+        assert rec["verdict"] == "certified" and rec["served"], (prof, rec)
+    bad = {t["id"]: t["outcome"] for t in doc["tests"] if t["outcome"] not in ("pass", "skip", "unsupported")}
+    assert not bad, bad
+    return doc
+
+
 #: the features the independent provider refuses on purpose (kvx-claims.json "notes")
 INDEP_UNCLAIMED = {"device_memory", "unified_memory", "multi_device", "nonzero_tail"}
 
@@ -133,23 +156,9 @@ def test_independent_provider_certified_with_every_feature_claimed(tmp_path):
     profile (fp8, fp4 and fp4_exact included), no test fails at any level, and the only
     refusals are the size probes of a non-zero unknown tail (spec 3), the one optional feature
     it does not claim that a host run reaches."""
-    from kvx_conformance.results.outcomes import OPTIONAL_FEATURES
-
-    claims_file = Path(__file__).resolve().parents[1] / "csrc" / "testing" / "indep" / "kvx-claims.json"
-    claimed = set(json.loads(claims_file.read_text(encoding="utf-8"))["features"])
-    assert claimed == set(OPTIONAL_FEATURES) - INDEP_UNCLAIMED, claimed ^ (set(OPTIONAL_FEATURES) - INDEP_UNCLAIMED)
-    p, doc, elapsed = _run("indep", tmp_path / "indep", "--claims", str(claims_file), *NO_RERUNS)
-    print(f"full run of indep, every feature claimed: {elapsed:.1f} s, {len(doc['tests'])} tests")
-    assert p.returncode == 0, _explain(p)
-    assert doc["verdict"] == "certified" and doc["certifying"] and doc["claimed_profiles_certified"]
-    assert elapsed < FULL_RUN_BUDGET_S, f"the full run took {elapsed:.0f} s"
+    doc = _run_with_claims("indep", INDEP_UNCLAIMED, tmp_path)
     assert doc["provider"]["abi_version"].startswith("1.2"), doc["provider"]["abi_version"]
-    assert set(doc["claims"]["features"]) == claimed
-    for prof, rec in doc["profiles"].items():
-        assert rec["verdict"] == "certified" and rec["served"], (prof, rec)
     assert doc["not_served"] == [] and doc["not_claimed"] == []
-    bad = {t["id"]: t["outcome"] for t in doc["tests"] if t["outcome"] not in ("pass", "skip", "unsupported")}
-    assert not bad, bad
     refused = {t["id"] for t in doc["tests"] if t["outcome"] == "unsupported"}
     assert refused and all(i.startswith("size.larger_nonzero_tail[") for i in refused), refused
     skipped = [t for t in doc["tests"] if t["outcome"] == "skip"]
@@ -167,21 +176,8 @@ def test_contrarian_provider_certified_with_what_it_serves_claimed(tmp_path):
     its choices is one the spec or the readings leave open (docs/spec-readings.md): a test that
     holds such a choice to the reference's answer fails here. Its refusals are of the features it
     does not claim; the informational pointer-fallback test is skipped (it declines that MAY)."""
-    from kvx_conformance.results.outcomes import OPTIONAL_FEATURES
-
-    claims_file = Path(__file__).resolve().parents[1] / "csrc" / "testing" / "contra" / "kvx-claims.json"
-    claimed = set(json.loads(claims_file.read_text(encoding="utf-8"))["features"])
-    assert claimed == set(OPTIONAL_FEATURES) - CONTRA_UNCLAIMED, claimed ^ (set(OPTIONAL_FEATURES) - CONTRA_UNCLAIMED)
-    p, doc, elapsed = _run("contra", tmp_path / "contra", "--claims", str(claims_file), *NO_RERUNS)
-    print(f"full run of contra, what it serves claimed: {elapsed:.1f} s, {len(doc['tests'])} tests")
-    assert p.returncode == 0, _explain(p)
-    assert doc["verdict"] == "certified" and doc["certifying"] and doc["claimed_profiles_certified"]
-    assert elapsed < FULL_RUN_BUDGET_S, f"the full run took {elapsed:.0f} s"
+    doc = _run_with_claims("contra", CONTRA_UNCLAIMED, tmp_path)
     assert doc["provider"]["abi_version"] == "1.2.7", doc["provider"]["abi_version"]
-    for prof, rec in doc["profiles"].items():
-        assert rec["verdict"] == "certified" and rec["served"], (prof, rec)
-    bad = {t["id"]: t["outcome"] for t in doc["tests"] if t["outcome"] not in ("pass", "skip", "unsupported")}
-    assert not bad, bad
     assert not doc.get("warnings"), doc.get("warnings")
     for t in doc["tests"]:
         if t["outcome"] == "unsupported":  # excused only by a feature it does not claim
