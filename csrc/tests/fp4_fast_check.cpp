@@ -23,6 +23,11 @@
  *      code byte and every scale byte with a spread of g, and with g just above and below
  *      each scale's bounds (the fast path's 2^-13 / 2^-125 floor, and where A, B and
  *      their 2- and 4-fold overflow); blocks the test sends to the FP32 path are counted apart.
+ *   9. nv_alu_word (the same products' operands by byte permutes, KVX_FP4_G_NV_ALU) gives the
+ *      oracle's bytes for every code byte in each word of a code word (the other bytes at random),
+ *      every scale byte and a spread of g.
+ *  10. e2m1_word_scaled (the MX gathers' E2M1 values by byte permutes, KVX_FP4_G_MX_ALU) times 2^14
+ *      or 2^126 is each code's E2M1 value in F16 and BF16, for every code byte in each word.
  * Build and run (about 50 s):
  *   g++ -O2 -ffp-contract=off -std=c++17 -Icsrc/reference -Icsrc/include \
  *       csrc/tests/fp4_fast_check.cpp -o /tmp/fp4fast && /tmp/fp4fast
@@ -240,5 +245,95 @@ int main(int argc, char** argv) {
   printf("nv pairs: %lld values of F16 and BF16 fast blocks (%lld blocks to the FP32 path), %lld mismatches\n", n8,
          slow8, bad8);
   bad1 += bad8;
+  /* 9. nv_alu_word (KVX_FP4_G_NV_ALU): its operands' packed product gives the oracle's bytes for
+   * every code byte in each of a code word's four words, the other three bytes drawn at random,
+   * wherever nv_ab takes the block (every scale byte, a spread of g). */
+  long long bad9 = 0, n9 = 0;
+  for (int bf = 0; bf < 2; ++bf) {
+    auto to_t = [&](float v) { return (uint32_t)(bf ? f32_to_bf16(v) : f32_to_f16(v)); };
+    auto from_t = [&](uint32_t h) { return bf ? bf16_to_f32((uint16_t)h) : f16_to_f32((uint16_t)h); };
+    std::vector<float> gs = {1.0f, -1.0f, 0.37f, 0.0241f, 7.3e-5f, 1234.5f, 0x1p-20f, 0x1.8p-116f, 0x1.3p+110f};
+    uint32_t lcg9 = 777u;
+    for (int i = 0; i < (quick ? 6 : 60); ++i) {
+      lcg9 = lcg9 * 1664525u + 1013904223u;
+      const float g = ldexpf(1.0f + (float)(lcg9 >> 9) * 0x1p-23f, (int)((lcg9 >> 4) % 80) - 40);
+      gs.push_back((lcg9 & 1u) ? -g : g);
+    }
+    for (const float g : gs)
+      for (uint32_t s8 = 0; s8 < 256; ++s8) {
+        const float sf = e4m3_to_f32((uint8_t)s8);
+        if (sf != sf) continue;
+        uint32_t ab;
+        if (!(bf ? kvx_fp4_fast::nv_ab<true>(sf, g, &ab) : kvx_fp4_fast::nv_ab<false>(sf, g, &ab))) continue;
+        const uint32_t zab = ab & 0x80008000u;
+        for (int kk = 0; kk < 4; ++kk)
+          for (uint32_t byte = 0; byte < 256; ++byte) {
+            lcg9 = lcg9 * 1664525u + 1013904223u;
+            const uint32_t cw = (lcg9 & ~(0xFFu << (8 * kk))) | byte << (8 * kk);
+            uint32_t mul = 0, op = 0, sels[2];
+            kvx_fp4_fast::nv_alu_sels(cw, sels);
+            const uint32_t sel = sels[kk >> 1] >> (16 * (kk & 1));
+#define KVX_NV_ALU_CASE(K)                                                   \
+  case K:                                                                    \
+    if (bf)                                                                  \
+      kvx_fp4_fast::nv_alu_word<true, K>(cw, sel, ab, zab, &mul, &op);        \
+    else                                                                     \
+      kvx_fp4_fast::nv_alu_word<false, K>(cw, sel, ab, zab, &mul, &op);       \
+    break;
+            switch (kk) {
+              KVX_NV_ALU_CASE(0)
+              KVX_NV_ALU_CASE(1)
+              KVX_NV_ALU_CASE(2)
+              KVX_NV_ALU_CASE(3)
+            }
+#undef KVX_NV_ALU_CASE
+            for (int half = 0; half < 2; ++half) {
+              const uint32_t got = to_t(from_t((mul >> (16 * half)) & 0xFFFFu) * from_t((op >> (16 * half)) & 0xFFFFu));
+              const uint32_t want = to_t(fp4_decode_with(FP4_NVFP4, (byte >> (4 * half)) & 15u, sf, g));
+              ++n9;
+              if (got != want && bad9++ < 10)
+                printf("nv alu mismatch: %s s %02x g %a word %d byte %02x got %04x want %04x\n", bf ? "bf16" : "f16",
+                       s8, g, kk, byte, got, want);
+            }
+          }
+      }
+  }
+  printf("nv alu words: %lld values of F16 and BF16 fast blocks, %lld mismatches\n", n9, bad9);
+  bad1 += bad9;
+  /* 10. e2m1_word_scaled (KVX_FP4_G_MX_ALU): times 2^14 (F16) or 2^126 (BF16), one exact product,
+   * each value of every code byte in each word of a code word is the E2M1 value in T, bit for bit
+   * (the MX gathers' table of pairs). */
+  long long bad10 = 0, n10 = 0;
+  for (int bf = 0; bf < 2; ++bf) {
+    auto from_t = [&](uint32_t h) { return bf ? bf16_to_f32((uint16_t)h) : f16_to_f32((uint16_t)h); };
+    uint32_t lcg10 = 4242u;
+    for (int kk = 0; kk < 4; ++kk)
+      for (uint32_t byte = 0; byte < 256; ++byte)
+        for (int rep = 0; rep < 4; ++rep) {
+          lcg10 = lcg10 * 1664525u + 1013904223u;
+          const uint32_t cw = (lcg10 & ~(0xFFu << (8 * kk))) | byte << (8 * kk);
+          uint32_t v = 0;
+#define KVX_MX_ALU_CASE(K)                                                              \
+  case K:                                                                               \
+    v = bf ? kvx_fp4_fast::e2m1_word_scaled<true, K>(cw) : kvx_fp4_fast::e2m1_word_scaled<false, K>(cw); \
+    break;
+          switch (kk) {
+            KVX_MX_ALU_CASE(0)
+            KVX_MX_ALU_CASE(1)
+            KVX_MX_ALU_CASE(2)
+            KVX_MX_ALU_CASE(3)
+          }
+#undef KVX_MX_ALU_CASE
+          for (int half = 0; half < 2; ++half) {
+            const float x = from_t((v >> (16 * half)) & 0xFFFFu) * (bf ? 0x1p126f : 0x1p14f); /* exact */
+            const float want = e2m1_to_f32((byte >> (4 * half)) & 15u);
+            ++n10;
+            if (f32_to_bits(x) != f32_to_bits(want) && bad10++ < 10)
+              printf("mx alu mismatch: %s word %d byte %02x got %a want %a\n", bf ? "bf16" : "f16", kk, byte, x, want);
+          }
+        }
+  }
+  printf("mx alu words: %lld values of F16 and BF16 code words, %lld mismatches\n", n10, bad10);
+  bad1 += bad10;
   return bad1 || bad2 || bad3 ? 1 : 0;
 }

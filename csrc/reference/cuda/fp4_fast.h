@@ -32,7 +32,9 @@
  *                 in F16 wherever the code depends on it (s >= 2^-14; below,
  *                 any rounding stays under the first tie 0.25).
  *   nv_ab / nv_pair_entry  the NVFP4 gathers into F16/BF16 by packed products:
- *                 2^k times the block's A or B (below, at their definition).
+ *                 2^k times the block's A or B (below, at their definition);
+ *                 nv_alu_word the same operands by byte permutes, no table;
+ *                 e2m1_word_scaled two E2M1 values by byte permutes (MX gathers).
  */
 #ifndef KVX_REFERENCE_CUDA_FP4_FAST_H
 #define KVX_REFERENCE_CUDA_FP4_FAST_H
@@ -248,6 +250,69 @@ KVX_HD constexpr void nv_pair_entry(uint32_t byte, uint32_t* mul, uint32_t* sel)
     *mul |= bits << (16 * half);
     *sel |= pick << (8 * half);
   }
+}
+
+/* prmt.b32 in its default mode: byte i of the result is byte (c >> 4i) & 7 of b:a (a the low word),
+ * or, where bit 3 of that selector nibble is set, that byte's top bit in all eight bits. */
+KVX_HD inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  const unsigned long long x = (unsigned long long)b << 32 | a;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t s = (c >> (4 * i)) & 15u;
+    uint32_t byte = (uint32_t)(x >> (8 * (s & 7u))) & 0xFFu;
+    if (s & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+    d |= byte << (8 * i);
+  }
+  return d;
+#endif
+}
+
+/* nv_pair_entry's two operands computed instead of loaded (KVX_FP4_G_NV_ALU): for the code word
+ * cw (eight E2M1 values, value i in bits 4i..4i+3) and its word kk (values 2kk and 2kk + 1, the
+ * low and the high half), *mul gets each value's signed 2^k in T and *op the half of ab = A | B << 16
+ * that the entry picks, so mul2(*mul, *op) is the entry's product. The two halves are apart by one
+ * byte permute: w holds value 2kk in bits 0..3 and value 2kk + 1 in bits 16..19; the exponent
+ * field of 2^k is bias - 1 + (mag >> 1) (mag the value's three magnitude bits), the sign bit 3
+ * moved to 15. A zero code (mag 0) gets 2^-1 instead of 0 and, as its operand, A's signed zero
+ * (the low half of zab = ab & 0x80008000): the same signed zero as the entry's 0 x A. The operand
+ * is a byte permute of ab:zab by the selector `sel` that nv_alu_sels gives the word: a table of the
+ * eight magnitudes in one more permute (0x54: zab's low half, 0x10: A, 0x32: B for 1.5 x 2^k). */
+/* Values 2kk and 2kk + 1 of the code word cw (value i in bits 4i..4i+3) in bits 0..3 and 16..19 of
+ * one word, by one byte permute of cw and cw >> 4 (the other bits are not zero). */
+template <int kk>
+KVX_HD inline uint32_t nibble_pair(uint32_t cw) {
+  return prmt(cw, cw >> 4, (uint32_t)(kk * 0x11 + (4 + kk) * 0x1100));
+}
+
+/* The E2M1 values of word kk of the code word cw, in T times 2^-14 (F16) or 2^-126 (BF16): each
+ * value's sign and three magnitude bits become T's sign, two lowest exponent bits and first
+ * mantissa bit (0.5, magnitude 1, a subnormal of T), so one exact packed product by 2^14 or 2^126
+ * gives the values themselves (KVX_FP4_G_MX_ALU). */
+template <bool BF, int kk>
+KVX_HD inline uint32_t e2m1_word_scaled(uint32_t cw) {
+  const uint32_t w = nibble_pair<kk>(cw);
+  return (w & 0x00070007u) * (BF ? 64u : 512u) | ((w << 12) & 0x80008000u);
+}
+
+template <bool BF, int kk>
+KVX_HD inline void nv_alu_word(uint32_t cw, uint32_t sel, uint32_t ab, uint32_t zab, uint32_t* mul, uint32_t* op) {
+  const uint32_t w = nibble_pair<kk>(cw);
+  const uint32_t field = (w & 0x00060006u) * (BF ? 64u : 512u) + (BF ? 0x3F003F00u : 0x38003800u);
+  *mul = field | ((w << 12) & 0x80008000u);
+  *op = prmt(ab, zab, sel);
+}
+
+/* The selectors of nv_alu_word's four words: word kk's is s[kk >> 1] >> (16 (kk & 1)) (a byte
+ * permute reads the low 16 bits of its selector). */
+KVX_HD inline void nv_alu_sels(uint32_t cw, uint32_t s[2]) {
+  const uint32_t m7 = cw & 0x77777777u;
+  s[0] = prmt(0x32101054u, 0x32103210u, m7);
+  s[1] = prmt(0x32101054u, 0x32103210u, m7 >> 16);
 }
 
 /* Every code byte's nv_pair_entry, built at compile time: w[2k] its mul, w[2k + 1] its sel (the

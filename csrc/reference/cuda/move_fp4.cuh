@@ -424,9 +424,17 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #define KVX_FP4_G_MX_PAIRS 1 /* fast gathers of MX formats into F16/BF16: a code byte's two values from a table, \
                                 times the block's power of two by one packed product (0: the FP32 path) */
 #endif
+#ifndef KVX_FP4_G_MX_ALU
+#define KVX_FP4_G_MX_ALU 0 /* ... the two values by byte permutes times 2^14 (BF16: 2^126), one more exact packed \
+                              product, instead of the shared-memory table (fp4_fast.h e2m1_word_scaled) */
+#endif
 #ifndef KVX_FP4_G_NV_PAIRS
 #define KVX_FP4_G_NV_PAIRS 1 /* fast NVFP4 gathers into F16/BF16: a code byte's two values as 2^k times the block's \
                                 A or B by one packed product (fp4_fast.h nv_ab; 0: the FP32 path) */
+#endif
+#ifndef KVX_FP4_G_NV_ALU
+#define KVX_FP4_G_NV_ALU 0 /* ... their two operands by byte permutes (fp4_fast.h nv_alu_word) instead of a \
+                              shared-memory table of the 256 code bytes: 1 every word, 2 half of them, 0 none */
 #endif
 #ifndef KVX_FP4_G_THREADS
 #define KVX_FP4_G_THREADS 128 /* fast gathers: threads per CTA */

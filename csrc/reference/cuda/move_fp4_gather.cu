@@ -152,19 +152,21 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
   __shared__ float sg[2][KVX_FP4_G_SMEM_HEADS > 0 ? KVX_FP4_G_SMEM_HEADS : 1];
   /* MX formats into F16/BF16: a code byte's two E2M1 values in the output type, one word */
   constexpr bool PAIRS = KVX_FP4_G_MX_PAIRS && ES == 2 && !NV;
-  __shared__ uint32_t pairs[PAIRS ? 256 : 1];
+  constexpr bool MXT = PAIRS && !KVX_FP4_G_MX_ALU; /* the pairs' table in shared memory */
+  __shared__ uint32_t pairs[MXT ? 256 : 1];
   /* NVFP4 into F16/BF16: per code byte its two values' signed 2^k and the byte permute that picks A
    * or B (fp4_fast.h nv_pair_entry) */
   constexpr bool NVP = KVX_FP4_G_NV_PAIRS && ES == 2 && NV;
-  __shared__ __align__(16) uint2 nvp[NVP ? 256 : 1];
+  constexpr bool NVT = NVP && KVX_FP4_G_NV_ALU != 1; /* the table in shared memory */
+  __shared__ __align__(16) uint2 nvp[NVT ? 256 : 1];
   const bool g_smem = KVX_FP4_G_SMEM_HEADS > 0 && P.H <= KVX_FP4_G_SMEM_HEADS;
   if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
-  if (PAIRS)
+  if (MXT)
     for (unsigned k = threadIdx.x; k < 256; k += blockDim.x)
       pairs[k] = (unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k & 15u)) |
                  ((unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k >> 4)) << 16);
   for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) sdec[k] = kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
-  if (NVP) {
+  if (NVT) {
     const uint4* tab = (const uint4*)(DT == KVX_DTYPE_BF16 ? kNvPairsBF16.w : kNvPairsF16.w);
     for (unsigned k = threadIdx.x; k < 128; k += blockDim.x) ((uint4*)nvp)[k] = __ldg(tab + k);
   }
@@ -297,8 +299,17 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
            * product rounds the same exact value once (docs/fp4.md, "Eleventh round") */
           const uint32_t sc = DT == KVX_DTYPE_F16 ? (sb[m] - 112u) << 10 : sb[m] << 7;
           uint32_t o[4];
+          if (KVX_FP4_G_MX_ALU) { /* the code byte's two values by byte permutes, times 2^14 (2^126) exactly */
+            constexpr bool BFo = DT == KVX_DTYPE_BF16;
+            constexpr uint32_t K = BFo ? 0x7E807E80u : 0x74007400u;
+            o[0] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 0>(cw[m]), K), sc * 0x10001u);
+            o[1] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 1>(cw[m]), K), sc * 0x10001u);
+            o[2] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 2>(cw[m]), K), sc * 0x10001u);
+            o[3] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 3>(cw[m]), K), sc * 0x10001u);
+          } else {
 #pragma unroll
-          for (int kk = 0; kk < 4; ++kk) o[kk] = mul2<DT>(pairs[(cw[m] >> (8 * kk)) & 0xFFu], sc * 0x10001u);
+            for (int kk = 0; kk < 4; ++kk) o[kk] = mul2<DT>(pairs[(cw[m] >> (8 * kk)) & 0xFFu], sc * 0x10001u);
+          }
           *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
           continue;
         }
@@ -308,12 +319,30 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
           /* 2^k A or 2^k B, one packed product per code byte, the oracle's bytes wherever nv_ab takes
            * the block (fp4_fast.h; docs/fp4.md, "Fourteenth round") */
           uint32_t o[4];
+          if (KVX_FP4_G_NV_ALU) { /* words 0 .. NA - 1 by byte permutes (nv_alu_word), the rest from the table */
+            constexpr int NA = KVX_FP4_G_NV_ALU == 1 ? 4 : 2;
+            const uint32_t zab = ab & 0x80008000u;
+            uint32_t sels[2], mul, op;
+            kvx_fp4_fast::nv_alu_sels(cw[m], sels);
+            constexpr bool BFo = DT == KVX_DTYPE_BF16;
+            kvx_fp4_fast::nv_alu_word<BFo, 0>(cw[m], sels[0], ab, zab, &mul, &op);
+            o[0] = mul2<DT>(mul, op);
+            kvx_fp4_fast::nv_alu_word<BFo, 1>(cw[m], sels[0] >> 16, ab, zab, &mul, &op);
+            o[1] = mul2<DT>(mul, op);
+            if (NA == 4) {
+              kvx_fp4_fast::nv_alu_word<BFo, 2>(cw[m], sels[1], ab, zab, &mul, &op);
+              o[2] = mul2<DT>(mul, op);
+              kvx_fp4_fast::nv_alu_word<BFo, 3>(cw[m], sels[1] >> 16, ab, zab, &mul, &op);
+              o[3] = mul2<DT>(mul, op);
+            }
+          }
+          if (NVT) {
 #pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            const uint2 e = nvp[(cw[m] >> (8 * kk)) & 0xFFu];
-            uint32_t mab; /* prmt in PTX: __byte_perm masks its selector first, which these need not */
-            asm("prmt.b32 %0, %1, 0, %2;" : "=r"(mab) : "r"(ab), "r"(e.y));
-            o[kk] = mul2<DT>(e.x, mab);
+            for (int kk = KVX_FP4_G_NV_ALU ? 2 : 0; kk < 4; ++kk) {
+              const uint2 e = nvp[(cw[m] >> (8 * kk)) & 0xFFu];
+              /* prmt in PTX (fp4_fast.h): __byte_perm masks its selector first, which these need not */
+              o[kk] = mul2<DT>(e.x, kvx_fp4_fast::prmt(ab, 0, e.y));
+            }
           }
           *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
           continue;
