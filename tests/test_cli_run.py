@@ -144,6 +144,9 @@ def check_breaker_run(p, out: Path, entry: str, outcome: str, workers: int) -> d
         f"{[t['id'] for t in hit]}"
     for t in hit:
         assert t["repro"].startswith("kvx-conform run "), t
+        # the four parts of a failure, for a crash or a timeout too (what, expected, got, clause)
+        f = t["failure"]
+        assert f and f["what"].endswith(entry) and f["expected"] and f["got"] and f["clause"] == t["clause"], t
         if outcome == "crash":
             assert "crashed while running" in t["message"], t["message"]
         else:

@@ -354,13 +354,17 @@ def run(args: argparse.Namespace) -> int:
     (out / "run-info.json").write_text(json.dumps(run_info, indent=1), encoding="utf-8")
     (out / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
 
+    # what a failure's repro command (plugin/metadata.py) needs of this command line, with absolute
+    # paths: the repro runs from any directory
     repro_extra = []
     if args.suite != DEFAULT_SUITE:
-        repro_extra += ["--suite", args.suite]
+        repro_extra += ["--suite", str(Path(args.suite).resolve()) if Path(args.suite).exists() else args.suite]
     if args.timeout != DEFAULT_TIMEOUT:
         repro_extra += ["--timeout", f"{args.timeout:g}"]
     if args.claims:  # an UNSUPPORTED answer fails only for a claimed feature: the repro needs the claims
         repro_extra += ["--claims", str(Path(args.claims).resolve())]
+    if args.gpus and memory != "host":  # the GPUs the run's workers used (placement tests need two)
+        repro_extra += ["--gpus", args.gpus]
     pa = [
         "-c", str(out / "pytest.ini"), "--rootdir", str(root),
         "-p", "kvx_conformance.plugin", *_plugin_autoload_args(),
@@ -577,6 +581,8 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
             if f:
                 lines.append(f"         {f.get('what', '')}")
                 lines.append(f"         expected: {f.get('expected')}   got: {f.get('got')}")
+                if f.get("clause") and f["clause"] != t.get("clause"):  # the rule a generated case broke
+                    lines.append(f"         clause: {f['clause']}")
             else:
                 lines.append(f"         {first_line(t.get('message'))[:160]}")
             if t.get("repro"):

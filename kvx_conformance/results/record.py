@@ -374,6 +374,8 @@ def merge_attempts(first: TestRecord, later: list[TestRecord]) -> TestRecord:
         rec.message = (f"flaky: the outcomes of {len(ran)} attempts differ ({text}); "
                        f"the first {bad.outcome}: {bad.message}")
         rec.failure, rec.seed, rec.repro, rec.detail = bad.failure, bad.seed, bad.repro or first.repro, bad.detail
+        # a test that failed only sometimes: its repro keeps the default re-runs (it says "flaky")
+        rec.repro = rec.repro.replace(" --reruns 0", "")
     return rec
 
 

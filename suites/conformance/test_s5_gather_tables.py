@@ -600,6 +600,35 @@ def test_kv_offsets_unusable_status(kvx_provider, kvx_call_options, what):
     verify_gather(kvx_provider, case, opts, clause=CL_OOR, feature="kv_offsets", partial=partial_gather(case))
 
 
+def _kv_beyond_capacity(provider, memory):
+    return cb.kv_offsets_gather(_kv_cache(provider, memory, 91), _offsets(2, 1, 2, 92), [5, 11], 12, seed=93,
+                                label="length 11 needs 3 blocks, table holds 2 per (sequence, beam, K|V)")
+
+
+@conformance("gather.kv_offsets.beyond_capacity_no_oob", "spec 5.1 (KV_OFFSETS: [seq_count, beam_width, 2, "
+             "max_blocks_per_seq]), 6.10; R-DATA (a length needing more than max_blocks_per_seq blocks: never out "
+             "of bounds)", REQUIRED, "tables", "gather", feature="kv_offsets")
+def test_kv_offsets_beyond_capacity_never_oob(kvx_provider, kvx_call_options):
+    """The KV_OFFSETS form of ``gather.packed.beyond_capacity_no_oob``: sequence 1 (the last row of
+    the table) needs 3 blocks of a table of 2 per row. Its third K entry would be the V row's first
+    and its third V entry lies past ``indices_count``: a provider that does not bound the logical
+    block by ``max_blocks_per_seq`` reads another row's pool block, or the caller's memory past the
+    table as a pool index. Any status; rows past the table's capacity stay untouched."""
+    opts = kvx_call_options()
+    case = _kv_beyond_capacity(kvx_provider, opts.memory)
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 6.10; R-DATA", feature="kv_offsets",
+                  statuses=ANY_STATUS, partial=partial_gather(case))
+
+
+@conformance("gather.kv_offsets.beyond_capacity_status", CL_RANGE, RECOMMENDED, "tables", "gather",
+             feature="kv_offsets")
+def test_kv_offsets_beyond_capacity_status(kvx_provider, kvx_call_options):
+    opts = kvx_call_options()
+    case = _kv_beyond_capacity(kvx_provider, opts.memory)
+    verify_gather(kvx_provider, case, opts, clause=CL_RANGE, feature="kv_offsets", statuses=RANGE_STATUSES,
+                  partial=partial_gather(case))
+
+
 @conformance("gather.kv_offsets.output_4d", "spec 6.8, 6.10; R-IO (4-D output, rows in (sequence, beam) order)",
              RECOMMENDED, "tables", "gather", feature="gather_4d")
 def test_kv_offsets_4d(kvx_provider, kvx_call_options):

@@ -102,6 +102,20 @@ def test_write_zero_dimension(kvx_provider, kvx_call_options, dim):
     verify_write(kvx_provider, case, opts, clause=CL_71, expect=INVALID)
 
 
+@conformance("gather.zero_dimension", CL_71 + " (block_size, num_blocks, num_kv_heads, head_dim MUST be non-zero)",
+             REQUIRED, "core", "gather")
+@pytest.mark.parametrize("dim", list(ZERO_DIMS))
+def test_gather_zero_dimension(kvx_provider, kvx_call_options, dim):
+    """The 7.1 rule on the third entry point that takes a cache descriptor: a PACKED gather whose
+    cache has a zero dimension (consistently in both shapes) is INVALID_ARGUMENT and writes nothing
+    (a gather that divides by ``block_size`` or loops over the heads before validating them fails)."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, "nhd", DType.F16, seed=5)
+    case = cb.packed_gather(cache, cb.distinct_table(G, 2, 2, 6), [5, 7], 8, seed=7, overrides=ZERO_DIMS[dim],
+                            label=f"gather with {dim} = 0")
+    verify_gather(kvx_provider, case, opts, clause=CL_71, expect=INVALID)
+
+
 # ---------------------------------------------------------------------------- shapes and ndim
 
 SHAPE_PARAMS = (
@@ -281,6 +295,10 @@ RAGGED_BAD = {
     # 14 indices (one spare per sequence): ranges of 6 and 7 hold both lengths, so the only error is
     # indptr[2] = 13 != indices_count (with [0, 5, 11] over 12 indices sequence 1 would also be short)
     "indptr_last_not_count": ({}, [0, 6, 13]),
+    # spec 5.3 / 7: seq_lens.seq_count MUST match the table's and its dtype MUST be S32 or S64, whatever
+    # the table's format (the PACKED cases are gather.validation.packed's)
+    "seq_lens_count_mismatch": ({"desc.seq_lens.seq_count": 1}, None),
+    "seq_lens_dtype_u64": ({"desc.seq_lens.dtype": int(DType.U64)}, None),
 }
 #: indptr cases built over ``extra`` spare indices per sequence
 RAGGED_EXTRA = {"indptr_last_not_count": 1}
@@ -289,7 +307,7 @@ RAGGED_EXTRA = {"indptr_last_not_count": 1}
 RAGGED_EITHER = {"indptr_decreasing"}
 
 
-@conformance("gather.validation.ragged", "spec 5.1, 7.1, 9 (indptr validation); R-GATHER, R-DATA", REQUIRED,
+@conformance("gather.validation.ragged", "spec 5.1, 5.3, 7, 7.1, 9 (indptr validation); R-GATHER, R-DATA", REQUIRED,
              "tables", "gather", feature="ragged")
 @pytest.mark.parametrize("which", list(RAGGED_BAD))
 def test_ragged_table_invalid(kvx_provider, kvx_call_options, which):
@@ -300,7 +318,7 @@ def test_ragged_table_invalid(kvx_provider, kvx_call_options, which):
     case = _ragged(kvx_provider, opts.memory, ov, which, None if indptr is None else np.array(indptr, np.int64),
                    extra=RAGGED_EXTRA.get(which, 0))
     kw = {"statuses": (INVALID, Status.OUT_OF_RANGE)} if which in RAGGED_EITHER else {}
-    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 7.1; R-GATHER, R-DATA", feature="ragged",
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 5.3, 7.1; R-GATHER, R-DATA", feature="ragged",
                   expect=INVALID, partial=partial_gather(case) if indptr is not None else None, **kw)
 
 
@@ -324,16 +342,19 @@ KV_BAD = {
     "beam_width_zero": {"desc.block_table.beam_width": 0},
     "pool_primary_null": {"cache.pool.primary": None},
     "bytes_per_block_wrong": {"cache.pool.bytes_per_block": 2 * 4 * 8 * 2 + 2},
+    # spec 5.3 / 7: as for PACKED and RAGGED
+    "seq_lens_count_mismatch": {"desc.seq_lens.seq_count": 1},
+    "seq_lens_dtype_u64": {"desc.seq_lens.dtype": int(DType.U64)},
 }
 
 
-@conformance("gather.validation.kv_offsets", "spec 5.1, 6.7, 7.1, 9; R-GATHER", REQUIRED, "tables", "gather",
+@conformance("gather.validation.kv_offsets", "spec 5.1, 5.3, 6.7, 7, 7.1, 9; R-GATHER", REQUIRED, "tables", "gather",
              feature="kv_offsets")
 @pytest.mark.parametrize("which", list(KV_BAD))
 def test_kv_offsets_invalid(kvx_provider, kvx_call_options, which):
     opts = kvx_call_options()
     case = _kv(kvx_provider, opts.memory, KV_BAD[which], which)
-    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 6.7, 7.1; R-GATHER", feature="kv_offsets",
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 5.3, 6.7, 7.1; R-GATHER", feature="kv_offsets",
                   expect=INVALID)
 
 

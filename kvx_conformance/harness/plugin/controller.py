@@ -28,7 +28,7 @@ from .config import (
     _uses_xdist,
     run_config,
 )
-from .metadata import repro_command
+from .metadata import repro_base, repro_command, repro_tail
 from .worker import _fault_crash, crashed_entry
 
 
@@ -100,6 +100,20 @@ def sanitizer_excerpt(state_dir: Path | None, pid: int | None, limit: int = 40) 
 
 #: entry points whose inputs and descriptors are sealed read-only during the call (execute._Arena.sealed)
 _SEALED_ENTRIES = ("kvx_write_kv", "kvx_gather_kv", "kvx_validate_cache_desc")
+
+def crash_failure(outcome: str, message: str, entry: str | None, clause: str, timeout_s: float | None) -> dict:
+    """The four parts of a crash or a timeout, like a ConformanceFailure's: what, expected, got
+    (the message's first line: the signal or the time, and the worker), clause (the test's)."""
+    where = entry or "a provider call"
+    if outcome == Outcome.CRASH.value:
+        what = f"the provider crashed in {where}"
+        expected = "every call returns a kvx_status_t (spec 8) and the process lives on"
+    else:
+        limit = f" ({timeout_s:g} s)" if timeout_s else ""
+        what = f"the provider did not return from {where}"
+        expected = f"the test's calls return within the timeout{limit}"
+    return {"what": what, "expected": expected, "got": first_line(message)[:400], "clause": clause, "case": ""}
+
 
 class _Controller:
     """Hooks of the process that schedules tests and writes results."""
@@ -443,6 +457,11 @@ class _Controller:
             message += f"\n(also: {first_line(td.get('message'))})"
         seed = next((p.get("seed") for p in phases if p.get("seed") is not None), None)
         failure = next((p.get("failure") for p in phases if p.get("failure")), None)
+        if failure is None and outcome in (Outcome.CRASH.value, Outcome.TIMEOUT.value):
+            crash = next((p.get("crash") for p in phases if p.get("crash")), None) or {}
+            detail = next((p.get("detail") for p in phases if p.get("detail")), "")
+            failure = crash_failure(outcome, message, crash.get("entry") or crashed_entry(detail),
+                                    meta.get("clause", ""), self.rc.timeout_s)
         worker = getattr(getattr(node, "gateway", None), "id", None)
         scale = self.config.pluginmanager.get_plugin("kvx-scale")
         rec = TestRecord(
@@ -592,9 +611,8 @@ class _Controller:
             return
         first = rows[0]
         profile = (self._meta(first.get("nodeid") or "") or {}).get("profile") or "concurrency"
-        rc = run_config(self.config)
-        parts = ["kvx-conform", "run", *([str(rc.provider_path)] if rc.provider_path is not None else []),
-                 "--memory", rc.memory.name.lower(), "-n", "1", "--id", first["test"]]
+        # both tests, in one worker, with the run's claims / suite / timeout (repro_tail)
+        parts = repro_base(self.config) + ["--id", first["test"]]
         if first.get("seen_in") and first["seen_in"] != first["test"]:
             parts += ["--id", first["seen_in"]]
         got = (f"{len(rows)} finding(s); first: a buffer of {first['test']} written while "
@@ -604,7 +622,7 @@ class _Controller:
             profile=profile, entry=["write", "gather"], feature=None, outcome=Outcome.FAIL.value,
             message=f"buffers the harness had freed were written while later tests ran: writes after return, or "
                     f"out-of-bounds writes of the later tests ({got})",
-            repro=" ".join(shlex.quote(p) for p in parts),
+            repro=f"{' '.join(shlex.quote(p) for p in parts)} {repro_tail(self.config)}".strip(),
             failure={"what": "freed buffers were written", "got": got, "clause": CL_LIFETIME, "case": "",
                      "expected": "no byte of a buffer written after the call that used it returned"})
         self.counts[Outcome.FAIL.value] += 1
