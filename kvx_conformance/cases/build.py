@@ -133,7 +133,9 @@ def io_layout(
     dtype: DType, num_tokens: int, geom: Geometry, kind: str = "dense"
 ) -> IOLayout:
     """IO tensor ``[num_tokens, H, D]``: ``dense``, ``padded`` (rows and heads padded) or
-    ``head_major`` (heads outermost: ``[H][tokens][D]`` in memory, described by strides)."""
+    ``head_major`` (heads outermost: ``[H][tokens][D]`` in memory, described by strides) or
+    ``dim_major`` (each token's row dense but transposed, ``[tokens][D][H]`` in memory: the token
+    stride is the dense ``H * D``, the head and dim strides are not)."""
     h, d = geom.num_kv_heads, geom.head_dim
     if kind == "dense":
         return IOLayout.dense(dtype, num_tokens, h, d)
@@ -141,6 +143,8 @@ def io_layout(
         return IOLayout(dtype, (num_tokens, h, d), (h * (d + 3) + 5, d + 3, 1))
     if kind == "head_major":
         return IOLayout(dtype, (num_tokens, h, d), (d, max(num_tokens, 1) * d, 1))
+    if kind == "dim_major":
+        return IOLayout(dtype, (num_tokens, h, d), (h * d, 1, h))
     raise ValueError(kind)
 
 

@@ -350,6 +350,32 @@ def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dty
     verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
 
 
+DECODE_GEOM = Geometry(num_blocks=4, block_size=4, num_kv_heads=8, head_dim=16)  # one token: 128 values
+
+
+@conformance("dtype.write.convert_single_token", CL_CONVERT + " (through FP32, RNE, overflow to inf; a write of one "
+             "token)", REQUIRED, "core", "write", feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
+def test_write_convert_single_token(kvx_provider, kvx_call_options, cache_dtype, io_dtype):
+    """``dtype.write.convert`` with one token (a decode step of batch 1, 8 heads x 16): the special
+    values first, then random values; from F32 into F16 / BF16 the second half of K and V lies at or
+    next to rounding ties. The other conversion writes hold 3 tokens or more, so a one-token decode
+    path that truncates (or rounds ties away) is seen here (R-CONVERT: the rule does not depend on the
+    size of the call)."""
+    opts = kvx_call_options()
+    g = DECODE_GEOM
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=55)
+    case = cb.write_case(cache, [6], io_dtype=io_dtype, seed=56, specials=True,
+                         label=f"one token, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache")
+    if io_dtype == DType.F32 and cache_dtype in (DType.F16, DType.BF16):
+        key, value = case.key.copy(), case.value.copy()
+        half = key.size // 2
+        key[half:] = _near_ties(key.size - half, cache_dtype, 57)
+        value[half:] = _near_ties(value.size - half, cache_dtype, 58)
+        case = cb.replace(case, key=key, value=value)
+    verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
+
+
 #: batch id -> (sequences, max_seq_len, geometry) of the batch conversion gathers (the other
 #: conversion gathers return at most 24 rows): a decode batch of 64 sequences of up to 16 tokens
 #: (1024 output rows) and a prefill's context, 2 sequences of up to 2048 tokens (4096 rows)

@@ -409,9 +409,13 @@ def test_mixed_k_v_batch(kvx_provider, kvx_call_options, which, tokens, op):
 
 @conformance("io.strided", "spec 6.8; R-IO (other IO strides: correct or UNSUPPORTED)", REQUIRED, "layouts",
              ("write", "gather"), feature="io_strides")
-@pytest.mark.parametrize("io_kind", ["padded", "head_major"])
+@pytest.mark.parametrize("io_kind", ["padded", "head_major", "dim_major"])
 @OPS
 def test_io_strides(kvx_provider, kvx_call_options, io_kind, op):
+    """IO tensors described by strides: ``padded`` rows and heads, ``head_major`` (``[H][tokens][D]``
+    in memory) and ``dim_major`` (each token's row dense but stored ``[D][H]``, a view of a transposed
+    tensor: the token stride is the dense ``H * D``, so a path that moves a row as dense once the token
+    stride is ``H * D``, never reading the head and dim strides, is seen)."""
     opts = kvx_call_options()
     cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=70)
     if op == "write":

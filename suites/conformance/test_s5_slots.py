@@ -110,6 +110,63 @@ def test_padded_batch_beyond_cache(kvx_provider, kvx_call_options):
     verify_write(kvx_provider, case, opts, clause=CL_NOOP)
 
 
+CL_RUNS = "spec 5.2, 7 (token i is written at slots[i]; invalid_slot and negative slots are no-ops); R-WRITE"
+RUN_GEOM = Geometry(num_blocks=6, block_size=8, num_kv_heads=2, head_dim=4)  # 48 slots
+_A = 2 * RUN_GEOM.block_size  # a block-aligned first slot
+_RUN = list(range(_A, _A + 12))  # 12 consecutive slots: the first and the last 11 apart
+#: id -> (slots, invalid_slot). Each write's first and last slots look like one ascending run (or one
+#: whole block, first slot block-aligned, num_tokens == block_size), but the slots between are not that
+#: run: a path that trusts the endpoints (a prefill chunk copied as slot[0] + i) writes the holes.
+RUNS = {
+    "run-hole_minus1": ([*_RUN[:5], -1, *_RUN[6:]], -1),
+    "run-hole_sentinel": ([*_RUN[:3], 41, *_RUN[4:8], 41, *_RUN[9:]], 41),  # invalid_slot 41, a valid slot
+    "run-shuffled_middle": ([_RUN[0], *_RUN[7:11], *_RUN[1:7], _RUN[11]], -1),
+    "block-padded_tail": ([*range(_A, _A + 6), -1, -1], -1),  # a block filled in part, padded to block_size
+    "block-hole_middle": ([*range(_A, _A + 3), -1, *range(_A + 4, _A + 8)], -1),
+    "block-shuffled": ([_A, _A + 5, _A + 2, _A + 7, _A + 1, _A + 6, _A + 3, _A + 4], -1),
+}
+
+
+@conformance("write.slots.runs_with_holes", CL_RUNS, REQUIRED, "core", "write")
+@pytest.mark.parametrize("which", list(RUNS))
+@SLOT_DTYPES
+def test_runs_with_holes(kvx_provider, kvx_call_options, which, slot_dtype):
+    """Writes whose first and last slots bound what looks like a contiguous run (a prefill chunk of
+    12 tokens, last slot = first + 11) or one whole block (8 tokens, block_size 8, the first slot
+    block-aligned), with slot -1 or the call's ``invalid_slot`` (41, a valid slot) among them, or the
+    slots between out of order. Each token goes to its own slot and the invalid ones nowhere: a fast
+    path that reads only the endpoints (copying token i to slot[0] + i) writes the holes and misplaces
+    the shuffled tokens."""
+    slots, invalid = RUNS[which]
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, 31, RUN_GEOM)
+    case = cb.write_case(cache, slots, slot_dtype=slot_dtype, invalid_slot=invalid, seed=32,
+                         label=f"{which}: slots {slots}, invalid_slot {invalid}")
+    verify_write(kvx_provider, case, opts, clause=CL_RUNS)
+
+
+CL_ZERO_ROWS = ("spec 7 (kvx_write_kv writes K/V for tokens using a slot mapping), 5.2 (only invalid slots are "
+                "no-ops); R-WRITE")
+
+
+@conformance("write.slots.zero_rows", CL_ZERO_ROWS, REQUIRED, "core", "write")
+def test_zero_rows(kvx_provider, kvx_call_options):
+    """Tokens whose K and V inputs are all +0.0, all -0.0, or K zero beside a live V, at valid slots
+    of a cache holding other values: they are written like any token (a provider that takes an
+    all-zero row for a padding token and skips it leaves the old values)."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, 33)
+    case = cb.write_case(cache, cb.spread_slots(G, 8, seed=34), seed=35, label="tokens 1 and 5 all +0.0, 3 all -0.0, "
+                         "6 with an all-zero K")
+    row = G.num_kv_heads * G.head_dim
+    key, value = case.key.copy(), case.value.copy()
+    for i, v in ((1, 0.0), (5, 0.0), (3, -0.0)):
+        key[i * row:(i + 1) * row] = v
+        value[i * row:(i + 1) * row] = v
+    key[6 * row:7 * row] = 0.0
+    verify_write(kvx_provider, cb.replace(case, key=key, value=value), opts, clause=CL_ZERO_ROWS)
+
+
 NEGATIVE = {
     DType.S32: [-1, -2, -100, -(2 ** 31)],
     DType.S64: [-1, -2, -(2 ** 31) - 5, -(2 ** 63), -(2 ** 32) + 3],  # the last: low 32 bits say slot 3

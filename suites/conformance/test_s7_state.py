@@ -94,6 +94,30 @@ def test_persistent_block_table(kvx_provider, kvx_call_options):
     _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE)
 
 
+@conformance("state.persistent_table_batch", CL_STATE, REQUIRED, "core", "gather")
+def test_persistent_block_table_batch(kvx_provider, kvx_call_options):
+    """``state.persistent_table`` with a decode batch of 24 sequences (a CUDA graph's captured batch):
+    three PACKED gathers through one table buffer whose rows change between the calls while its first
+    entry (sequence 0's first block) and its last (the padding id 0 ending the last row, unused) stay
+    the same. A provider that keeps the table it decoded from an address and checks only its ends
+    before reusing it gathers the first call's blocks three times."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=360)
+    seqs, mb = 24, 3
+    msl = mb * G.block_size
+    cases = []
+    for i in range(CALLS):
+        table = cb.distinct_table(G, seqs, mb, 361 + i)
+        table[0, 0], table[-1, -1] = 5, 0
+        lens = cb.rng_for(364 + i).integers(1, msl + 1, seqs)
+        lens[-1] = min(int(lens[-1]), (mb - 1) * G.block_size)  # the last row's last entry is padding
+        cases.append(cb.packed_gather(cache, table, lens.tolist(), msl, seed=367 + i,
+                                      label=f"call {i + 1} of {CALLS} through one table buffer of {seqs} rows, "
+                                            f"first and last entries unchanged: rows {table[1:4, 0]}..."))
+    expected = [oracle.expected_gather(c, opts.memory) for c in cases]
+    _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE)
+
+
 CL_STATE_DESC = ("spec 7.2 (the API is stateless aside from user-provided buffers); 4.2 (the layout and strides "
                  "the call's cache descriptor gives; implementations MUST honor provided strides); R-STATE, R-CACHE")
 
@@ -309,3 +333,31 @@ def test_decode_sized_gather_wide_indices(kvx_provider, kvx_call_options, index_
                             lens_dtype=lens_dtype, label=f"320-sequence gather, {index_dtype.name} block ids, "
                                                          f"{lens_dtype.name} lengths")
     verify_gather(kvx_provider, case, opts, clause=CL_BATCH_WIDE)
+
+
+CL_BATCH_RAGGED = (CL_BATCH + " (RAGGED: token t of s uses indices[indptr[s] + t]), 6.3 (indices and indptr S32 or "
+                   "S64, each its own dtype field); R-DATA, R-WIDE-IDS")
+RAGGED_BATCH = [pytest.param(DType.S32, DType.S32, id="idx_s32-indptr_s32"),
+                pytest.param(DType.S64, DType.S64, id="idx_s64-indptr_s64"),
+                pytest.param(DType.S32, DType.S64, id="idx_s32-indptr_s64"),
+                pytest.param(DType.S64, DType.S32, id="idx_s64-indptr_s32")]
+
+
+@conformance("gather.ragged.decode_batch", CL_BATCH_RAGGED, REQUIRED, "tables", "gather", feature="ragged")
+@pytest.mark.parametrize("index_dtype,indptr_dtype", RAGGED_BATCH)
+def test_ragged_decode_batch(kvx_provider, kvx_call_options, index_dtype, indptr_dtype):
+    """``gather.decode_batch`` through a RAGGED table (flashinfer's ``kv_indptr``): 320 sequences,
+    lengths 0 to 64, every pair of id and indptr widths. The other RAGGED gathers hold at most 4
+    sequences (the engine scenarios a few more, S32 indptr): a batch kernel for many sequences
+    instantiated for an int32 indptr and handed an S64 one unconverted starts sequence s at the s-th
+    32-bit word, another sequence's range, where the front end's checks of the S64 array pass."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=376)
+    rng = cb.rng_for(377)
+    seqs, mb = 320, 4
+    table = rng.integers(0, BATCH.num_blocks, size=(seqs, mb))
+    lens = rng.integers(0, mb * BATCH.block_size + 1, size=seqs).tolist()
+    case = cb.ragged_gather(cache, table, lens, mb * BATCH.block_size, seed=378, index_dtype=index_dtype,
+                            indptr_dtype=indptr_dtype, label=f"320-sequence RAGGED gather, {index_dtype.name} ids, "
+                                                          f"{indptr_dtype.name} indptr")
+    verify_gather(kvx_provider, case, opts, clause=CL_BATCH_RAGGED, feature="ragged")
