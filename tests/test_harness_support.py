@@ -169,8 +169,9 @@ def test_claims_yaml_and_json_and_errors(tmp_path):
     assert c.profiles == ("core", "tables") and c.features == {"ragged"}
     j = tmp_path / "c.json"
     j.write_text(json.dumps({"features": ["fp8"]}))
-    dflt = load_claims(j)  # no 'profiles': every profile is claimed, not explicitly
-    assert set(dflt.profiles) == set(PROFILES) and not dflt.explicit and dflt.not_claimed == []
+    dflt = load_claims(j)  # no 'profiles': every profile but the opt-in ones is claimed, not explicitly
+    assert set(dflt.profiles) == set(PROFILES) - {"fp4_exact"} and not dflt.explicit
+    assert dflt.not_claimed == ["fp4_exact"]
     assert c.explicit and "layouts" in c.not_claimed
     bad = tmp_path / "bad.yaml"
     bad.write_text("features: [warp_drive]\n")
@@ -178,6 +179,57 @@ def test_claims_yaml_and_json_and_errors(tmp_path):
         load_claims(bad)
     with pytest.raises(InputFileError, match="not found"):
         load_claims(tmp_path / "missing.yaml")
+
+
+def test_exact_fp4_tier_is_opt_in(tmp_path):
+    """Product readings, FP4 extension: "Two conformance tiers": the compatible one (``fp4``) is
+    conformance, so the default claims leave out only the exact tier (``fp4_exact``). A claims file
+    adds it with ``opt_in:`` (the default claims' reading kept) or names it in ``profiles:``."""
+    from kvx_conformance.results.claims import DEFAULT_PROFILES, OPT_IN_PROFILES, reference_claims_file
+
+    assert OPT_IN_PROFILES == ("fp4_exact",)
+    assert DEFAULT_PROFILES == tuple(p for p in PROFILES if p != "fp4_exact")
+    assert Claims().not_claimed == ["fp4_exact"] and not Claims().explicit
+    opt = tmp_path / "opt.json"
+    opt.write_text(json.dumps({"opt_in": ["fp4_exact"], "features": ["fp4"]}))
+    c = load_claims(opt)
+    assert set(c.profiles) == set(PROFILES) and not c.explicit and c.not_claimed == [] and c.features == {"fp4"}
+    for body, match in (({"opt_in": ["core"]}, "opt-in profiles only, not core"),
+                        ({"opt_in": ["fp4_exact"], "profiles": ["core"]}, "not both")):
+        opt.write_text(json.dumps(body))
+        with pytest.raises(InputFileError, match=match):
+            load_claims(opt)
+    # the bundled reference (and its mutants) claims every profile, with the default claims' reading
+    ref = load_claims(reference_claims_file())
+    assert set(ref.profiles) == set(PROFILES) and not ref.explicit and ref.features == frozenset()
+
+
+def test_compatible_tier_fp4_certified_unless_the_exact_tier_is_claimed(tmp_path):
+    """A provider whose FP4 meets the compatible tier only: certified by the default claims, its
+    fp4_exact verdict still computed and reported (not claimed); NOT CERTIFIED once it claims
+    fp4_exact (``opt_in:``, ``profiles:`` or ``--profile``)."""
+    tests = [_rec("write.x", "pass"), _rec("fp4.write.compatible[x]", "pass", profile="fp4"),
+             _rec("fp4_exact.write.ties[x]", "fail", profile="fp4_exact"),
+             _rec("fp4_exact.write[x]", "pass", profile="fp4_exact")]
+    s = summarize(tests, Claims(), [], quick=False, partial=False, complete=True)
+    assert s["verdict"] == "certified" and s["claimed_profiles_certified"], s
+    ex = s["profiles"]["fp4_exact"]
+    assert ex["verdict"] == "not certified" and not ex["claimed"] and ex["blocking"] == ["fp4_exact.write.ties[x]"]
+    assert s["profiles"]["fp4"]["claimed"] and s["profiles"]["fp4"]["verdict"] == "certified"
+    assert s["not_claimed"] == ["fp4_exact"]
+    f = tmp_path / "claims.json"
+    for body in ({"opt_in": ["fp4_exact"]}, {"profiles": ["core", "fp4", "fp4_exact"]}):
+        f.write_text(json.dumps(body))
+        s = summarize(tests, load_claims(f), [], quick=False, partial=False, complete=True)
+        assert s["verdict"] == "not certified" and not s["claimed_profiles_certified"], (body, s)
+        assert s["profiles"]["fp4_exact"]["claimed"] and "fp4_exact" not in s["not_claimed"], (body, s)
+    # --profile fp4 --profile fp4_exact names the claims (plugin config: explicit)
+    s = summarize(tests, Claims(("fp4", "fp4_exact")), [], quick=False, partial=False, complete=True)
+    assert s["verdict"] == "not certified" and s["profiles"]["fp4_exact"]["claimed"]
+    # an exact provider certifies either way
+    tests[2].outcome = "pass"
+    for claims in (Claims(), load_claims(f)):
+        assert summarize(tests, claims, [], quick=False, partial=False, complete=True)["verdict"] == "certified"
 
 
 def test_expectations_and_glob_waivers(tmp_path):

@@ -3,12 +3,13 @@
 - ``host_ok``: correct on host memory (F16/BF16/F32, NHD and HND with any strides, PACKED and
   RAGGED tables, S32/S64), refuses an IO dtype other than the cache dtype with
   INVALID_ARGUMENT (spec 8 "unsupported field"), no FP4 extension (ABI 1.1). With no claims
-  file it is CERTIFIED by a full default run; fp4 / fp4_exact / fp8 read "not served"; the
-  refusals are ``unsupported`` outcomes. Claiming ``mixed_io_dtype`` turns them into failures.
+  file it is CERTIFIED by a full default run; fp4 / fp4_exact / fp8 read "not served" (fp4_exact,
+  the opt-in exact tier, also "not claimed"); the refusals are ``unsupported`` outcomes.
+  Claiming ``mixed_io_dtype`` turns them into failures.
 - ``host_ignore_strides`` / ``host_ragged_short`` / ``host_late_write`` / ``host_abs_strides``:
   one defect each (spec 4.2 strides, spec 5.1 RAGGED rows, spec 7.2 lifetime, spec 4.2 negative
   strides read as their magnitude); with no claims file each is not certified: the default
-  claims cover every profile, so the failing profile blocks.
+  claims cover every profile but the opt-in fp4_exact, so the failing profile blocks.
 - ``host_scribble_input`` / ``host_touch_desc``: a write stores into the caller's slots (and
   restores them) or into its const descriptor (the same value): nothing changed is left to
   compare, but the read-only pages of the call fault, a crash of the test.
@@ -20,16 +21,16 @@
 - ``indep`` (csrc/testing/indep/kvx_indep_provider.c, ABI 1.2): written from the spec and the
   readings alone, it serves every feature a valid call can ask for (HND_PACKED, CUSTOM,
   KV_OFFSETS with a secondary pool, negative strides, every FP8 scale kind, the FP4 extension
-  in all three formats, raw and quantizing). With every optional feature it serves claimed
-  (csrc/testing/indep/kvx-claims.json) a full run CERTIFIES every profile, so no test can
+  in all three formats, raw and quantizing). With every optional feature it serves claimed, and the
+  opt-in exact FP4 tier (csrc/testing/indep/kvx-claims.json) a full run CERTIFIES every profile, so no test can
   hold a choice the documents leave open to the bundled reference's answer.
 - ``contra`` (csrc/testing/contra/kvx_contra_provider.c, ABI 1.2.7): correct, but wherever the
   spec and the readings leave a choice open it takes the other one than the reference: HND its
   only core layout while kvx_validate_cache_desc accepts NHD, refusals as INVALID_ARGUMENT (KV_OFFSETS,
   large caches, the k_scale / v_scale pointer fallback), data errors answered after the valid
   part is written, INVALID_ARGUMENT for bad block ids, the first of duplicate slots, other NaN
-  encodings, FP4 Inf blocks stored as NaN blocks. With what it serves claimed
-  (csrc/testing/contra/kvx-claims.json) a full run CERTIFIES with no failure at any level.
+  encodings, FP4 Inf blocks stored as NaN blocks. With what it serves claimed, and the exact FP4
+  tier (csrc/testing/contra/kvx-claims.json) a full run CERTIFIES with no failure at any level.
 
 Every run here passes ``--reruns 0`` (:data:`NO_RERUNS`). A re-run never changes a verdict
 (attempts that disagree read ``flaky``, which blocks or warns exactly as ``fail`` does:
@@ -92,7 +93,9 @@ def test_correct_host_provider_certified_with_no_claims(tmp_path):
     assert p.returncode == 0, _explain(p)
     assert doc["verdict"] == "certified" and doc["certifying"] and doc["claimed_profiles_certified"]
     assert elapsed < FULL_RUN_BUDGET_S, f"the full default run took {elapsed:.0f} s"
-    assert set(doc["claims"]["profiles"]) == set(doc["profiles"]) and not doc["claims"]["explicit"]
+    # the default claims: every profile but the opt-in exact FP4 tier, whose verdict is reported
+    assert set(doc["claims"]["profiles"]) == set(doc["profiles"]) - {"fp4_exact"} and not doc["claims"]["explicit"]
+    assert not doc["profiles"]["fp4_exact"]["claimed"]
     assert doc["provider"]["abi_version"].startswith("1.1"), doc["provider"]["abi_version"]
     required_bad = [t["id"] for t in doc["tests"] if t["level"] == "required"
                     and t["outcome"] in ("fail", "crash", "timeout", "error")]
@@ -102,7 +105,7 @@ def test_correct_host_provider_certified_with_no_claims(tmp_path):
         assert not doc["profiles"][prof]["served"]
     for prof in ("core", "layouts", "tables", "robustness", "concurrency", "generated", "engines"):
         assert doc["profiles"][prof]["verdict"] == "certified", (prof, doc["profiles"][prof])
-    assert set(doc["not_served"]) == {"fp4", "fp4_exact", "fp8"} and doc["not_claimed"] == []
+    assert set(doc["not_served"]) == {"fp4", "fp4_exact", "fp8"} and doc["not_claimed"] == ["fp4_exact"]
     by_id = {t["id"]: t for t in doc["tests"]}
     refused = [i for i, t in by_id.items() if t["refusal"] == "INVALID_ARGUMENT"]
     for tid in ("dtype.write.convert[cache_f16-io_f32]", "dtype.gather.convert[cache_bf16-io_f16]",
@@ -127,21 +130,25 @@ def test_correct_host_provider_certified_with_no_claims(tmp_path):
 def _run_with_claims(name: str, unclaimed: set, tmp_path: Path):
     """One full run of the testing provider ``name`` (no re-runs) with its claims file
     (csrc/testing/<name>/kvx-claims.json), which must claim every optional feature but
-    ``unclaimed``: CERTIFIED, certifying, every claimed profile certified, within the budget.
-    Returns the run's results document."""
+    ``unclaimed`` and the opt-in exact FP4 tier (``opt_in: [fp4_exact]``, so every profile):
+    CERTIFIED, certifying, every profile claimed and certified, within the budget. Returns the
+    run's results document."""
     from kvx_conformance.results.outcomes import OPTIONAL_FEATURES
 
     claims_file = Path(__file__).resolve().parents[1] / "csrc" / "testing" / name / "kvx-claims.json"
-    claimed = set(json.loads(claims_file.read_text(encoding="utf-8"))["features"])
+    claims = json.loads(claims_file.read_text(encoding="utf-8"))
+    claimed = set(claims["features"])
     assert claimed == set(OPTIONAL_FEATURES) - unclaimed, claimed ^ (set(OPTIONAL_FEATURES) - unclaimed)
+    assert claims.get("opt_in") == ["fp4_exact"] and "profiles" not in claims, claims
     p, doc, elapsed = _run(name, tmp_path / name, "--claims", str(claims_file), *NO_RERUNS)
     print(f"full run of {name}, its features claimed: {elapsed:.1f} s, {len(doc['tests'])} tests")
     assert p.returncode == 0, _explain(p)
     assert doc["verdict"] == "certified" and doc["certifying"] and doc["claimed_profiles_certified"]
     assert elapsed < FULL_RUN_BUDGET_S, f"the full run took {elapsed:.0f} s"
     assert set(doc["claims"]["features"]) == claimed
+    assert doc["not_claimed"] == [] and not doc["claims"]["explicit"]
     for prof, rec in doc["profiles"].items():
-        assert rec["verdict"] == "certified" and rec["served"], (prof, rec)
+        assert rec["verdict"] == "certified" and rec["served"] and rec["claimed"], (prof, rec)
     bad = {t["id"]: t["outcome"] for t in doc["tests"] if t["outcome"] not in ("pass", "skip", "unsupported")}
     assert not bad, bad
     return doc
@@ -252,7 +259,8 @@ def test_explicit_narrow_claim_names_the_profiles_not_claimed(tmp_path):
     p, doc, _ = _run("ok", tmp_path / "narrow", "--claims", str(claims), "--id", "version.*", *NO_RERUNS, workers=1)
     assert doc["claims"]["explicit"] and doc["claims"]["profiles"] == ["core"]
     assert "layouts" in doc["not_claimed"] and "core" not in doc["not_claimed"]
-    assert "not claimed (not certified by this run): layouts" in p.stdout, p.stdout[-2000:]
+    # each profile not claimed with its own verdict, which the run's does not depend on
+    assert "== not claimed (reported, not part of this run's verdict): layouts not run" in p.stdout, p.stdout[-2000:]
     cert = json.loads((tmp_path / "narrow" / "certificate.json").read_text(encoding="utf-8"))
     assert "layouts" in cert["not_claimed_profiles"] and cert["claims_explicit"]
     assert 'id="not-claimed"' in (tmp_path / "narrow" / "report.html").read_text(encoding="utf-8")

@@ -20,6 +20,11 @@ Usage (from the repository root)::
     python -m kvx_conformance.mutants matrix           # re-render docs/kill-matrix.md
 
 ``KVX_CONFORM_NATIVE_DIR`` points every command at a build tree's ``native`` folder.
+
+Every run here, of the reference and of each mutant, claims what the bundled reference claims
+(``--claims`` / ``--kvx-claims`` with ``results/claims.py`` ``reference_claims_file()``: the
+default claims and the opt-in ``fp4_exact``): a mutant is the reference's code with one defect,
+so a defect only the exact tier sees (``fp4_ties_away``) leaves it *not certified*.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from pathlib import Path
 
 from ..abi import native
 from ..abi.buffers import LATER_TEST
+from ..results.claims import reference_claims_file
 
 #: test outcomes that count as "the mutant was caught"
 CATCHING = ("fail", "crash", "timeout")
@@ -96,12 +102,16 @@ def base_id(test_id: str) -> str:
 
 def cli_run(provider: str, out: Path, extra: list[str], timeout_s: float, env: dict | None = None,
             wall_limit: float = 1800.0) -> tuple[int, float, str]:
-    """``kvx-conform run PROVIDER --output-dir OUT ...`` in a subprocess: (exit code, seconds, output tail).
+    """``kvx-conform run PROVIDER --output-dir OUT --claims <the reference's> ...`` in a subprocess:
+    (exit code, seconds, output tail).
 
     Without re-runs (``--reruns 0``, unless ``extra`` says otherwise): a mutant's defect is
-    deterministic, so re-running what it fails would change no outcome and cost time."""
+    deterministic, so re-running what it fails would change no outcome and cost time. With the
+    bundled reference's claims (the default ones and ``fp4_exact``): the reference and its
+    mutants are judged by the same claims."""
     cmd = [sys.executable, "-m", "kvx_conformance.cli", "run", provider, "--output-dir", str(out),
-           "--progress", "none", "--timeout", f"{timeout_s:g}", "--reruns", "0", *extra]
+           "--progress", "none", "--timeout", f"{timeout_s:g}", "--reruns", "0",
+           "--claims", str(reference_claims_file()), *extra]
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=wall_limit, env=env)
     return p.returncode, time.monotonic() - t0, (p.stdout + p.stderr)[-3000:]
@@ -299,7 +309,7 @@ def render_matrix(doc: dict) -> str:
         f"{len(muts)} mutants, "
         f"{sum(1 for e in muts.values() if e.get('killers') or e.get('caught_by_preflight'))} caught.",
         "",
-        "| mutant | defect | run verdict (default claims: every profile) | catching tests | by outcome | profiles | killers (test_mutants.py) |",
+        "| mutant | defect | run verdict (the reference's claims: every profile) | catching tests | by outcome | profiles | killers (test_mutants.py) |",
         "| --- | --- | --- | ---: | --- | --- | --- |",
     ]
     for name, e in muts.items():
@@ -330,9 +340,12 @@ def render_matrix(doc: dict) -> str:
         "conformance suites (engine, generated and FP4 tests only when nothing else catches a mutant),",
         f"re-runs the chosen killers {doc.get('verify_rounds', 0)} times and keeps only those that catch the "
         "mutant every time.",
-        "The run verdict is the one of `kvx-conform run` with no claims file: every profile is claimed",
-        "(a profile the mutant does not serve at all reads *not served* and does not block), so a mutant",
-        "that breaks a MUST anywhere is *not certified*. A mutant whose defect breaks only a SHOULD",
+        "The run verdict is the one of `kvx-conform run` with the bundled reference's claims",
+        "(`kvx_conformance/results/reference-claims.json`, what a run of the reference with no provider",
+        "argument claims; each mutant is the reference with one defect): the default claims and the opt-in",
+        "exact FP4 tier `fp4_exact`, so every profile (a profile the mutant does not serve at all reads",
+        "*not served* and does not block). A mutant that breaks a MUST anywhere, or the exact tier's",
+        "bit-identity, is *not certified*. A mutant whose defect breaks only a SHOULD",
         "(recommended tests) stays *certified* with those warnings on its certificate: caught, not hidden.",
         "",
         "Re-generate after changing the suites or the mutants:",
@@ -355,7 +368,8 @@ def _pytest_args(provider: str, out: Path, ids: list[str], files: list[str], roo
           "-p", "no:cacheprovider", "-p", "no:faulthandler", "--timeout", f"{timeout_s:g}",
           "--timeout-method", "thread", "-qq", "--no-summary", "-W", "ignore::pytest.PytestUnknownMarkWarning",
           "--kvx-provider", provider, "--kvx-memory", "host", "--kvx-output-dir", str(out),
-          "--kvx-progress", "none", "--kvx-hypothesis-examples", str(examples)]
+          "--kvx-progress", "none", "--kvx-hypothesis-examples", str(examples),
+          "--kvx-claims", str(reference_claims_file())]  # the reference's claims, as cli_run
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         pa += ["-p", "pytest_timeout"]
     for tid in ids:
@@ -457,6 +471,9 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
             verdict = json.loads((work / name / "results.json").read_text())["verdict"]
             r["via"] = "pytest + kvx plugin (batch)"
         r["verdict"] = verdict
+        # a killer catches the mutant only in a profile the run claims (the reference's claims:
+        # every profile, fp4_exact included); one of a profile not claimed decides no verdict
+        profiles = json.loads((work / name / "results.json").read_text()).get("profiles") or {}
         for k in kill:
             t = got.get(k)
             outcome = t["outcome"] if t else "not run"
@@ -464,6 +481,9 @@ def check(names: list[str], killers_path: Path, work: Path) -> dict:
             if outcome not in CATCHING:
                 r["problems"].append(f"{k}: expected fail/crash/timeout on {name}, got {outcome}"
                                      + (f" ({(t.get('message') or '')[:200]})" if t else ""))
+            elif not (profiles.get(t.get("profile")) or {}).get("claimed"):
+                r["problems"].append(f"{k}: its profile {t.get('profile')} is not claimed by the run, so it "
+                                     f"decides no verdict (the runs claim {reference_claims_file().name})")
             ro = report["reference"].get(k)
             if ro not in REFERENCE_OK:
                 r["problems"].append(f"{k}: expected pass (or a refusal the spec allows) on the reference, got {ro}")

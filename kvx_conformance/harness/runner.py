@@ -33,7 +33,7 @@ from ..abi.loader import (
     ProviderLoadError,
 )
 from ..abi.native import default_provider
-from ..results.claims import InputFileError, load_claims, load_expectations
+from ..results.claims import InputFileError, load_claims, load_expectations, reference_claims_file
 from ..results.outcomes import PROFILES
 from ..results.record import bundled_suite
 
@@ -121,7 +121,9 @@ class RunCommand:
         p.add_argument("--output-dir", default=DEFAULT_OUTPUT, metavar="DIR",
                        help="where results, certificate and report go (default ./%(default)s)")
         p.add_argument("--junit-xml", metavar="PATH", help="JUnit XML file (default DIR/junit.xml)")
-        p.add_argument("--claims", metavar="FILE", help="claims file: profiles and optional features claimed")
+        p.add_argument("--claims", metavar="FILE",
+                       help="claims file: profiles and optional features claimed (default: every profile but the "
+                            "opt-in fp4_exact; with no PROVIDER, the bundled reference's claims: every profile)")
         p.add_argument("--expectations", metavar="FILE", help="expectations file: waivers [{id, reason}]")
         p.add_argument("--quick", action="store_true",
                        help="reduced set and small hypothesis budget; marked NOT CERTIFYING everywhere")
@@ -276,6 +278,10 @@ def run(args: argparse.Namespace) -> int:
     if bad := check_run_options(args):
         _err(bad)
         return EXIT_USAGE
+    if args.provider is None and not args.claims:
+        # the bundled reference claims every profile, the opt-in exact FP4 tier included (its
+        # claims file, results/claims.py reference_claims_file); repro lines carry it (--claims)
+        args.claims = str(reference_claims_file())
     try:
         claims = load_claims(args.claims)
         load_expectations(args.expectations)
@@ -628,13 +634,16 @@ def summary_lines(doc: dict, max_failures: int = 20) -> list[str]:
 
 
 def claims_lines(doc: dict) -> list[str]:
-    """What the verdict covers: the profiles not claimed (a narrower explicit claim) and the
-    profiles not served (they do not block unless claimed explicitly)."""
+    """What the verdict covers: the profiles not claimed (the opt-in ones with the default claims,
+    or those a narrower explicit claim leaves out), each with its own verdict, which the run's
+    does not depend on; and the profiles not served (they do not block unless claimed explicitly)."""
     claims = doc.get("claims") or {}
     out = []
     not_claimed = doc.get("not_claimed") or claims.get("not_claimed") or []
     if not_claimed:
-        out.append(f"== not claimed (not certified by this run): {', '.join(not_claimed)}")
+        profiles = doc.get("profiles") or {}
+        each = ", ".join(f"{p} {(profiles.get(p) or {}).get('verdict', 'not run')}" for p in not_claimed)
+        out.append(f"== not claimed (reported, not part of this run's verdict): {each}")
     not_served = doc.get("not_served") or []
     if not_served:
         how = ("claimed explicitly: they block" if claims.get("explicit")

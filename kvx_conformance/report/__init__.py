@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..abi.buffers import LATER_TEST
 from ..results.outcomes import PROFILES
+from ..results.claims import OPT_IN_PROFILES
 from ..results.record import bundled_suite
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -166,6 +167,9 @@ def view_model(results: dict) -> dict:
         "claimed": claimed,
         "claims_explicit": bool((results.get("claims") or {}).get("explicit")),
         "not_claimed": results.get("not_claimed") or [],
+        # each profile's own verdict: a profile not claimed (an opt-in one) is reported with it
+        "profile_verdicts": {p["name"]: p.get("verdict", "?") for p in profiles},
+        "opted_in": [p for p in claimed if p in OPT_IN_PROFILES],
         "not_served": results.get("not_served") or [],
         "provider": prov,
         "provider_name": os.path.basename(prov.get("path") or "") or "provider",

@@ -5,14 +5,26 @@ Both are YAML or JSON (chosen by content: JSON is tried first, YAML needs pyyaml
 
 Claims::
 
-    profiles: [core, layouts, tables]     # profiles to certify (default: every profile)
+    profiles: [core, layouts, tables]     # exactly the profiles to certify (default: DEFAULT_PROFILES)
+    opt_in: [fp4_exact]                   # or: the default profiles and these opt-in ones
     features: [ragged, kv_offsets, fp8]   # optional features claimed (OPTIONAL_FEATURES)
 
-With no claims file (or no ``profiles`` key) every profile is claimed, so the default
-certification covers every MUST; a profile the provider does not serve at all (its
-optional feature refused throughout) then reads "not served" and does not block. A vendor
-may claim a narrower set explicitly: the certificate, the report and the console then name
-the profiles not claimed, and an explicitly claimed profile that is not served blocks.
+With no claims file (or no ``profiles`` key) every profile but the opt-in ones
+(:data:`OPT_IN_PROFILES`: the FP4 exact tier) is claimed, so the default certification
+covers every MUST; a profile the provider does not serve at all (its optional feature
+refused throughout) then reads "not served" and does not block. An opt-in profile's tests
+still run and its verdict is reported; it decides the run's verdict only when claimed (a
+claims file's ``opt_in:`` or ``profiles:`` naming it, or ``--profile``). ``opt_in:`` adds
+opt-in profiles to the default claims and keeps their reading (a claimed profile not served
+or not run does not block). A vendor may instead claim a set explicitly (``profiles:``): the
+certificate, the report and the console then name the profiles not claimed, and an
+explicitly claimed profile that is not served blocks.
+
+The bundled reference provider claims every profile, the opt-in ones included
+(``opt_in: [fp4_exact]``): its claims file ships beside this module
+(:func:`reference_claims_file`); ``kvx-conform run`` with no provider and no ``--claims``
+uses it, and the mutant runs (``harness/mutants.py``, the reference with one defect each)
+pass it.
 
 A claimed feature that is refused (UNSUPPORTED, or INVALID_ARGUMENT for a valid call: spec
 8 "unsupported field") is a failure; an unclaimed optional feature may be refused.
@@ -35,8 +47,28 @@ from pathlib import Path
 
 from .outcomes import OPTIONAL_FEATURES, PROFILES
 
-#: Claimed when the claims file names no profiles (or there is none): every profile.
-DEFAULT_PROFILES = tuple(PROFILES)
+#: Profiles claimed only on request (a claims file's ``profiles:`` or ``--profile``). The FP4
+#: extension has two conformance tiers (product readings, FP4 extension: "Two conformance tiers:
+#: 'exact' (codes, scales and decoded values bit-identical to the reference codec) and
+#: 'compatible' (each scale within one E4M3 step or one exponent, each decoded value equal to the
+#: decode of the reference code or of an adjacent code, and the error metrics within 5% of the
+#: reference's)"; docs/spec-readings.md R-FP4): a provider meeting the compatible tier (``fp4``)
+#: conforms, and bit-identity (``fp4_exact``) is a claim a vendor makes, not a MUST of the spec.
+OPT_IN_PROFILES = ("fp4_exact",)
+
+#: Claimed when the claims file names no profiles (or there is none): every profile but the
+#: opt-in ones.
+DEFAULT_PROFILES = tuple(p for p in PROFILES if p not in OPT_IN_PROFILES)
+
+#: The bundled reference's claims file (:func:`reference_claims_file`).
+REFERENCE_CLAIMS_NAME = "reference-claims.json"
+
+
+def reference_claims_file() -> Path:
+    """The claims of the bundled reference provider (and of its mutants): the default claims
+    with every opt-in profile (``opt_in:``; its FP4 codec is the exact tier's definition), no
+    optional feature (a refusal stays excused, as for any provider with the default claims)."""
+    return Path(__file__).resolve().with_name(REFERENCE_CLAIMS_NAME)
 
 
 class InputFileError(Exception):
@@ -84,7 +116,7 @@ class Claims:
     features: frozenset[str] = frozenset()
     source: str | None = None
     #: the vendor named the profiles (claims file ``profiles:`` or ``--profile``); otherwise
-    #: every profile is claimed by default and one that is not served does not block.
+    #: DEFAULT_PROFILES are claimed and one that is not served does not block.
     #: None: explicit when the profiles are not the default set.
     explicit: bool | None = None
 
@@ -94,7 +126,8 @@ class Claims:
 
     @property
     def not_claimed(self) -> list[str]:
-        """Profiles of ``outcomes.PROFILES`` outside the claimed set."""
+        """Profiles of ``outcomes.PROFILES`` outside the claimed set (the opt-in ones, with
+        the default claims): their verdicts are reported and do not decide the run's."""
         return [p for p in PROFILES if p not in self.profiles]
 
     def to_dict(self) -> dict:
@@ -115,11 +148,19 @@ def load_claims(path: str | os.PathLike | None) -> Claims:
     data = _read_structured(path, "claims")
     if not isinstance(data, dict):
         raise InputFileError(f"claims file {path}: expected a mapping with 'profiles' and 'features'")
-    unknown_keys = set(data) - {"profiles", "features", "provider", "vendor", "notes"}
+    unknown_keys = set(data) - {"profiles", "opt_in", "features", "provider", "vendor", "notes"}
     if unknown_keys:
         raise InputFileError(f"claims file {path}: unknown key(s) {', '.join(sorted(unknown_keys))}")
     named = _string_list(data.get("profiles"), "profiles", path)
-    profiles = named or list(DEFAULT_PROFILES)
+    opt_in = _string_list(data.get("opt_in"), "opt_in", path)
+    bad_o = [p for p in opt_in if p not in OPT_IN_PROFILES]
+    if bad_o:
+        raise InputFileError(f"claims file {path}: 'opt_in' names opt-in profiles only, not "
+                             f"{', '.join(bad_o)} (opt-in: {', '.join(OPT_IN_PROFILES)})")
+    if named and opt_in:
+        raise InputFileError(f"claims file {path}: name either 'profiles' (exactly those) or 'opt_in' "
+                             f"(the default profiles and these), not both")
+    profiles = named or [*DEFAULT_PROFILES, *opt_in]
     features = _string_list(data.get("features"), "features", path)
     bad_p = [p for p in profiles if p not in PROFILES]
     if bad_p:
