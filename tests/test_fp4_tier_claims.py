@@ -104,3 +104,22 @@ def test_bundled_reference_claims_the_exact_tier(tmp_path):
     assert "fp4_exact" in cert["claimed_profiles"] and cert["not_claimed_profiles"] == []
     assert "not claimed" not in p.stdout, _explain(p)
     assert doc["tests"] and all(t["outcome"] == "pass" for t in doc["tests"]), _explain(p)
+
+
+def test_claims_of_profile_option_survive_re_runs(tmp_path):
+    """``--profile fp4_exact`` claims the exact tier (plugin config); the re-runs of what failed
+    compute the verdicts again, and must do so under the run's claims (results ``claims``), not
+    the claims file's alone: else a deterministic exact-tier failure read CERTIFIED (exit 0) once
+    re-run, its profile no longer claimed."""
+    out = tmp_path / "rerun"
+    script = Path(sys.executable).with_name("kvx-conform")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "kvx_conformance.cli"]
+    p = subprocess.run([*cmd, "run", _compatible_only(), "--profile", "fp4_exact", "--id", "fp4_exact.write.ties*",
+                        "-n", "1", "--output-dir", str(out), "--reruns", "1", "--progress", "none"],
+                       capture_output=True, text=True, timeout=600)
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["config"]["reruns"] == 1 and any(t.get("attempts") for t in doc["tests"]), _explain(p)
+    assert p.returncode == 1, _explain(p)
+    exact = doc["profiles"]["fp4_exact"]
+    assert exact["claimed"] and exact["verdict"] == "not certified", exact
+    assert doc["claims"]["explicit"] and not doc["claimed_profiles_certified"]

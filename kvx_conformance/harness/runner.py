@@ -464,7 +464,7 @@ def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, wor
     """
     import pytest
 
-    from ..results.claims import load_expectations
+    from ..results.claims import Claims, load_expectations
     from ..results.record import (RERUN, RUN_WIDE_PREFIX, _atomic_write_json, load_results, merge_attempts, records,
                                   resummarize)
 
@@ -504,7 +504,10 @@ def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, wor
     if not any(later.values()):
         return {}
     merged = [merge_attempts(t, later[t.nodeid]) if later.get(t.nodeid) else t for t in tests]
-    doc = resummarize(doc, merged, claims, load_expectations(expectations))
+    # the verdicts again under the claims the run recorded: those of --claims with --profile applied
+    # (plugin config), not --claims alone, which would drop a profile that --profile claimed
+    run_claims = Claims.from_dict(doc["claims"]) if doc.get("claims") else claims
+    doc = resummarize(doc, merged, run_claims, load_expectations(expectations))
     _atomic_write_json(out / "results.json", doc)
     flaky = sum(t.outcome == "flaky" for t in merged)
     again = sum(1 for t in merged if t.attempts and t.outcome != "flaky")
