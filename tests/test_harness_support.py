@@ -232,6 +232,24 @@ def test_compatible_tier_fp4_certified_unless_the_exact_tier_is_claimed(tmp_path
         assert summarize(tests, claims, [], quick=False, partial=False, complete=True)["verdict"] == "certified"
 
 
+def test_a_crash_blocks_at_every_level():
+    """R-VERDICT: a test's level grades the answer a call gives; a call that crashes gives none
+    (spec 8: every entry point returns a kvx_status_t), so a crash in a recommended or an
+    informational test blocks its profile as a required one's does. A fail there still only warns
+    (recommended) or is recorded (informational); a waiver covers a crash as any other outcome."""
+    kw = dict(quick=False, partial=False, complete=True)
+    for level in ("recommended", "informational"):
+        s = summarize([_rec("a", "pass"), _rec("b", "crash", level=level)], Claims(), [], **kw)
+        assert s["verdict"] == "not certified" and s["profiles"]["core"]["blocking"] == ["b"], (level, s)
+        s = summarize([_rec("a", "pass"), _rec("b", "fail", level=level)], Claims(), [], **kw)
+        assert s["verdict"] == "certified" and s["profiles"]["core"]["blocking"] == [], (level, s)
+        s = summarize([_rec("a", "pass"), _rec("b", "crash", level=level)], Claims(), [Waiver("b", "known")], **kw)
+        assert s["verdict"] == "certified" and s["profiles"]["core"]["waived"] == ["b"], (level, s)
+    # a timeout in a recommended test still only warns: it may be the machine's (a slow runner)
+    s = summarize([_rec("a", "pass"), _rec("b", "timeout", level="recommended")], Claims(), [], **kw)
+    assert s["verdict"] == "certified" and s["profiles"]["core"]["warnings"] == ["b"], s
+
+
 def test_expectations_and_glob_waivers(tmp_path):
     e = tmp_path / "e.yaml"
     e.write_text("waivers:\n  - {id: 'write.x[S32]', reason: r1}\n  - {id: 'gather.*', reason: r2}\n")

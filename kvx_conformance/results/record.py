@@ -4,9 +4,9 @@ Written *as tests finish*: each finished test is appended to ``results.jsonl`` a
 once, and ``results.json`` is rewritten atomically every few tests (and at the end),
 so a run that is killed still leaves what ran. The verdict logic lives here too:
 per profile, certified when every required test passes or is acceptably
-unsupported or waived and the provider served what the profile covers
-(:func:`profile_served`), "not served" when it refused all of it; recommended
-failures are warnings, never hidden.
+unsupported or waived, no test of any level crashed, and the provider served what the
+profile covers (:func:`profile_served`), "not served" when it refused all of it;
+recommended failures are warnings, never hidden.
 """
 from __future__ import annotations
 
@@ -172,8 +172,11 @@ def summarize(
         for t in mine:
             pc[t.outcome] += 1
         required = [t for t in mine if t.level == "required"]
-        blocking = [t.id for t in required if t.outcome in BLOCKING and not t.waived]
-        waived = [t.id for t in required if t.outcome in BLOCKING and t.waived]
+        # A crash blocks at every level (docs/spec-readings.md R-VERDICT): the level grades the answer
+        # a call gives, and a call that crashes gives none.
+        crashed = [t for t in mine if t.level != "required" and t.outcome == Outcome.CRASH.value]
+        blocking = [t.id for t in required + crashed if t.outcome in BLOCKING and not t.waived]
+        waived = [t.id for t in required + crashed if t.outcome in BLOCKING and t.waived]
         warnings = [t.id for t in mine if t.level == "recommended" and t.outcome in WARNING]
         warnings += [t.id for t in mine if t.warning and t.id not in warnings]
         req_pass = sum(t.outcome == Outcome.PASS.value for t in required)
@@ -218,7 +221,7 @@ def summarize(
                 p["verdict"] = VERDICT_NOT_CERTIFIED
 
     # Explicitly claimed profiles must all be certified. With the default claims (every
-    # profile) a profile the provider does not serve, or one the run's suite has no test
+    # profile but the opt-in ones) a profile the provider does not serve, or one the run's suite has no test
     # of, does not block; every other one must be certified.
     must = [p for p in claims.profiles
             if claims.explicit or profiles.get(p, {}).get("verdict") not in (VERDICT_NOT_SERVED, VERDICT_NOT_RUN, None)]
