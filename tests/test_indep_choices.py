@@ -1,0 +1,84 @@
+"""The independent provider's open choices, mixed: csrc/testing/indep/kvx_indep_core.h takes each
+choice the spec or the readings leave open as a compile-time switch (``CHOICE_*``). The two shipped
+builds set none (``indep``) or all (``contra``) of them (test_host_providers.py); a correct provider
+may take any mix, so a build with a few of them must certify too.
+
+Built here with the C compiler (skipped without one) and run in full once (about 25 s on 2 cores):
+
+- ``CHOICE_HND_ONLY`` + ``CHOICE_REFUSE_INVALID``: HND its only core layout, its NHD caches refused
+  with INVALID_ARGUMENT (spec 8: "Malformed descriptor or unsupported field"; docs/spec-readings.md
+  R-REFUSAL) by ``kvx_validate_cache_desc`` as well as by writes and gathers. Either switch alone
+  certified; together they once failed two informational validation tests
+  (``validate.negative_stride`` built its cache NHD whatever the provider's core layout,
+  ``validation.rule[R-CACHE.stride_negative]``'s validation was not read as the refusal of the NHD
+  cache it uses), where the contrarian, which also validates every valid cache OK
+  (``CHOICE_VALIDATE_RULES_ONLY``), never reached them.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "csrc" / "testing" / "indep" / "kvx_indep_core.h"
+CC = shutil.which("gcc") or shutil.which("cc")
+
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
+
+
+def _kvx() -> list[str]:
+    script = Path(sys.executable).with_name("kvx-conform")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kvx_conformance.cli"]
+
+
+def _build(tmp: Path, name: str, switches: tuple[str, ...]) -> Path:
+    """The core with ``switches`` set, compiled as csrc/testing's CMake builds the shipped ones."""
+    src = tmp / f"{name}.c"
+    src.write_text("".join(f"#define CHOICE_{s} 1\n" for s in switches) + f'#include "{CORE}"\n', encoding="utf-8")
+    lib = tmp / f"lib{name}.so"
+    p = subprocess.run([CC, "-O2", "-shared", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
+                        f"-I{ROOT / 'csrc' / 'include'}", "-o", str(lib), str(src), "-lm"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return lib
+
+
+def _claims(tmp: Path, name: str, drop: set[str]) -> Path:
+    """indep's claims less the features the build refuses (a claims file claims what it serves)."""
+    doc = json.loads((ROOT / "csrc" / "testing" / "indep" / "kvx-claims.json").read_text(encoding="utf-8"))
+    doc["features"] = [f for f in doc["features"] if f not in drop]
+    doc["provider"] = f"indep core, {name}"
+    path = tmp / f"claims-{name}.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_hnd_only_refusing_with_invalid_argument_certified(tmp_path):
+    """HND_ONLY + REFUSE_INVALID, nhd not claimed: CERTIFIED, no test fails at any level, and every
+    refusal is excused by a feature it does not claim."""
+    unclaimed = {"nhd"}
+    lib = _build(tmp_path, "hnd_only_invalid", ("HND_ONLY", "REFUSE_INVALID"))
+    out = tmp_path / "run"
+    p = subprocess.run([*_kvx(), "run", str(lib), "--claims", str(_claims(tmp_path, "hnd_only_invalid", unclaimed)),
+                        "--output-dir", str(out), "-n", "2", "--progress", "none"],
+                       capture_output=True, text=True, timeout=600)
+    assert (out / "results.json").exists(), f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}"
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    bad = {t["id"]: (t["level"], t["outcome"], (t["message"] or "")[:300]) for t in doc["tests"]
+           if t["outcome"] not in ("pass", "skip", "unsupported")}
+    assert not bad, bad
+    assert p.returncode == 0 and doc["verdict"] == "certified", (p.returncode, doc["verdict"], p.stdout[-3000:])
+    # indep refuses a non-zero unknown tail (its claims' notes); NHD is the build's own refusal
+    allowed = unclaimed | {"nonzero_tail"}
+    for t in doc["tests"]:
+        if t["outcome"] == "unsupported":
+            assert set(t["message"].split("(", 1)[1].split(")", 1)[0].split(", ")) <= allowed, t
+    assert any(t["outcome"] == "unsupported" and t["message"].startswith("INVALID_ARGUMENT (nhd)")
+               for t in doc["tests"])  # the switches took: NHD refused with INVALID_ARGUMENT
+    by_id = {t["id"]: t for t in doc["tests"]}
+    assert by_id["validate.negative_stride"]["outcome"] == "pass", by_id["validate.negative_stride"]
