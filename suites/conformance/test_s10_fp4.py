@@ -19,6 +19,7 @@ import pytest
 
 from kvx_conformance.abi.header import DType, Fp4Format, Layout, Status
 from kvx_conformance.abi.loader import status_name
+from kvx_conformance.cases import build as cb
 from kvx_conformance.cases import fp4 as fx
 from kvx_conformance.cases.checks import CL_INPUTS
 from kvx_conformance.results.outcomes import (
@@ -36,6 +37,16 @@ CL_COMPAT = CL + ", compatible tier"
 FMTS = [pytest.param(f, id=fx.FORMAT_NAMES[f]) for f in (Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP)]
 IO = [pytest.param(d, id=d.name.lower()) for d in (DType.F32, DType.F16, DType.BF16)]
 LAYOUTS = [pytest.param(Layout.BLOCK_NHD, id="nhd"), pytest.param(Layout.BLOCK_HND, id="hnd")]
+
+
+def _core(kvx_provider, kvx_call_options) -> Layout:
+    """The provider's core layout (NHD, or HND where its writes serve HND alone: cb.core_layout). An
+    FP4 test whose subject is not the layout builds its cache in it, so that a provider serving HND
+    alone is tested by it, not excused as refusing NHD (R-REFUSAL; readings, core: "at least one of
+    NHD/HND")."""
+    return Layout.BLOCK_NHD if cb.core_layout(kvx_provider, kvx_call_options().memory) == "nhd" else Layout.BLOCK_HND
+
+
 TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
 NB, BS, H, D = 12, 4, 2, 64
 
@@ -146,14 +157,15 @@ def test_write_compatible(kvx_provider, kvx_call_options, fmt, io, layout):
              "fp4", "write", feature="fp4")
 @pytest.mark.parametrize("fmt", FMTS)
 def test_write_zero_blocks(kvx_provider, kvx_call_options, fmt):
+    layout = _core(kvx_provider, kvx_call_options)
     seed = 40 + int(fmt)
     key = np.zeros((6, H, D), np.float32)
     key[1] = -0.0
     key[2, :, :8] = 1.0  # one live block beside zero blocks
     value = np.zeros((6, H, D), np.float32)
-    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed,
+    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, DType.F32, layout, seed,
                                      key=key, value=value)
-    case = _case(fmt, DType.F32, Layout.BLOCK_NHD, seed, ", zero and -0 blocks")
+    case = _case(fmt, DType.F32, layout, seed, ", zero and -0 blocks")
     _status(res.status, Status.OK, "FP4 write of zero blocks", CL_COMPAT, seed, case)
     want = fx.expected_write(cache, k, v, slots)
     _fail_if(fx.compatible_write_problems(cache, res.cache, want, k, v, slots),
@@ -218,7 +230,8 @@ def test_gather_dequantize(kvx_provider, kvx_call_options, fmt, out, layout):
 @conformance("fp4.gather.raw", CL + " (F4_E2M1 IO copies codes and scales)", REQUIRED, "fp4", "gather", feature="fp4")
 @pytest.mark.parametrize("fmt", FMTS)
 def test_gather_raw(kvx_provider, kvx_call_options, fmt):
-    _gather(kvx_provider, kvx_call_options(), fmt, DType.F4_E2M1, Layout.BLOCK_NHD, 70 + int(fmt), "exact")
+    layout = _core(kvx_provider, kvx_call_options)
+    _gather(kvx_provider, kvx_call_options(), fmt, DType.F4_E2M1, layout, 70 + int(fmt), "exact")
 
 
 INVALID_CASES = {
@@ -315,12 +328,13 @@ def test_f4_dtype_without_extension(kvx_provider, kvx_call_options):
              "fp4", "write", feature="fp4")
 @pytest.mark.parametrize("fmt", FMTS)
 def test_specials_do_not_disturb_other_blocks(kvx_provider, kvx_call_options, fmt):
+    layout = _core(kvx_provider, kvx_call_options)
     seed = 90 + int(fmt)
     key, value = _data(seed, 8, fx.block_values(fmt), edges=False)
     key[0, 0, 3], key[1, 1, 0], value[2, 0, 5] = np.nan, np.inf, -np.inf
-    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed,
+    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, DType.F32, layout, seed,
                                      key=key, value=value)
-    case = _case(fmt, DType.F32, Layout.BLOCK_NHD, seed, ", NaN and Inf in three blocks")
+    case = _case(fmt, DType.F32, layout, seed, ", NaN and Inf in three blocks")
     _status(res.status, Status.OK, "FP4 write with NaN/Inf", CL, seed, case)
     want = fx.expected_write(cache, k, v, slots)
     _fail_if(fx.compatible_write_problems(cache, res.cache, want, k, v, slots), "NaN/Inf disturbed other blocks",
@@ -373,6 +387,7 @@ def _tie_rows(fmt: Fp4Format, seed: int) -> np.ndarray:
              "fp4_exact", "write", feature="fp4")
 @pytest.mark.parametrize("fmt", FMTS)
 def test_exact_ties(kvx_provider, kvx_call_options, fmt):
+    layout = _core(kvx_provider, kvx_call_options)
     seed = 130 + int(fmt)
     key = _tie_rows(fmt, seed)
     value = -key[::-1].copy()
@@ -381,7 +396,7 @@ def test_exact_ties(kvx_provider, kvx_call_options, fmt):
         glob = (np.float32(2.0 ** -7), [np.float32(2.0 ** -3), np.float32(4.0)])
         key = key * glob[0]
         value = value * np.asarray(glob[1], np.float32)[None, :, None]
-    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed, key=key, value=value,
+    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, layout, seed, key=key, value=value,
                  globals_=glob, note=", every block on E2M1 tie points")
 
 
@@ -389,6 +404,7 @@ def test_exact_ties(kvx_provider, kvx_call_options, fmt):
              REQUIRED, "fp4_exact", "write", feature="fp4")
 @pytest.mark.parametrize("fmt", FMTS)
 def test_exact_edges(kvx_provider, kvx_call_options, fmt):
+    layout = _core(kvx_provider, kvx_call_options)
     seed = 140 + int(fmt)
     rng = np.random.default_rng(seed)
     B = fx.block_values(fmt)
@@ -401,7 +417,7 @@ def test_exact_edges(kvx_provider, kvx_call_options, fmt):
         kb[i, 0, 0] = np.clip(kb[i, 0, 0], -1, 1) * amax
         kb[i, 0, 0, 0] = amax
         kb[i, 1, 0] *= np.float32(2.0) ** int(rng.integers(-24, -14))
-    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed,
+    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, layout, seed,
                  key=kb.reshape(12, H, D), value=value, note=", scale edge cases")
 
 
@@ -444,11 +460,12 @@ def test_write_tiny_blocks(kvx_provider, kvx_call_options, fmt, io):
     2^-126 and 2^-125, so the block scales stay in range): every block is encoded from its values.
     A quantizer built with flush-to-zero / denormals-are-zero arithmetic (fast math) reads such a
     block as all zero and stores scale 0, codes 0."""
+    layout = _core(kvx_provider, kvx_call_options)
     seed = 190 + int(fmt) * 3 + int(io)
     key, value = _tiny_rows(seed, 12, fx.block_values(fmt))
-    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, io, Layout.BLOCK_NHD, seed, key=key,
+    cache, k, v, slots, res = _write(kvx_provider, kvx_call_options(), fmt, io, layout, seed, key=key,
                                      value=value, globals_=_tiny_globals(fmt))
-    case = _case(fmt, io, Layout.BLOCK_NHD, seed, ", tiny blocks: amax 2^-140 to 2^-117" +
+    case = _case(fmt, io, layout, seed, ", tiny blocks: amax 2^-140 to 2^-117" +
                  (", global scales K 2^-126, V [2^-126, 2^-125]" if fmt == Fp4Format.NVFP4 else ""))
     _status(res.status, Status.OK, "FP4 write of tiny blocks", CL_COMPAT + CL_TINY, seed, case)
     _check_guards(res, CL_COMPAT + CL_TINY, seed, case)
@@ -465,9 +482,10 @@ def test_exact_tiny_blocks(kvx_provider, kvx_call_options, fmt):
     """``fp4.write.tiny_blocks`` (F32) in the exact tier: where the exponent rule gives -127 or less
     (MXFP4: amax / 6 <= 2^-127; OCP: amax < 2^-124) it clamps at -127, scale byte 0 (docs/fp4.md),
     never byte 1."""
+    layout = _core(kvx_provider, kvx_call_options)
     seed = 200 + int(fmt)
     key, value = _tiny_rows(seed, 12, fx.block_values(fmt))
-    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, Layout.BLOCK_NHD, seed, key=key, value=value,
+    _exact_write(kvx_provider, kvx_call_options(), fmt, DType.F32, layout, seed, key=key, value=value,
                  globals_=_tiny_globals(fmt), note=", tiny blocks: amax 2^-140 to 2^-117")
 
 
@@ -478,18 +496,19 @@ def test_gather_tiny_values(kvx_provider, kvx_call_options, fmt, out):
     """A cache holding the oracle's encoding of tiny blocks (MXFP4 scale bytes 0 to 8; NVFP4 with global
     scales of 2^-126, 2^-125) gathered into F32 / BF16: the decoded values lie below 2^-126, subnormals
     of the output dtype, within one ulp of the oracle's (a dequantizer with flush-to-zero returns 0)."""
+    layout = _core(kvx_provider, kvx_call_options)
     _need_fp4(kvx_provider)
     opts = kvx_call_options()
     seed = 210 + int(fmt) * 3 + int(out)
     gk, gv = _tiny_globals(fmt)
-    cache = fx.new_cache(fmt, NB, BS, H, D, Layout.BLOCK_NHD, k_global=gk, v_global=gv)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
     blocks = list(np.random.default_rng(seed).permutation(NB)[:6])
     k, v = _tiny_rows(seed, 6 * BS, cache.B)
     fx.fill_cache(cache, blocks, k, v)
     table = np.array([blocks[:3], blocks[3:6]], np.int32)
     lens, msl = [11, 7], 10
     res = fx.run_gather(kvx_provider, cache, table, lens, msl, out, memory=opts.memory)
-    case = _case(fmt, out, Layout.BLOCK_NHD, seed, f", tiny blocks, gather table {table.tolist()} seq_lens {lens} "
+    case = _case(fmt, out, layout, seed, f", tiny blocks, gather table {table.tolist()} seq_lens {lens} "
                                                    f"max_seq_len {msl}")
     clause = CL_COMPAT + CL_TINY
     _status(res.status, Status.OK, "FP4 gather of tiny blocks", clause, seed, case)
@@ -506,7 +525,8 @@ def test_gather_tiny_values(kvx_provider, kvx_call_options, fmt, out):
 @pytest.mark.parametrize("out", IO)
 @pytest.mark.parametrize("fmt", FMTS)
 def test_exact_gather(kvx_provider, kvx_call_options, fmt, out):
-    _gather(kvx_provider, kvx_call_options(), fmt, out, Layout.BLOCK_NHD, 150 + int(fmt) + 3 * int(out), "exact")
+    layout = _core(kvx_provider, kvx_call_options)
+    _gather(kvx_provider, kvx_call_options(), fmt, out, layout, 150 + int(fmt) + 3 * int(out), "exact")
 
 
 # ----------------------------------------------------------------------------- slots, raw writes, bad ids, threads
@@ -523,7 +543,7 @@ def test_write_slots(kvx_provider, kvx_call_options, slot_dtype, invalid_slot):
     (the FP4 path shares the v1.1 pre-scan of slots, docs/fp4.md): those tokens write nothing."""
     _need_fp4(kvx_provider)
     seed = 160 + int(slot_dtype) + (invalid_slot > 0)
-    fmt, layout = Fp4Format.NVFP4, Layout.BLOCK_NHD
+    fmt, layout = Fp4Format.NVFP4, _core(kvx_provider, kvx_call_options)
     n = 16
     key, value = _data(seed, n, fx.block_values(fmt), edges=False)
     slots = np.random.default_rng(seed + 99).permutation(NB * BS)[:n].astype(np.int64)
@@ -589,7 +609,7 @@ def test_gather_bad_block_id(kvx_provider, kvx_call_options, bad_name, out):
     (the bad block's rows untouched)."""
     _need_fp4(kvx_provider)
     opts = kvx_call_options()
-    fmt, layout = Fp4Format.NVFP4, Layout.BLOCK_NHD
+    fmt, layout = Fp4Format.NVFP4, _core(kvx_provider, kvx_call_options)
     seed = 180 + (bad_name == "int32_max")
     cache, blocks = _filled_cache(fmt, layout, seed)
     table = np.array([blocks[:3], blocks[3:6]], np.int64)
@@ -728,7 +748,7 @@ def test_gather_ragged(kvx_provider, kvx_call_options, fmt, index_dtype, indptr_
     (R-REFUSAL); a wrong block is a failure."""
     _need_fp4(kvx_provider)
     opts = kvx_call_options()
-    layout = Layout.BLOCK_NHD
+    layout = _core(kvx_provider, kvx_call_options)
     seed = 200 + 10 * int(fmt) + 3 * (index_dtype == DType.S64) + (indptr_dtype == DType.S64)
     cache, blocks = _filled_cache(fmt, layout, seed)
     lens, msl = [11, 0, 6, 13], 10
@@ -763,7 +783,7 @@ def test_gather_s64_table(kvx_provider, kvx_call_options, fmt, kind, out):
     is not OK; on DEVICE memory OK only for the valid part, R-DEVICE-STATUS)."""
     _need_fp4(kvx_provider)
     opts = kvx_call_options()
-    layout = Layout.BLOCK_NHD
+    layout = _core(kvx_provider, kvx_call_options)
     seed = 230 + 10 * int(fmt) + [c.values for c in S64_CASES].index((kind, out))
     cache, blocks = _filled_cache(fmt, layout, seed)
     lens, msl = [11, 7, 14], 12  # 3, 2 and 3 blocks used of 4
@@ -985,7 +1005,7 @@ def test_global_scale_strides(kvx_provider, kvx_call_options, op):
     reference refuses such descriptors (UNSUPPORTED), which the spec allows."""
     _need_fp4(kvx_provider)
     opts = kvx_call_options()
-    fmt, layout, stride = Fp4Format.NVFP4, Layout.BLOCK_NHD, 3
+    fmt, layout, stride = Fp4Format.NVFP4, _core(kvx_provider, kvx_call_options), 3
     seed = 360 + (op == "gather")
     glob = ([np.float32(0.0123), np.float32(0.71)], [np.float32(0.002), np.float32(0.31)])
     feature = ("fp4", "scale_strides")
@@ -1025,19 +1045,20 @@ THREADS = 4
 def test_concurrent_fp4_writes(kvx_provider, kvx_call_options, fmt):
     """4 threads write disjoint slots of ONE shared FP4 cache at once (a barrier right before each
     provider call); the cache must equal the serial result."""
+    layout = _core(kvx_provider, kvx_call_options)
     _need_fp4(kvx_provider)
     opts = kvx_call_options()
     for rnd in range(4):
         seed = 190 + 10 * int(fmt) + rnd
         gk, gv = _g(fmt, seed)
-        cache = fx.new_cache(fmt, NB, BS, H, D, Layout.BLOCK_NHD, k_global=gk, v_global=gv)
+        cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
         n = NB * BS
         key, value = _data(seed, n, cache.B)
         slots = np.random.default_rng(seed + 99).permutation(n).astype(np.int64)  # disjoint by construction
         parts = [(np.ascontiguousarray(key[i]), np.ascontiguousarray(value[i]), slots[i])
                  for i in np.array_split(np.arange(n), THREADS)]
         statuses, res = fx.run_concurrent_writes(kvx_provider, cache, parts, memory=opts.memory)
-        case = _case(fmt, DType.F32, Layout.BLOCK_NHD, seed, f", round {rnd}: {THREADS} threads, disjoint slots")
+        case = _case(fmt, DType.F32, layout, seed, f", round {rnd}: {THREADS} threads, disjoint slots")
         for st in statuses:
             if st is None:
                 raise ConformanceFailure("a concurrent FP4 write did not return", expected="every call returns",
