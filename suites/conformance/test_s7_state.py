@@ -161,6 +161,40 @@ def test_cache_descriptor_per_call(kvx_provider, kvx_call_options):
     _judge_write_chain(kvx_provider, opts, cb.simple_cache(G, "nhd", DType.F16, seed=403), make_case, CL_STATE_DESC)
 
 
+#: G's buffers described with half the block size and twice the blocks (the same bytes, canonical strides)
+G_HALF = Geometry(num_blocks=2 * G.num_blocks, block_size=G.block_size // 2, num_kv_heads=G.num_kv_heads,
+                  head_dim=G.head_dim)
+
+
+@conformance("state.cache_geometry_per_call", CL_STATE_DESC, REQUIRED, "core", "gather")
+def test_cache_geometry_per_call(kvx_provider, kvx_call_options):
+    """Three PACKED gathers from one pair of cache buffers in the provider's core layout, described
+    with blocks of 8 tokens, then of 4 (twice the blocks, the same bytes), then of 8 again: an
+    allocator's pages handed to a layer of another block size, as hybrid models do. Each call reads
+    the cache by the geometry its descriptor gives (token t of a sequence: block ``table[t / block_size]``,
+    offset ``t % block_size``). A provider that keeps a plan per cache address (the block size first
+    seen with those pointers) reads the second call's blocks at the first geometry's offsets.
+    ``state.cache_descriptor_per_call`` checks the same with NHD against HND; this one needs no layout
+    but the core one, so a provider serving one layout is held to it too. (A write would not do: in
+    NHD a slot's offset does not depend on the block size.)"""
+    opts = kvx_call_options()
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    cache = cb.simple_cache(G, kind, DType.F16, seed=413)
+    cases = []
+    for i, g in enumerate([G, G_HALF, G]):
+        lay = cb.layout(g, kind, DType.F16)
+        ov = {**_cache_layout_overrides(lay), "cache.num_blocks": g.num_blocks, "cache.block_size": g.block_size}
+        table = cb.distinct_table(g, 3, 4, 414 + i)
+        lens = [[16, 9, 13], [5, 16, 12], [14, 1, 16]][i]
+        cases.append(cb.packed_gather(cb.replace(cache, geom=g, k=lay, v=lay), table, lens, 16, seed=417 + i,
+                                      overrides=ov,
+                                      label=f"call {i + 1} of {CALLS} from one pair of cache buffers: {kind.upper()}, "
+                                            f"{g.num_blocks} blocks of {g.block_size} tokens (strides {lay.stride}), "
+                                            f"rows {table[:, 0]}"))
+    expected = [oracle.expected_gather(c, opts.memory) for c in cases]
+    _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE_DESC)
+
+
 CL_STATE_VALIDATE = ("spec 7 (kvx_validate_cache_desc MUST validate layout, dtype, shape, stride, and required "
                      "fields, returning KVX_STATUS_INVALID_ARGUMENT on failure), 4.2 (shape MUST agree with the cache "
                      "descriptor), 7.1 (dimensions MUST be non-zero), 7.2 (the API is stateless aside from "
