@@ -329,16 +329,24 @@ def test_prefill_write_past_65535_tokens(kvx_provider, kvx_call_options):
                  clause=CL_BIG_BATCH)
 
 
+def _decode_batch(kvx_provider, opts, seed: int):
+    """A decode batch of 320 sequences of 0 to 64 tokens over BATCH in the provider's core layout:
+    (cache, a table of 4 random block ids a sequence, lengths, max_seq_len); ``seed`` for the
+    cache, ``seed + 1`` for the table and lengths."""
+    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=seed)
+    rng = cb.rng_for(seed + 1)
+    seqs, mb = 320, 4
+    table = rng.integers(0, BATCH.num_blocks, size=(seqs, mb))
+    lens = rng.integers(0, mb * BATCH.block_size + 1, size=seqs).tolist()
+    return cache, table, lens, mb * BATCH.block_size
+
+
 @conformance("gather.decode_batch", CL_BATCH, REQUIRED, "core", "gather")
 def test_decode_sized_gather(kvx_provider, kvx_call_options):
     """320 sequences in one PACKED gather (a decode batch), lengths 0 to 64 tokens."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=370)
-    rng = cb.rng_for(371)
-    seqs, mb = 320, 4
-    table = rng.integers(0, BATCH.num_blocks, size=(seqs, mb))
-    lens = rng.integers(0, mb * BATCH.block_size + 1, size=seqs).tolist()
-    case = cb.packed_gather(cache, table, lens, mb * BATCH.block_size, seed=372, label="320-sequence gather")
+    cache, table, lens, msl = _decode_batch(kvx_provider, opts, 370)
+    case = cb.packed_gather(cache, table, lens, msl, seed=372, label="320-sequence gather")
     verify_gather(kvx_provider, case, opts, clause=CL_BATCH)
 
 
@@ -358,12 +366,8 @@ def test_decode_sized_gather_wide_indices(kvx_provider, kvx_call_options, index_
     unconverted, reads the low and high words of lengths (or ids) 0, 1, ... as those of sequences
     0, 1, 2, 3, ...; the other S64 tables and lengths go with a few sequences."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=373)
-    rng = cb.rng_for(374)
-    seqs, mb = 320, 4
-    table = rng.integers(0, BATCH.num_blocks, size=(seqs, mb))
-    lens = rng.integers(0, mb * BATCH.block_size + 1, size=seqs).tolist()
-    case = cb.packed_gather(cache, table, lens, mb * BATCH.block_size, seed=375, index_dtype=index_dtype,
+    cache, table, lens, msl = _decode_batch(kvx_provider, opts, 373)
+    case = cb.packed_gather(cache, table, lens, msl, seed=375, index_dtype=index_dtype,
                             lens_dtype=lens_dtype, label=f"320-sequence gather, {index_dtype.name} block ids, "
                                                          f"{lens_dtype.name} lengths")
     verify_gather(kvx_provider, case, opts, clause=CL_BATCH_WIDE)
@@ -386,12 +390,8 @@ def test_ragged_decode_batch(kvx_provider, kvx_call_options, index_dtype, indptr
     instantiated for an int32 indptr and handed an S64 one unconverted starts sequence s at the s-th
     32-bit word, another sequence's range, where the front end's checks of the S64 array pass."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=376)
-    rng = cb.rng_for(377)
-    seqs, mb = 320, 4
-    table = rng.integers(0, BATCH.num_blocks, size=(seqs, mb))
-    lens = rng.integers(0, mb * BATCH.block_size + 1, size=seqs).tolist()
-    case = cb.ragged_gather(cache, table, lens, mb * BATCH.block_size, seed=378, index_dtype=index_dtype,
+    cache, table, lens, msl = _decode_batch(kvx_provider, opts, 376)
+    case = cb.ragged_gather(cache, table, lens, msl, seed=378, index_dtype=index_dtype,
                             indptr_dtype=indptr_dtype, label=f"320-sequence RAGGED gather, {index_dtype.name} ids, "
                                                           f"{indptr_dtype.name} indptr")
     verify_gather(kvx_provider, case, opts, clause=CL_BATCH_RAGGED, feature="ragged")
