@@ -328,6 +328,19 @@ BATCH_GEOM = Geometry(num_blocks=64, block_size=4, num_kv_heads=2, head_dim=8)
 PREFILL_GEOM = Geometry(num_blocks=1024, block_size=4, num_kv_heads=2, head_dim=8)
 
 
+def _ties_in_second_half(case, cache_dtype: DType, io_dtype: DType, seed: int):
+    """``case`` with the second half of K and V at or next to rounding ties of ``cache_dtype``
+    (``_near_ties``, seeds ``seed`` and ``seed + 1``) where F32 rows go into an F16 / BF16 cache;
+    any other pair as it is."""
+    if io_dtype != DType.F32 or cache_dtype not in (DType.F16, DType.BF16):
+        return case
+    key, value = case.key.copy(), case.value.copy()
+    half = key.size // 2
+    key[half:] = _near_ties(key.size - half, cache_dtype, seed)
+    value[half:] = _near_ties(value.size - half, cache_dtype, seed + 1)
+    return cb.replace(case, key=key, value=value)
+
+
 @conformance("dtype.write.convert_batch", CL_CONVERT + " (through FP32, RNE, overflow to inf; writes of 64 tokens "
              "and more, a 4096-token prefill chunk included)", REQUIRED, "core", "write", feature="mixed_io_dtype")
 @pytest.mark.parametrize("tokens", BATCH_TOKENS)
@@ -341,12 +354,7 @@ def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dty
     cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=46)
     case = cb.write_case(cache, cb.spread_slots(g, tokens, 46), io_dtype=io_dtype, seed=47, specials=True,
                          label=f"{tokens} tokens, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache")
-    if io_dtype == DType.F32 and cache_dtype in (DType.F16, DType.BF16):
-        key, value = case.key.copy(), case.value.copy()
-        half = key.size // 2
-        key[half:] = _near_ties(key.size - half, cache_dtype, 48)
-        value[half:] = _near_ties(value.size - half, cache_dtype, 49)
-        case = cb.replace(case, key=key, value=value)
+    case = _ties_in_second_half(case, cache_dtype, io_dtype, 48)
     verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
 
 
@@ -367,12 +375,7 @@ def test_write_convert_single_token(kvx_provider, kvx_call_options, cache_dtype,
     cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=55)
     case = cb.write_case(cache, [6], io_dtype=io_dtype, seed=56, specials=True,
                          label=f"one token, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache")
-    if io_dtype == DType.F32 and cache_dtype in (DType.F16, DType.BF16):
-        key, value = case.key.copy(), case.value.copy()
-        half = key.size // 2
-        key[half:] = _near_ties(key.size - half, cache_dtype, 57)
-        value[half:] = _near_ties(value.size - half, cache_dtype, 58)
-        case = cb.replace(case, key=key, value=value)
+    case = _ties_in_second_half(case, cache_dtype, io_dtype, 57)
     verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
 
 
