@@ -282,8 +282,8 @@ def run(args: argparse.Namespace) -> int:
         # the bundled reference claims every profile, the opt-in exact FP4 tier included (its
         # claims file, results/claims.py reference_claims_file); repro lines carry it (--claims)
         args.claims = str(reference_claims_file())
-    try:
-        claims = load_claims(args.claims)
+    try:  # both files checked before the run (the plugin reads them again, with --profile applied)
+        load_claims(args.claims)
         load_expectations(args.expectations)
     except InputFileError as e:
         _err(str(e))
@@ -418,11 +418,11 @@ def run(args: argparse.Namespace) -> int:
     if args.reruns and rc not in (int(pytest.ExitCode.INTERRUPTED), int(pytest.ExitCode.INTERNAL_ERROR),
                                   int(pytest.ExitCode.USAGE_ERROR)):
         try:
-            rerun_failures(out, pa, target, args.reruns, workers, claims, args.expectations)
+            rerun_failures(out, pa, target, args.reruns, workers, args.expectations)
         except KeyboardInterrupt:
             rc = int(pytest.ExitCode.INTERRUPTED)
     elapsed = time.monotonic() - t0
-    status = finish_run(out, rc, args, claims, elapsed)
+    status = finish_run(out, rc, args, elapsed)
     if getattr(args, "bench", None):
         from ..bench.cli import bench_after_run
 
@@ -449,7 +449,7 @@ def _without_option(pa: list[str], flag: str) -> list[str]:
     return out
 
 
-def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, workers: int, claims,
+def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, workers: int,
                    expectations: str | None) -> dict[str, list[str]]:
     """Re-run the tests of ``out/results.json`` that failed, crashed, timed out or errored.
 
@@ -506,8 +506,7 @@ def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, wor
     merged = [merge_attempts(t, later[t.nodeid]) if later.get(t.nodeid) else t for t in tests]
     # the verdicts again under the claims the run recorded: those of --claims with --profile applied
     # (plugin config), not --claims alone, which would drop a profile that --profile claimed
-    run_claims = Claims.from_dict(doc["claims"]) if doc.get("claims") else claims
-    doc = resummarize(doc, merged, run_claims, load_expectations(expectations))
+    doc = resummarize(doc, merged, Claims.from_dict(doc.get("claims")), load_expectations(expectations))
     _atomic_write_json(out / "results.json", doc)
     flaky = sum(t.outcome == "flaky" for t in merged)
     again = sum(1 for t in merged if t.attempts and t.outcome != "flaky")
@@ -515,7 +514,7 @@ def rerun_failures(out: Path, pa: list[str], target: list[str], reruns: int, wor
     return {t.nodeid: t.attempts for t in merged if t.attempts}
 
 
-def finish_run(out: Path, rc: int, args: argparse.Namespace, claims, elapsed: float) -> int:
+def finish_run(out: Path, rc: int, args: argparse.Namespace, elapsed: float) -> int:
     import pytest
 
     from ..results.certificate import write_certificate
