@@ -56,17 +56,19 @@ def test_fp8_division_e2m1_and_packed_range_identities(tmp_path):
 def test_fp4_fast_encode_shortcuts(tmp_path):
     out = _build_and_run("csrc/tests/fp4_fast_check.cpp", tmp_path, "quick")
     lines = out.splitlines()
-    # all ten parts ran, each with 0 mismatches; the packed F16 step (e2m1_h) over every input;
+    # all eleven parts ran, each with 0 mismatches; the packed F16 step (e2m1_h) over every input;
     # the 16-bit writes' thresholds at every scale byte (12 g) and exponent, around every threshold;
     # the NVFP4 gathers' packed products at every scale and code byte (a spread of g, and g about
     # each scale's floor and overflow bounds); the same products' operands by byte permutes for every
-    # code byte in each word of a code word; the MX gathers' E2M1 values by byte permutes
-    assert len(lines) == 10 and all(line.endswith(" 0 mismatches") for line in lines), out
+    # code byte in each word of a code word; the MX gathers' E2M1 values by byte permutes; the
+    # gathers' tables made by the compiler, every scale byte of both scale types and every code byte
+    assert len(lines) == 11 and all(line.endswith(" 0 mismatches") for line in lines), out
     assert lines[5].startswith("e2m1_h: 9275520 "), out
     assert lines[6].startswith("e2m1 thresholds: 1760352 "), out
     assert lines[7].startswith("nv pairs: 24208896 "), out
     assert lines[8].startswith("nv alu words: 11448320 "), out
     assert lines[9].startswith("mx alu words: 16384 "), out
+    assert lines[10].startswith("scale and pair tables: 512 scale bytes, 512 code bytes"), out
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,9 @@
  *      every scale byte and a spread of g.
  *  10. e2m1_word_scaled (the MX gathers' E2M1 values by byte permutes, KVX_FP4_G_MX_ALU) times 2^14
  *      or 2^126 is each code's E2M1 value in F16 and BF16, for every code byte in each word.
+ *  11. ScaleBits and MxPairs (the fast gathers' tables, made by the compiler) hold fp4_scale_f32's
+ *      bits for every scale byte of NVFP4 (E4M3) and of the MX formats (UE8M0), and every code byte's
+ *      two E2M1 values in F16 and BF16 (f32_to_f16 / f32_to_bf16 of e2m1_to_f32).
  * Build and run (about 50 s):
  *   g++ -O2 -ffp-contract=off -std=c++17 -Icsrc/reference -Icsrc/include \
  *       csrc/tests/fp4_fast_check.cpp -o /tmp/fp4fast && /tmp/fp4fast
@@ -335,5 +338,26 @@ int main(int argc, char** argv) {
   }
   printf("mx alu words: %lld values of F16 and BF16 code words, %lld mismatches\n", n10, bad10);
   bad1 += bad10;
+  /* 11. the scale tables */
+  long long bad11 = 0;
+  static const kvx_fp4_fast::ScaleBits<true> nv_tab;
+  static const kvx_fp4_fast::ScaleBits<false> mx_tab;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const uint32_t want_nv = f32_to_bits(fp4_scale_f32(FP4_NVFP4, (uint8_t)b));
+    const uint32_t want_mx = f32_to_bits(fp4_scale_f32(FP4_MXFP4, (uint8_t)b));
+    if (nv_tab.w[b] != want_nv && bad11++ < 10) printf("scale table mismatch: nvfp4 %02x got %08x want %08x\n", b, nv_tab.w[b], want_nv);
+    if (mx_tab.w[b] != want_mx && bad11++ < 10) printf("scale table mismatch: mx %02x got %08x want %08x\n", b, mx_tab.w[b], want_mx);
+  }
+  static const kvx_fp4_fast::MxPairs<false> pf16;
+  static const kvx_fp4_fast::MxPairs<true> pbf16;
+  for (uint32_t k = 0; k < 256; ++k) {
+    const uint32_t lo = k & 15u, hi = k >> 4;
+    const uint32_t wf = f32_to_f16(e2m1_to_f32(lo)) | ((uint32_t)f32_to_f16(e2m1_to_f32(hi)) << 16);
+    const uint32_t wb = f32_to_bf16(e2m1_to_f32(lo)) | ((uint32_t)f32_to_bf16(e2m1_to_f32(hi)) << 16);
+    if (pf16.w[k] != wf && bad11++ < 10) printf("pair table mismatch: f16 %02x got %08x want %08x\n", k, pf16.w[k], wf);
+    if (pbf16.w[k] != wb && bad11++ < 10) printf("pair table mismatch: bf16 %02x got %08x want %08x\n", k, pbf16.w[k], wb);
+  }
+  printf("scale and pair tables: 512 scale bytes, 512 code bytes, %lld mismatches\n", bad11);
+  bad1 += bad11;
   return bad1 || bad2 || bad3 ? 1 : 0;
 }

@@ -35,6 +35,8 @@
  *                 2^k times the block's A or B (below, at their definition);
  *                 nv_alu_word the same operands by byte permutes, no table;
  *                 e2m1_word_scaled two E2M1 values by byte permutes (MX gathers).
+ *   ScaleBits, MxPairs  the gathers' tables of scale bytes (FP32 bits) and of code bytes (two
+ *                 E2M1 values in F16 / BF16), built at compile time.
  */
 #ifndef KVX_REFERENCE_CUDA_FP4_FAST_H
 #define KVX_REFERENCE_CUDA_FP4_FAST_H
@@ -322,6 +324,45 @@ struct NvPairs {
   alignas(16) uint32_t w[512];
   constexpr NvPairs() : w() {
     for (uint32_t k = 0; k < 256; ++k) nv_pair_entry<BF>(k, &w[2 * k], &w[2 * k + 1]);
+  }
+};
+
+/* The FP32 bits of a scale byte, kvx_ref::fp4_scale_f32's value: E4M3 (NVFP4; 0x7F and 0xFF its NaN,
+ * the subnormals m 2^-9) or UE8M0 (MX; 0xFF NaN, 0 its 2^-127). In integers, for compile time. */
+constexpr uint32_t e4m3_bits(uint32_t b) {
+  const uint32_t s = (b >> 7) << 31, e = (b >> 3) & 15u, m = b & 7u;
+  if (e == 15u && m == 7u) return s | 0x7FC00000u;
+  if (e) return s | ((e + 120u) << 23) | (m << 20);
+  if (!m) return s;
+  const uint32_t p = m >= 4u ? 2u : m >= 2u ? 1u : 0u; /* m 2^-9 = 2^(p - 9) (m / 2^p) */
+  return s | ((118u + p) << 23) | ((m - (1u << p)) << (23u - p));
+}
+constexpr uint32_t ue8m0_bits(uint32_t b) { return b == 0xFFu ? 0x7FC00000u : b ? b << 23 : 0x00400000u; }
+
+/* Every scale byte's bits (e4m3_bits or ue8m0_bits), built at compile time: the fast gathers copy it
+ * into shared memory instead of decoding 256 bytes per CTA. */
+template <bool NV>
+struct ScaleBits {
+  uint32_t w[256];
+  constexpr ScaleBits() : w() {
+    for (uint32_t b = 0; b < 256; ++b) w[b] = NV ? e4m3_bits(b) : ue8m0_bits(b);
+  }
+};
+
+/* An E2M1 code's value in F16 (BF) or BF16 bits, exactly (every E2M1 value is one of both types). */
+constexpr uint32_t e2m1_bits16(uint32_t code, bool bf) {
+  constexpr uint16_t f16[8] = {0x0000, 0x3800, 0x3C00, 0x3E00, 0x4000, 0x4200, 0x4400, 0x4600};
+  constexpr uint16_t b16[8] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0};
+  return (uint32_t)((bf ? b16 : f16)[code & 7u] | ((code & 8u) << 12));
+}
+
+/* Every code byte's two E2M1 values in the output type (low half: the low nibble), built at compile
+ * time: the MX gathers into F16/BF16 copy it into shared memory instead of converting 512 values per CTA. */
+template <bool BF>
+struct MxPairs {
+  alignas(16) uint32_t w[256];
+  constexpr MxPairs() : w() {
+    for (uint32_t k = 0; k < 256; ++k) w[k] = e2m1_bits16(k & 15u, BF) | (e2m1_bits16(k >> 4, BF) << 16);
   }
 };
 

@@ -433,8 +433,19 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
                                 A or B by one packed product (fp4_fast.h nv_ab; 0: the FP32 path) */
 #endif
 #ifndef KVX_FP4_G_NV_ALU
-#define KVX_FP4_G_NV_ALU 0 /* ... their two operands by byte permutes (fp4_fast.h nv_alu_word) instead of a \
+#define KVX_FP4_G_NV_ALU 1 /* ... their two operands by byte permutes (fp4_fast.h nv_alu_word) instead of a \
                               shared-memory table of the 256 code bytes: 1 every word, 2 half of them, 0 none */
+#endif
+#ifndef KVX_FP4_G_DENSE
+#define KVX_FP4_G_DENSE 1 /* fast gathers, heads packed and a multiple of 32 chunks a row: each batch's chunks at \
+                             constant steps from one address (0: every chunk's address and bounds its own) */
+#endif
+#ifndef KVX_FP4_G_SADDR
+#define KVX_FP4_G_SADDR 1 /* fast gathers: the tables read at 32-bit shared addresses (0: through generic pointers) */
+#endif
+#ifndef KVX_FP4_G_SCALE_TAB
+#define KVX_FP4_G_SCALE_TAB 1 /* fast gathers: the scale bytes' table copied from one made by the compiler (0: each \
+                                 CTA decodes the 256 bytes) */
 #endif
 #ifndef KVX_FP4_G_THREADS
 #define KVX_FP4_G_THREADS 128 /* fast gathers: threads per CTA */
@@ -467,8 +478,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
                                  2: 87.2 / 96.8-96.9 / 96.1-96.2) */
 #endif
 #ifndef KVX_FP4_G_ROWS_16
-#define KVX_FP4_G_ROWS_16 2 /* fast gathers into F16/BF16: rows per warp, a power of two up to 32 (H100, % of copy:
-                               32: 85-86, 8: 88, 4: 89-90.5, 2: 91-92.4, 1: 90-91.5) */
+#define KVX_FP4_G_ROWS_16 1 /* fast gathers into F16/BF16: rows per warp, a power of two up to 32 (the dense kernels, \
+                               NVFP4 / MX % of copy, H100: 2: 87.5-91.7 / 93.4-94.0, 1: 93.7-93.8 / 93.2-94.0; H200: \
+                               4: 85.4-86.3 / 83.2-85.5, 2: 87.9-88.0 / 88.4-89.3, 1: 86.9-88.0 / 91.0-91.9) */
 #endif
 #ifndef KVX_FP4_G_ROWS_32
 #define KVX_FP4_G_ROWS_32 1 /* ... into F32 (32: 86, 4: 89, 2: 91, 1: 93) */

@@ -11,6 +11,12 @@ namespace {
 /* The NVFP4 gathers' pair tables (fp4_fast.h nv_pair_entry), F16 and BF16, made by the compiler */
 __device__ const kvx_fp4_fast::NvPairs<false> kNvPairsF16;
 __device__ const kvx_fp4_fast::NvPairs<true> kNvPairsBF16;
+/* Every scale byte's FP32 bits (fp4_fast.h ScaleBits): E4M3 for NVFP4, UE8M0 for the MX formats */
+__device__ const kvx_fp4_fast::ScaleBits<true> kScaleBitsNV;
+__device__ const kvx_fp4_fast::ScaleBits<false> kScaleBitsMX;
+/* The MX gathers' pair tables (fp4_fast.h MxPairs), F16 and BF16 */
+__device__ const kvx_fp4_fast::MxPairs<false> kMxPairsF16;
+__device__ const kvx_fp4_fast::MxPairs<true> kMxPairsBF16;
 
 template <int B, int DT>
 __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) {
@@ -137,12 +143,38 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   return r;
 }
 
+/* Shared-memory loads at 32-bit shared addresses, taken once per kernel (KVX_FP4_G_SADDR): through a
+ * generic pointer the compiler rebuilt each table's address (the CTA's window) at every lookup. */
+__device__ __forceinline__ unsigned saddr(const void* p) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("mov.b32 %0, %0;" : "+r"(a)); /* opaque: kept in a register, not rebuilt at each use */
+  return a;
+}
+__device__ __forceinline__ float lds_f32(unsigned a) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u32(unsigned a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds_u2(unsigned a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+
 /* Rows per warp of the fast gather into IO elements of `es` bytes. */
 __host__ __device__ constexpr unsigned gather_rows_per_warp(int es) {
   return es == 4 ? KVX_FP4_G_ROWS_32 : KVX_FP4_G_ROWS_16;
 }
 
-template <int B, int DT, bool NV> /* NV: NVFP4 (E4M3 scales, a global scale); else an MX format (E8M0) */
+/* NV: NVFP4 (E4M3 scales, a global scale); else an MX format (E8M0). DENSE: heads packed in the rows
+ * (P.lin) and a multiple of 32 chunks a row (dense_ok), so a lane's chunks of a batch lie at constant
+ * steps from one address. */
+template <int B, int DT, bool NV, bool DENSE>
 __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
   constexpr int ES = Es<DT>::value, VPC = 16 / ES, CPB = B / VPC, NI = VPC == 4 ? KVX_FP4_G32_NI : KVX_FP4_G16_NI;
   __shared__ float e2m1[16];
@@ -153,7 +185,7 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
   /* MX formats into F16/BF16: a code byte's two E2M1 values in the output type, one word */
   constexpr bool PAIRS = KVX_FP4_G_MX_PAIRS && ES == 2 && !NV;
   constexpr bool MXT = PAIRS && !KVX_FP4_G_MX_ALU; /* the pairs' table in shared memory */
-  __shared__ uint32_t pairs[MXT ? 256 : 1];
+  __shared__ __align__(16) uint32_t pairs[MXT ? 256 : 1];
   /* NVFP4 into F16/BF16: per code byte its two values' signed 2^k and the byte permute that picks A
    * or B (fp4_fast.h nv_pair_entry) */
   constexpr bool NVP = KVX_FP4_G_NV_PAIRS && ES == 2 && NV;
@@ -161,11 +193,13 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
   __shared__ __align__(16) uint2 nvp[NVT ? 256 : 1];
   const bool g_smem = KVX_FP4_G_SMEM_HEADS > 0 && P.H <= KVX_FP4_G_SMEM_HEADS;
   if (threadIdx.x < 16) e2m1[threadIdx.x] = kvx_ref::e2m1_to_f32(threadIdx.x);
-  if (MXT)
-    for (unsigned k = threadIdx.x; k < 256; k += blockDim.x)
-      pairs[k] = (unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k & 15u)) |
-                 ((unsigned)out16<DT>(kvx_ref::e2m1_to_f32(k >> 4)) << 16);
-  for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) sdec[k] = kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
+  if (MXT) {
+    const uint4* tab = (const uint4*)(DT == KVX_DTYPE_BF16 ? kMxPairsBF16.w : kMxPairsF16.w);
+    for (unsigned k = threadIdx.x; k < 64; k += blockDim.x) ((uint4*)pairs)[k] = __ldg(tab + k);
+  }
+  for (unsigned k = threadIdx.x; k < 256; k += blockDim.x)
+    sdec[k] = KVX_FP4_G_SCALE_TAB ? __uint_as_float(__ldg((NV ? kScaleBitsNV.w : kScaleBitsMX.w) + k))
+                                  : kvx_ref::fp4_scale_f32(P.format, (uint8_t)k);
   if (NVT) {
     const uint4* tab = (const uint4*)(DT == KVX_DTYPE_BF16 ? kNvPairsBF16.w : kNvPairsF16.w);
     for (unsigned k = threadIdx.x; k < 128; k += blockDim.x) ((uint4*)nvp)[k] = __ldg(tab + k);
@@ -178,6 +212,7 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
     }
   __syncthreads();
   const unsigned lane = threadIdx.x & 31u;
+  const unsigned sdec_a = saddr(sdec), pairs_a = saddr(pairs), nvp_a = saddr(nvp);
   /* R rows per warp: many short-lived warps keep more code loads in flight than
    * a warp that streams 32 rows with one batch loaded ahead (docs/fp4.md). */
   constexpr unsigned R = gather_rows_per_warp(ES);
@@ -223,8 +258,29 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
     const Side& S = P.side[side];
     const char* code_row = S.codes + ((long long)b * S.c_block + (long long)off * S.c_token) / 2;
     const unsigned char* sc_row = (const unsigned char*)S.scales + (long long)b * S.s_block + (long long)off * S.s_token;
+    if (DENSE) { /* one address per batch, each chunk's a constant step from it */
+      const unsigned cq = q * 32u * NI;
+      const char* cp = code_row + (cq + lane) * (unsigned)(VPC / 2);
+      const unsigned char* sp = sc_row + (cq + lane) / CPB;
+      auto ld = [&](int m) {
+        ncw[m] = VPC == 8 ? __ldg((const unsigned*)(cp + m * 32 * (VPC / 2)))
+                          : __ldg((const unsigned short*)(cp + m * 32 * (VPC / 2)));
+        nsb[m] = __ldg(sp + m * (32 / CPB));
+      };
+      if (cq + 32u * NI <= NC) { /* a whole batch: no tests (the same for every lane) */
 #pragma unroll
-    for (int m = 0; m < NI; ++m) {
+        for (int m = 0; m < NI; ++m) ld(m);
+      } else {
+#pragma unroll
+        for (int m = 0; m < NI; ++m) {
+          ncw[m] = 0;
+          nsb[m] = 0;
+          if (cq + 32u * m < NC) ld(m);
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < (DENSE ? 0 : NI); ++m) {
       const unsigned c = q * 32u * NI + lane + 32u * m;
       ncw[m] = 0;
       nsb[m] = 0;
@@ -273,13 +329,30 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
     const Side& S = P.side[side];
     char* io_row = S.io + (long long)(P.row_begin + r0 + i) * S.io_token * ES;
     const float g_t = side ? g1 : g0;
+    /* dense: the batch's chunks at a constant step from one output address, and the global scale of a
+     * per-tensor g read once per batch */
+    const bool per_head = NV && S.g_per_head;
+    const float g_b = NV && !per_head && g_smem ? sg[side][0] : g_t;
+    char* dst0 = io_row + (size_t)(q * 32u * NI + lane) * 16u;
+    /* The NVFP4 global scale of chunk c: dense, found here; else that of head h, which the caller found
+     * (0 for a per-tensor g, which every sg entry holds) */
+    auto g_of = [&](unsigned c, unsigned h) -> float {
+      if (DENSE) {
+        if (!per_head) return g_b;
+        h = divu(P.fd_j, c / CPB);
+        return g_smem ? sg[side][h] : S.g[h];
+      }
+      return g_smem ? sg[side][h] : S.g_per_head ? S.g[h] : g_t;
+    };
 #pragma unroll
     for (int m = 0; m < NI; ++m) {
       const unsigned c = q * 32u * NI + lane + 32u * m;
-      if (c < NC) {
+      if (DENSE ? q * 32u * NI + 32u * m < NC : c < NC) {
         unsigned h = 0;
         char* dst;
-        if (P.lin) { /* chunk c: output bytes at c * 16 */
+        if (DENSE) {
+          dst = dst0 + m * 512;
+        } else if (P.lin) { /* chunk c: output bytes at c * 16 */
           if (S.g_per_head) h = divu(P.fd_j, c / CPB); /* else h = 0: sg[side][0] holds the per-tensor g */
           dst = io_row + (size_t)c * 16u;
         } else {
@@ -288,7 +361,7 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
           const unsigned j = bi - h * (unsigned)P.J;
           dst = io_row + ((long long)h * S.io_head + (long long)j * B + (long long)p * VPC) * ES;
         }
-        const float sf = sdec[sb[m]];
+        const float sf = KVX_FP4_G_SADDR ? lds_f32(sdec_a + sb[m] * 4u) : sdec[sb[m]];
         if (sf != sf) { /* a NaN block: rare, out of line */
           store_nan16<DT>(dst, sf);
           continue;
@@ -308,14 +381,16 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
             o[3] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 3>(cw[m]), K), sc * 0x10001u);
           } else {
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) o[kk] = mul2<DT>(pairs[(cw[m] >> (8 * kk)) & 0xFFu], sc * 0x10001u);
+            for (int kk = 0; kk < 4; ++kk) {
+              const unsigned x = (cw[m] >> (8 * kk)) & 0xFFu;
+              o[kk] = mul2<DT>(KVX_FP4_G_SADDR ? lds_u32(pairs_a + x * 4u) : pairs[x], sc * 0x10001u);
+            }
           }
           *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
           continue;
         }
-        const float g = g_smem ? sg[side][h] : S.g_per_head ? S.g[h] : g_t;
         uint32_t ab;
-        if (NVP && kvx_fp4_fast::nv_ab<DT == KVX_DTYPE_BF16>(sf, g, &ab)) {
+        if (NVP && kvx_fp4_fast::nv_ab<DT == KVX_DTYPE_BF16>(sf, g_of(c, h), &ab)) {
           /* 2^k A or 2^k B, one packed product per code byte, the oracle's bytes wherever nv_ab takes
            * the block (fp4_fast.h; docs/fp4.md, "Fourteenth round") */
           uint32_t o[4];
@@ -339,7 +414,8 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
           if (NVT) {
 #pragma unroll
             for (int kk = KVX_FP4_G_NV_ALU ? 2 : 0; kk < 4; ++kk) {
-              const uint2 e = nvp[(cw[m] >> (8 * kk)) & 0xFFu];
+              const unsigned x = (cw[m] >> (8 * kk)) & 0xFFu;
+              const uint2 e = KVX_FP4_G_SADDR ? lds_u2(nvp_a + x * 8u) : nvp[x];
               /* prmt in PTX (fp4_fast.h): __byte_perm masks its selector first, which these need not */
               o[kk] = mul2<DT>(e.x, kvx_fp4_fast::prmt(ab, 0, e.y));
             }
@@ -349,6 +425,7 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
         }
         float v[VPC];
         if (NV) {
+          const float g = g_of(c, h);
 #pragma unroll
           for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(__fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf), g);
         } else {
@@ -394,23 +471,35 @@ Kernel pick(const Params& P) {
   return P.B == 32 ? pick_dt<32>(dt) : pick_dt<16>(dt);
 }
 
-template <int B, bool NV>
+template <int B, bool NV, bool DENSE>
 Kernel pick_fast_dt(int dt) {
   switch (dt) {
     case KVX_DTYPE_F16:
-      return gather_fast_kernel<B, KVX_DTYPE_F16, NV>;
+      return gather_fast_kernel<B, KVX_DTYPE_F16, NV, DENSE>;
     case KVX_DTYPE_BF16:
-      return gather_fast_kernel<B, KVX_DTYPE_BF16, NV>;
+      return gather_fast_kernel<B, KVX_DTYPE_BF16, NV, DENSE>;
     default:
-      return gather_fast_kernel<B, KVX_DTYPE_F32, NV>;
+      return gather_fast_kernel<B, KVX_DTYPE_F32, NV, DENSE>;
   }
+}
+
+/* The dense kernels' condition: heads packed, and a row's 16-byte chunks of IO a multiple of 32 */
+bool dense_ok(const Params& P) {
+  const unsigned long long chunks = (unsigned long long)P.H * P.J * P.B * P.io_esize / 16u;
+  return KVX_FP4_G_DENSE && lin_ok(P) && chunks % 32u == 0; /* P.lin is set at the launch */
+}
+
+template <bool DENSE>
+Kernel pick_fast_dense(const Params& P) {
+  if (P.B == 32) return pick_fast_dt<32, false, DENSE>(P.io_dtype);
+  return P.format == kvx_ref::FP4_NVFP4 ? pick_fast_dt<16, true, DENSE>(P.io_dtype)
+                                        : pick_fast_dt<16, false, DENSE>(P.io_dtype);
 }
 
 /* NVFP4 and the MX formats (MXFP4, and OCP MXFP4's 32-value blocks) in kernels of their own: the MX
  * gathers into F16/BF16 take the packed products, whose table NVFP4's kernel does not build */
 Kernel pick_fast(const Params& P) {
-  if (P.B == 32) return pick_fast_dt<32, false>(P.io_dtype);
-  return P.format == kvx_ref::FP4_NVFP4 ? pick_fast_dt<16, true>(P.io_dtype) : pick_fast_dt<16, false>(P.io_dtype);
+  return dense_ok(P) ? pick_fast_dense<true>(P) : pick_fast_dense<false>(P);
 }
 
 }  // namespace
