@@ -93,23 +93,34 @@ def _write_mixed(provider, opts, cache) -> int:
     return run_write(provider, case, opts).status
 
 
+_ONE: dict[tuple[str, int, str], bool] = {}
+
+
+def serves(provider, memory: abi.Memory, features) -> frozenset[str]:
+    """Which of ``features`` (names in ``PROBED``) the provider serves: their probes alone, each
+    run once per provider path and memory type. The provider's core layout is served."""
+    from .execute import CallOptions
+
+    path, core = str(getattr(provider, "path", id(provider))), cb.core_layout(provider, memory)
+    probes, opts, out = _probes(core), CallOptions(memory=memory), set()
+    for feature in features:
+        key = (path, int(memory), feature)
+        if key not in _ONE:
+            try:  # a probe that cannot run shows nothing served
+                _ONE[key] = feature == core or int(probes[feature](provider, opts)) == Status.OK
+            except Exception:  # noqa: BLE001
+                _ONE[key] = False
+        if _ONE[key]:
+            out.add(feature)
+    return frozenset(out)
+
+
 def served_features(provider, memory: abi.Memory = abi.Memory.HOST) -> frozenset[str]:
     """The optional features of ``PROBED`` whose probe call the provider answers OK (cached
     per provider path and memory type). The provider's core layout is always included."""
-    from .execute import CallOptions
-
     key = (str(getattr(provider, "path", id(provider))), int(memory))
     if key not in _CACHE:
-        core = cb.core_layout(provider, memory)
-        opts = CallOptions(memory=memory)
-        served = {core}
-        for feature, probe in _probes(core).items():
-            try:
-                if int(probe(provider, opts)) == Status.OK:
-                    served.add(feature)
-            except Exception:  # noqa: BLE001 - a probe that cannot run shows nothing served
-                pass
-        _CACHE[key] = frozenset(served)
+        _CACHE[key] = serves(provider, memory, PROBED) | {cb.core_layout(provider, memory)}
     return _CACHE[key]
 
 

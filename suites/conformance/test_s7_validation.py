@@ -7,7 +7,8 @@ Two kinds of tests:
   validation"), each a single-field violation of an otherwise valid call;
 - ``validation.rule[<rule id>]``: one single-violation case per rule of the oracle
   engineer's catalog (``kvx_conformance.cases.generators.RULES``), built by its generator
-  from a fixed seed.
+  from a fixed seed, and drawn again from that seed in the layouts the provider serves where
+  the first draw used one it does not (``_in_served_layouts``).
 
 Every test holds the provider's status to the oracle's, and (write, gather) checks that
 a refused call wrote nothing and touched no guard byte.
@@ -444,8 +445,39 @@ def _rule_params():
     return params
 
 
+def _in_served_layouts(provider, opts, claims, violation, feature):
+    """The rule's case, drawn again from the same seed in the layouts the provider serves or claims,
+    where the catalog's draw put K or V in another one, or K and V in two, which it does not serve.
+
+    The catalog draws from ``CORE`` (NHD and HND, K and V apart). A provider that serves one
+    layout refuses the others, and the refusal (INVALID_ARGUMENT, as many of these rules expect,
+    or an excused UNSUPPORTED) would stand for the rule under test without exercising it. Readings
+    R-REFUSAL: what a provider does not serve it may refuse; the rule is then tested where it
+    serves."""
+    import dataclasses
+
+    import numpy as np
+
+    from kvx_conformance.cases import served as served_mod
+    from kvx_conformance.cases.generators import random_invalid_case
+    from kvx_conformance.cases.generators.values import CORE
+
+    drawn = set(cb.case_features(violation.case)) & {"nhd", "hnd", "mixed_layouts"}
+    if drawn <= {cb.core_layout(provider, opts.memory)} | set(claims or ()):
+        return violation, feature
+    # the layouts' write probes alone (generator_features would run every feature's probe)
+    have = served_mod.serves(provider, opts.memory, ("nhd", "hnd", "mixed_layouts")) | set(claims or ())
+    if drawn <= have:
+        return violation, feature
+    kinds = tuple(k for k in ("nhd", "hnd") if k in have)
+    profile = dataclasses.replace(CORE, layout_kinds=kinds, mixed_kv="mixed_layouts" in have)
+    seed = _rule_seed(violation.rule)
+    v = random_invalid_case(np.random.default_rng(seed), violation.rule, seed=seed, profile=profile)
+    return v, tuple(cb.case_features(v.case)) or None
+
+
 @pytest.mark.parametrize("violation,level,feature", _rule_params())
-def test_rule(kvx_provider, kvx_call_options, violation, level, feature):
+def test_rule(kvx_provider, kvx_call_options, kvx_claims, violation, level, feature):
     """A case that breaks exactly one rule of the catalog (generators.RULES).
 
     Informational rules are the UNSUPPORTED answers of the reference (a provider may
@@ -465,6 +497,7 @@ def test_rule(kvx_provider, kvx_call_options, violation, level, feature):
     from kvx_conformance.reference_impl.rules import SERVABLE
 
     opts = kvx_call_options()
+    violation, feature = _in_served_layouts(kvx_provider, opts, kvx_claims, violation, feature)
     case, clause, status = violation.case, f"{violation.clause} (rule {violation.rule})", violation.status
     kw = dict(clause=clause, feature=feature, expect=status)
     if level == RECOMMENDED:
