@@ -85,33 +85,45 @@ def test_hnd_only_refusing_with_invalid_argument_certified(tmp_path):
 
 
 #: A provider that serves HND alone and forgets one rule there: the HND-only build above, whose
-#: kvx_write_kv is wrapped so that a cache of HND K and V with a zero stride is answered OK.
+#: kvx_validate_cache_desc and kvx_write_kv are wrapped so that a cache of HND K and V with a zero
+#: stride is answered OK.
 _FORGETS_ZERO_STRIDE = r"""
 #include "kvx/kvx_abi.h"
+kvx_status_t core_validate_cache_desc(const kvx_cache_desc_t* cache);
 kvx_status_t core_write_kv(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream);
+static int hnd_zero_stride(const kvx_cache_desc_t* cache) {
+  if (!cache || cache->size < sizeof(*cache) || cache->k.layout != KVX_LAYOUT_BLOCK_HND ||
+      cache->v.layout != KVX_LAYOUT_BLOCK_HND)
+    return 0;
+  for (uint32_t i = 0; i < cache->k.ndim && i < KVX_MAX_TENSOR_DIMS; ++i)
+    if (cache->k.stride[i] == 0 || cache->v.stride[i] == 0) return 1;
+  return 0;
+}
+KVX_API kvx_status_t kvx_validate_cache_desc(const kvx_cache_desc_t* cache) {
+  return hnd_zero_stride(cache) ? KVX_STATUS_OK : core_validate_cache_desc(cache);
+}
 KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
-  if (cache && cache->size >= sizeof(*cache) && cache->k.layout == KVX_LAYOUT_BLOCK_HND &&
-      cache->v.layout == KVX_LAYOUT_BLOCK_HND)
-    for (uint32_t i = 0; i < cache->k.ndim && i < KVX_MAX_TENSOR_DIMS; ++i)
-      if (cache->k.stride[i] == 0 || cache->v.stride[i] == 0) return KVX_STATUS_OK;
-  return core_write_kv(cache, desc, stream);
+  return hnd_zero_stride(cache) ? KVX_STATUS_OK : core_write_kv(cache, desc, stream);
 }
 """
 
 
-def test_catalog_rule_drawn_in_the_layout_served(tmp_path):
-    """``validation.rule[R-CACHE.stride_zero]`` draws a write whose K and V are NHD and HND. A provider
-    that serves HND alone refuses that cache with INVALID_ARGUMENT, the status the rule expects, so
-    the test passed without reaching the rule; this one forgets the rule on HND caches. The catalog
-    now draws the rule's case again, from the same seed, in the layouts the provider serves
-    (``_in_served_layouts``): the test fails, and on the unwrapped build it passes."""
+def test_rules_tested_in_the_layout_served(tmp_path):
+    """``validation.rule[R-CACHE.stride_zero]`` draws a write whose K and V are NHD and HND, and
+    ``validate.field_invalid[stride_zero]`` built an NHD cache. A provider that serves HND alone
+    refuses those caches with INVALID_ARGUMENT, the status the rule expects, so both passed without
+    reaching the rule; this one forgets the rule on HND caches. The catalog now draws the rule's
+    case again, from the same seed, in the layouts the provider serves (``_in_served_layouts``), and
+    the explicit test builds its cache in the provider's core layout: both fail, and on the
+    unwrapped build both pass."""
     core = tmp_path / "core.c"
     core.write_text("#define CHOICE_HND_ONLY 1\n#define CHOICE_REFUSE_INVALID 1\n"
+                    "#define kvx_validate_cache_desc core_validate_cache_desc\n"
                     f'#define kvx_write_kv core_write_kv\n#include "{CORE}"\n', encoding="utf-8")
     wrap = tmp_path / "wrap.c"
     wrap.write_text(_FORGETS_ZERO_STRIDE, encoding="utf-8")
     claims = _claims(tmp_path, "hnd_only_invalid", {"nhd"})
-    rule = "validation.rule[R-CACHE.stride_zero]"
+    rules = ("validation.rule[R-CACHE.stride_zero]", "validate.field_invalid[stride_zero]")
     outcomes = {}
     for name, sources in (("forgets", [core, wrap]), ("keeps", [core])):
         lib = tmp_path / f"lib{name}.so"
@@ -123,9 +135,11 @@ def test_catalog_rule_drawn_in_the_layout_served(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr[-3000:]
         out = tmp_path / f"run-{name}"
-        p = subprocess.run([*_kvx(), "run", str(lib), "--claims", str(claims), "--id", rule, "--output-dir", str(out),
-                            "-n", "1", "--progress", "none"], capture_output=True, text=True, timeout=300)
+        p = subprocess.run([*_kvx(), "run", str(lib), "--claims", str(claims), *[a for r in rules for a in ("--id", r)],
+                            "--output-dir", str(out), "-n", "1", "--progress", "none"],
+                           capture_output=True, text=True, timeout=300)
         assert (out / "results.json").exists(), f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}"
         doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
-        outcomes[name] = {t["id"]: t["outcome"] for t in doc["tests"]}.get(rule)
-    assert outcomes == {"forgets": "fail", "keeps": "pass"}, outcomes
+        got = {t["id"]: t["outcome"] for t in doc["tests"]}
+        outcomes[name] = tuple(got.get(r) for r in rules)
+    assert outcomes == {"forgets": ("fail", "fail"), "keeps": ("pass", "pass")}, outcomes

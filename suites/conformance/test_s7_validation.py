@@ -76,43 +76,52 @@ def test_valid_custom(kvx_provider, kvx_call_options, dtype):
 
 # ---------------------------------------------------------------------------- 7.1 zero dims
 
-ZERO_DIMS = {
-    "num_blocks": {"cache.num_blocks": 0, "cache.k.shape[0]": 0, "cache.v.shape[0]": 0},
-    "block_size": {"cache.block_size": 0, "cache.k.shape[1]": 0, "cache.v.shape[1]": 0},
-    "num_kv_heads": {"cache.num_kv_heads": 0, "cache.k.shape[2]": 0, "cache.v.shape[2]": 0},
-    "head_dim": {"cache.head_dim": 0, "cache.k.shape[3]": 0, "cache.v.shape[3]": 0},
-}
+ZERO_DIMS = ("num_blocks", "block_size", "num_kv_heads", "head_dim")
+#: where each dimension lies in a cache tensor's shape, by core layout
+DIM_AT = {"nhd": {"num_blocks": 0, "block_size": 1, "num_kv_heads": 2, "head_dim": 3},
+          "hnd": {"num_blocks": 0, "num_kv_heads": 1, "block_size": 2, "head_dim": 3}}
+
+
+def _zero_dim(kind: str, dim: str) -> dict:
+    """Zero in the descriptor and, consistently, in both tensors' shapes of layout ``kind``."""
+    i = DIM_AT[kind][dim]
+    return {f"cache.{dim}": 0, f"cache.k.shape[{i}]": 0, f"cache.v.shape[{i}]": 0}
 
 
 @conformance("validate.zero_dimension", CL_71 + " (block_size, num_blocks, num_kv_heads, head_dim MUST be non-zero)",
              REQUIRED, "core", "validate")
-@pytest.mark.parametrize("dim", list(ZERO_DIMS))
+@pytest.mark.parametrize("dim", ZERO_DIMS)
 def test_zero_dimension(kvx_provider, kvx_call_options, dim):
-    """Zero in the descriptor and, consistently, in both shapes (NHD): only the 7.1 rule is broken."""
+    """Zero in the descriptor and, consistently, in both shapes (the provider's core layout: a
+    refusal of a layout it does not serve would say nothing of the rule): only the 7.1 rule is
+    broken."""
     opts = kvx_call_options()
-    verify_validate(kvx_provider, _vcase("nhd", overrides=ZERO_DIMS[dim], label=f"{dim} = 0"), opts,
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    verify_validate(kvx_provider, _vcase(kind, overrides=_zero_dim(kind, dim), label=f"{dim} = 0"), opts,
                     clause=CL_71, expect=INVALID)
 
 
 @conformance("write.zero_dimension", CL_71, REQUIRED, "core", "write")
-@pytest.mark.parametrize("dim", list(ZERO_DIMS))
+@pytest.mark.parametrize("dim", ZERO_DIMS)
 def test_write_zero_dimension(kvx_provider, kvx_call_options, dim):
     opts = kvx_call_options()
-    cache = cb.simple_cache(G, "nhd", DType.F16, seed=2)
-    case = cb.write_case(cache, [1, 2], seed=3, overrides=ZERO_DIMS[dim], label=f"write with {dim} = 0")
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    cache = cb.simple_cache(G, kind, DType.F16, seed=2)
+    case = cb.write_case(cache, [1, 2], seed=3, overrides=_zero_dim(kind, dim), label=f"write with {dim} = 0")
     verify_write(kvx_provider, case, opts, clause=CL_71, expect=INVALID)
 
 
 @conformance("gather.zero_dimension", CL_71 + " (block_size, num_blocks, num_kv_heads, head_dim MUST be non-zero)",
              REQUIRED, "core", "gather")
-@pytest.mark.parametrize("dim", list(ZERO_DIMS))
+@pytest.mark.parametrize("dim", ZERO_DIMS)
 def test_gather_zero_dimension(kvx_provider, kvx_call_options, dim):
     """The 7.1 rule on the third entry point that takes a cache descriptor: a PACKED gather whose
     cache has a zero dimension (consistently in both shapes) is INVALID_ARGUMENT and writes nothing
     (a gather that divides by ``block_size`` or loops over the heads before validating them fails)."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(G, "nhd", DType.F16, seed=5)
-    case = cb.packed_gather(cache, cb.distinct_table(G, 2, 2, 6), [5, 7], 8, seed=7, overrides=ZERO_DIMS[dim],
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    cache = cb.simple_cache(G, kind, DType.F16, seed=5)
+    case = cb.packed_gather(cache, cb.distinct_table(G, 2, 2, 6), [5, 7], 8, seed=7, overrides=_zero_dim(kind, dim),
                             label=f"gather with {dim} = 0")
     verify_gather(kvx_provider, case, opts, clause=CL_71, expect=INVALID)
 
@@ -205,7 +214,8 @@ def test_field_invalid(kvx_provider, kvx_call_options, which):
     ov = dict(FIELD_CASES[which])
     if which == "k_v_memory_differ" and opts.memory == Memory.UNIFIED:
         ov = {"cache.v.memory": int(Memory.HOST)}
-    verify_validate(kvx_provider, _vcase("nhd", overrides=ov, label=which), opts,
+    # the provider's core layout: stride[1] (tokens in NHD, heads in HND) has an extent above 1 in both
+    verify_validate(kvx_provider, _vcase(cb.core_layout(kvx_provider, opts.memory), overrides=ov, label=which), opts,
                     clause="spec 4.2, 4.3, 6.2, 7; R-CACHE", expect=INVALID)
 
 
@@ -214,8 +224,10 @@ def test_field_invalid(kvx_provider, kvx_call_options, which):
 def test_stride_zero_extent_one(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
     geom = Geometry(4, 4, 1, 8)
-    base = cb.simple_cache(geom, "nhd", DType.F16, seed=6)
-    ov = {"cache.k.stride[2]": 0, "cache.v.stride[2]": 0}
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    base = cb.simple_cache(geom, kind, DType.F16, seed=6)
+    h = DIM_AT[kind]["num_kv_heads"]
+    ov = {f"cache.k.stride[{h}]": 0, f"cache.v.stride[{h}]": 0}
     verify_validate(kvx_provider, cb.validate_case(base, label="num_kv_heads 1, head stride 0", overrides=ov),
                     opts, clause="spec 4.2; R-CACHE", feature="noncanonical_strides", expect=OK)
 
