@@ -115,6 +115,25 @@ def serves(provider, memory: abi.Memory, features) -> frozenset[str]:
     return frozenset(out)
 
 
+def rule_profile(provider, memory: abi.Memory, claims=()):
+    """The profile single-rule cases are drawn from (``generators.values.CORE``: NHD and HND, K and V
+    apart), narrowed to the layouts and the K / V mix the provider serves or claims, or None where
+    it serves or claims them all. A rule's case in a layout the provider refuses would meet that
+    refusal, often the INVALID_ARGUMENT the rule expects, and not the rule (R-REFUSAL)."""
+    import dataclasses
+
+    from .generators.values import CORE
+
+    wanted = ("nhd", "hnd", "mixed_layouts")
+    have = set(claims or ()) & set(wanted)
+    if not set(wanted) <= have:
+        have |= serves(provider, memory, [f for f in wanted if f not in have])
+    if set(wanted) <= have:
+        return None
+    return dataclasses.replace(CORE, layout_kinds=tuple(k for k in ("nhd", "hnd") if k in have),
+                               mixed_kv="mixed_layouts" in have)
+
+
 def served_features(provider, memory: abi.Memory = abi.Memory.HOST) -> frozenset[str]:
     """The optional features of ``PROBED`` whose probe call the provider answers OK (cached
     per provider path and memory type). The provider's core layout is always included."""

@@ -163,9 +163,11 @@ DATA_RULES = rules_where(lambda r, rc: rc.status == Status.OUT_OF_RANGE or r.sta
 
 
 @st.composite
-def violations(draw, rules: list[str] | None = None) -> Drawn:
-    """A case breaking exactly one rule of ``rules`` (default: every rule of the catalog)."""
+def violations(draw, rules: list[str] | None = None, profile=None) -> Drawn:
+    """A case breaking exactly one rule of ``rules`` (default: every rule of the catalog), built
+    from ``profile`` (default: the generators' ``CORE``)."""
     rule = draw(st.sampled_from(rules or list(gen.RULES)))
     seed = draw(seeds)
-    v = gen.random_invalid_case(np.random.default_rng(seed), rule, seed=seed)
+    v = gen.random_invalid_case(np.random.default_rng(seed), rule, seed=seed,
+                                **({"profile": profile} if profile is not None else {}))
     return Drawn(v.case, f"random_invalid_case(rule={rule!r})", seed, rule=rule, status=v.status, clause=v.clause)

@@ -141,9 +141,12 @@ def test_generated_core_gather(kvx_provider, kvx_call_options, kvx_run_config, k
 def test_generated_invalid(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
     opts = kvx_call_options()
     core = cb.core_layout(kvx_provider, opts.memory)
+    # drawn in the layouts the provider serves or claims: a refusal of another layout, often the
+    # INVALID_ARGUMENT the rule expects, would pass without reaching the rule (R-REFUSAL)
+    profile = served.rule_profile(kvx_provider, opts.memory, kvx_claims)
 
     @_settings(kvx_run_config)
-    @given(drawn=strat.violations(strat.REQUIRED_RULES))
+    @given(drawn=strat.violations(strat.REQUIRED_RULES, profile))
     def inner(drawn):
         clause = f"{drawn.clause} (rule {drawn.rule})"
         _check(drawn, kvx_claims, lambda f: _call(kvx_provider, drawn, opts, clause=clause, feature=f,
@@ -156,11 +159,13 @@ def test_generated_invalid(kvx_provider, kvx_call_options, kvx_run_config, kvx_c
              "INVALID_ARGUMENT, never out of bounds)", RECOMMENDED, "generated", ("write", "gather"), seeded=True)
 def test_generated_data_errors(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims):
     opts = kvx_call_options()
-    # the cases draw NHD or HND: a refusal of the layout that is not the provider's core one is excused
+    # drawn in the layouts the provider serves or claims (as above); a refusal of one that is not its
+    # core layout is still excused
     core = cb.core_layout(kvx_provider, opts.memory)
+    profile = served.rule_profile(kvx_provider, opts.memory, kvx_claims)
 
     @_settings(kvx_run_config)
-    @given(drawn=strat.violations(strat.DATA_RULES))
+    @given(drawn=strat.violations(strat.DATA_RULES, profile))
     def inner(drawn):
         clause = f"{drawn.clause} (rule {drawn.rule})"
         _check(drawn, kvx_claims, lambda f: _call(

@@ -458,31 +458,26 @@ def _rule_params():
 
 
 def _in_served_layouts(provider, opts, claims, violation, feature):
-    """The rule's case, drawn again from the same seed in the layouts the provider serves or claims,
-    where the catalog's draw put K or V in another one, or K and V in two, which it does not serve.
+    """The rule's case, drawn again from the same seed in the layouts the provider serves or claims
+    (``served.rule_profile``), where the catalog's draw put K or V in another one, or K and V in
+    two, which it does not serve.
 
     The catalog draws from ``CORE`` (NHD and HND, K and V apart). A provider that serves one
     layout refuses the others, and the refusal (INVALID_ARGUMENT, as many of these rules expect,
     or an excused UNSUPPORTED) would stand for the rule under test without exercising it. Readings
     R-REFUSAL: what a provider does not serve it may refuse; the rule is then tested where it
     serves."""
-    import dataclasses
-
     import numpy as np
 
     from kvx_conformance.cases import served as served_mod
     from kvx_conformance.cases.generators import random_invalid_case
-    from kvx_conformance.cases.generators.values import CORE
 
     drawn = set(cb.case_features(violation.case)) & {"nhd", "hnd", "mixed_layouts"}
     if drawn <= {cb.core_layout(provider, opts.memory)} | set(claims or ()):
         return violation, feature
-    # the layouts' write probes alone (generator_features would run every feature's probe)
-    have = served_mod.serves(provider, opts.memory, ("nhd", "hnd", "mixed_layouts")) | set(claims or ())
-    if drawn <= have:
+    profile = served_mod.rule_profile(provider, opts.memory, claims)
+    if profile is None or drawn <= set(profile.layout_kinds) | ({"mixed_layouts"} if profile.mixed_kv else set()):
         return violation, feature
-    kinds = tuple(k for k in ("nhd", "hnd") if k in have)
-    profile = dataclasses.replace(CORE, layout_kinds=kinds, mixed_kv="mixed_layouts" in have)
     seed = _rule_seed(violation.rule)
     v = random_invalid_case(np.random.default_rng(seed), violation.rule, seed=seed, profile=profile)
     return v, tuple(cb.case_features(v.case)) or None
