@@ -116,22 +116,22 @@ def test_rules_tested_in_the_layout_served(tmp_path):
     case again, from the same seed, in the layouts the provider serves (``_in_served_layouts``), and
     the explicit test builds its cache in the provider's core layout: both fail, and on the
     unwrapped build both pass."""
-    core = tmp_path / "core.c"
-    core.write_text("#define CHOICE_HND_ONLY 1\n#define CHOICE_REFUSE_INVALID 1\n"
-                    "#define kvx_validate_cache_desc core_validate_cache_desc\n"
-                    f'#define kvx_write_kv core_write_kv\n#include "{CORE}"\n', encoding="utf-8")
-    wrap = tmp_path / "wrap.c"
-    wrap.write_text(_FORGETS_ZERO_STRIDE, encoding="utf-8")
+    switches = "#define CHOICE_HND_ONLY 1\n#define CHOICE_REFUSE_INVALID 1\n"
+    sources = {"forgets": {"core.c": switches + "#define kvx_validate_cache_desc core_validate_cache_desc\n"
+                                     f'#define kvx_write_kv core_write_kv\n#include "{CORE}"\n',
+                           "wrap.c": _FORGETS_ZERO_STRIDE},
+               "keeps": {"core.c": switches + f'#include "{CORE}"\n'}}
     claims = _claims(tmp_path, "hnd_only_invalid", {"nhd"})
     rules = ("validation.rule[R-CACHE.stride_zero]", "validate.field_invalid[stride_zero]")
     outcomes = {}
-    for name, sources in (("forgets", [core, wrap]), ("keeps", [core])):
+    for name, files in sources.items():
+        paths = []
+        for fname, text in files.items():
+            paths.append(tmp_path / f"{name}-{fname}")
+            paths[-1].write_text(text, encoding="utf-8")
         lib = tmp_path / f"lib{name}.so"
-        if name == "keeps":
-            core.write_text("#define CHOICE_HND_ONLY 1\n#define CHOICE_REFUSE_INVALID 1\n"
-                            f'#include "{CORE}"\n', encoding="utf-8")
         p = subprocess.run([CC, "-O2", "-shared", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
-                            f"-I{ROOT / 'csrc' / 'include'}", "-o", str(lib), *map(str, sources), "-lm"],
+                            f"-I{ROOT / 'csrc' / 'include'}", "-o", str(lib), *map(str, paths), "-lm"],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr[-3000:]
         out = tmp_path / f"run-{name}"

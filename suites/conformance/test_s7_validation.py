@@ -472,11 +472,11 @@ def _in_served_layouts(provider, opts, claims, violation, feature):
     from kvx_conformance.cases import served as served_mod
     from kvx_conformance.cases.generators import random_invalid_case
 
-    drawn = set(cb.case_features(violation.case)) & {"nhd", "hnd", "mixed_layouts"}
-    if drawn <= {cb.core_layout(provider, opts.memory)} | set(claims or ()):
-        return violation, feature
     profile = served_mod.rule_profile(provider, opts.memory, claims)
-    if profile is None or drawn <= set(profile.layout_kinds) | ({"mixed_layouts"} if profile.mixed_kv else set()):
+    if profile is None:  # every layout and their mix served or claimed
+        return violation, feature
+    drawn = set(cb.case_features(violation.case)) & {"nhd", "hnd", "mixed_layouts"}
+    if drawn <= set(profile.layout_kinds) | ({"mixed_layouts"} if profile.mixed_kv else set()):
         return violation, feature
     seed = _rule_seed(violation.rule)
     v = random_invalid_case(np.random.default_rng(seed), violation.rule, seed=seed, profile=profile)
