@@ -93,21 +93,47 @@ def _write_mixed(provider, opts, cache) -> int:
     return run_write(provider, case, opts).status
 
 
-_ONE: dict[tuple[str, int, str], bool] = {}
+_ONE: dict[tuple[str, int, str, str], bool] = {}
+#: the layout features a rule's case may use (``rule_profile``)
+LAYOUT_FEATURES = ("nhd", "hnd", "mixed_layouts")
 
 
-def serves(provider, memory: abi.Memory, features) -> frozenset[str]:
-    """Which of ``features`` (names in ``PROBED``) the provider serves: their probes alone, each
-    run once per provider path and memory type. The provider's core layout is served."""
+def _layout_probe(core: str, feature: str, entry: str) -> Callable:
+    """f(provider, opts) -> status of a valid call of ``entry`` ("validate", "write" or "gather") on
+    a cache of layout ``feature`` ("nhd", "hnd"), or of K and V of two dtypes ("mixed_layouts")."""
+    from .execute import run_gather, run_validate
+
+    def cache():
+        if feature != "mixed_layouts":
+            return cb.simple_cache(_G, feature, DType.F16, seed=90)
+        t = cb.layout(_G, core, DType.F16)
+        return cb.make_cache(_G, t, t.with_(dtype=DType.F32), seed=90)
+
+    if entry == "validate":
+        return lambda p, o: run_validate(p, cb.validate_case(cache(), label="served-feature probe"), o).status
+    if entry == "gather":
+        table = np.array([[2, 0], [1, 3]], np.int64)
+        return lambda p, o: _gather(p, o, lambda: cb.packed_gather(cache(), table, [5, 7], 8, seed=95,
+                                                                   label="served-feature probe"))
+    return _probes(core)[feature]
+
+
+def serves(provider, memory: abi.Memory, features, entry: str = "write") -> frozenset[str]:
+    """Which of ``features`` (names in ``PROBED``) the provider serves: their probes alone, each run
+    once per provider path, memory type and entry point. The provider's core layout is served.
+    ``entry`` ("validate", "write", "gather"; layout features only for the first and last) is the
+    entry point the probes call: a test that asks calls only its own entry point, so a provider
+    that crashes in another one does not crash that test."""
     from .execute import CallOptions
 
     path, core = str(getattr(provider, "path", id(provider))), cb.core_layout(provider, memory)
-    probes, opts, out = _probes(core), CallOptions(memory=memory), set()
+    opts, out = CallOptions(memory=memory), set()
     for feature in features:
-        key = (path, int(memory), feature)
+        key = (path, int(memory), feature, entry)
         if key not in _ONE:
             try:  # a probe that cannot run shows nothing served
-                _ONE[key] = feature == core or int(probes[feature](provider, opts)) == Status.OK
+                probe = _probes(core)[feature] if entry == "write" else _layout_probe(core, feature, entry)
+                _ONE[key] = feature == core or int(probe(provider, opts)) == Status.OK
             except Exception:  # noqa: BLE001
                 _ONE[key] = False
         if _ONE[key]:
@@ -115,19 +141,20 @@ def serves(provider, memory: abi.Memory, features) -> frozenset[str]:
     return frozenset(out)
 
 
-def rule_profile(provider, memory: abi.Memory, claims=()):
+def rule_profile(provider, memory: abi.Memory, claims=(), entry: str = "write"):
     """The profile single-rule cases are drawn from (``generators.values.CORE``: NHD and HND, K and V
-    apart), narrowed to the layouts and the K / V mix the provider serves or claims, or None where
-    it serves or claims them all. A rule's case in a layout the provider refuses would meet that
-    refusal, often the INVALID_ARGUMENT the rule expects, and not the rule (R-REFUSAL)."""
+    apart), narrowed to the layouts and the K / V mix the provider serves (``entry``'s probes) or
+    claims, or None where it serves or claims them all. A rule's case in a layout the provider
+    refuses would meet that refusal, often the INVALID_ARGUMENT the rule expects, and not the rule
+    (R-REFUSAL)."""
     import dataclasses
 
     from .generators.values import CORE
 
-    wanted = ("nhd", "hnd", "mixed_layouts")
+    wanted = LAYOUT_FEATURES
     have = set(claims or ()) & set(wanted)
     if not set(wanted) <= have:
-        have |= serves(provider, memory, [f for f in wanted if f not in have])
+        have |= serves(provider, memory, [f for f in wanted if f not in have], entry)
     if set(wanted) <= have:
         return None
     return dataclasses.replace(CORE, layout_kinds=tuple(k for k in ("nhd", "hnd") if k in have),

@@ -459,27 +459,25 @@ def _rule_params():
 
 def _in_served_layouts(provider, opts, claims, violation, feature):
     """The rule's case, drawn again from the same seed in the layouts the provider serves or claims
-    (``served.rule_profile``), where the catalog's draw put K or V in another one, or K and V in
-    two, which it does not serve.
+    (``served.rule_profile``, probed on the case's own entry point), where the catalog's draw put K
+    or V in another one, or K and V in two, which it does not serve.
 
     The catalog draws from ``CORE`` (NHD and HND, K and V apart). A provider that serves one
     layout refuses the others, and the refusal (INVALID_ARGUMENT, as many of these rules expect,
     or an excused UNSUPPORTED) would stand for the rule under test without exercising it. Readings
     R-REFUSAL: what a provider does not serve it may refuse; the rule is then tested where it
     serves."""
-    import numpy as np
-
     from kvx_conformance.cases import served as served_mod
-    from kvx_conformance.cases.generators import random_invalid_case
+    from kvx_conformance.cases.strategies import rule_case
 
-    profile = served_mod.rule_profile(provider, opts.memory, claims)
+    entry = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}[type(violation.case).__name__]
+    profile = served_mod.rule_profile(provider, opts.memory, claims, entry)
     if profile is None:  # every layout and their mix served or claimed
         return violation, feature
-    drawn = set(cb.case_features(violation.case)) & {"nhd", "hnd", "mixed_layouts"}
+    drawn = set(cb.case_features(violation.case)) & set(served_mod.LAYOUT_FEATURES)
     if drawn <= set(profile.layout_kinds) | ({"mixed_layouts"} if profile.mixed_kv else set()):
         return violation, feature
-    seed = _rule_seed(violation.rule)
-    v = random_invalid_case(np.random.default_rng(seed), violation.rule, seed=seed, profile=profile)
+    v = rule_case(violation.rule, _rule_seed(violation.rule), profile, opts.memory)
     return v, tuple(cb.case_features(v.case)) or None
 
 
