@@ -84,15 +84,17 @@ def test_hnd_only_refusing_with_invalid_argument_certified(tmp_path):
     assert by_id["validate.negative_stride"]["outcome"] == "pass", by_id["validate.negative_stride"]
 
 
-#: A provider that serves HND alone and forgets one rule there: the HND-only build above, whose
+#: A provider that serves HND alone and forgets two rules there: the HND-only build above, whose
 #: kvx_validate_cache_desc and kvx_write_kv are wrapped so that a cache of HND K and V with a zero
-#: stride is answered OK.
+#: stride, and a write into an HND FP4 cache whose head_dim is no multiple of 16, are answered OK.
 _FORGETS_ZERO_STRIDE = r"""
+#define KVX_ABI_TARGET_MINOR 2 /* the 1.2 cache struct, as the core */
+#include <stddef.h>
 #include "kvx/kvx_abi.h"
 kvx_status_t core_validate_cache_desc(const kvx_cache_desc_t* cache);
 kvx_status_t core_write_kv(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream);
 static int hnd_zero_stride(const kvx_cache_desc_t* cache) {
-  if (!cache || cache->size < sizeof(*cache) || cache->k.layout != KVX_LAYOUT_BLOCK_HND ||
+  if (!cache || cache->size < offsetof(kvx_cache_desc_t, pool) || cache->k.layout != KVX_LAYOUT_BLOCK_HND ||
       cache->v.layout != KVX_LAYOUT_BLOCK_HND)
     return 0;
   for (uint32_t i = 0; i < cache->k.ndim && i < KVX_MAX_TENSOR_DIMS; ++i)
@@ -102,27 +104,33 @@ static int hnd_zero_stride(const kvx_cache_desc_t* cache) {
 KVX_API kvx_status_t kvx_validate_cache_desc(const kvx_cache_desc_t* cache) {
   return hnd_zero_stride(cache) ? KVX_STATUS_OK : core_validate_cache_desc(cache);
 }
+/* and an HND FP4 cache whose head_dim is not a multiple of the block size */
+static int hnd_fp4_odd_head_dim(const kvx_cache_desc_t* cache) {
+  return cache && cache->size >= sizeof(*cache) && cache->k.dtype == KVX_DTYPE_F4_E2M1 &&
+         cache->k.layout == KVX_LAYOUT_BLOCK_HND && cache->head_dim % 16u != 0;
+}
 KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
-  return hnd_zero_stride(cache) ? KVX_STATUS_OK : core_write_kv(cache, desc, stream);
+  return hnd_zero_stride(cache) || hnd_fp4_odd_head_dim(cache) ? KVX_STATUS_OK : core_write_kv(cache, desc, stream);
 }
 """
 
 
 def test_rules_tested_in_the_layout_served(tmp_path):
     """``validation.rule[R-CACHE.stride_zero]`` draws a write whose K and V are NHD and HND, and
-    ``validate.field_invalid[stride_zero]`` built an NHD cache. A provider that serves HND alone
-    refuses those caches with INVALID_ARGUMENT, the status the rule expects, so both passed without
-    reaching the rule; this one forgets the rule on HND caches. The catalog now draws the rule's
-    case again, from the same seed, in the layouts the provider serves (``_in_served_layouts``), and
-    the explicit test builds its cache in the provider's core layout: both fail, and on the
-    unwrapped build both pass."""
+    ``validate.field_invalid[stride_zero]`` and ``fp4.validate.invalid[head_dim_not_multiple]``
+    built NHD caches. A provider that serves HND alone refuses those caches with INVALID_ARGUMENT,
+    the status the rules expect, so the tests passed without reaching the rules; this one forgets
+    them on HND caches. The catalog now draws the rule's case again, from the same seed, in the
+    layouts the provider serves (``_in_served_layouts``), and the explicit tests build their caches
+    in the provider's core layout: all three fail, and on the unwrapped build all three pass."""
     switches = "#define CHOICE_HND_ONLY 1\n#define CHOICE_REFUSE_INVALID 1\n"
     sources = {"forgets": {"core.c": switches + "#define kvx_validate_cache_desc core_validate_cache_desc\n"
                                      f'#define kvx_write_kv core_write_kv\n#include "{CORE}"\n',
                            "wrap.c": _FORGETS_ZERO_STRIDE},
                "keeps": {"core.c": switches + f'#include "{CORE}"\n'}}
     claims = _claims(tmp_path, "hnd_only_invalid", {"nhd"})
-    rules = ("validation.rule[R-CACHE.stride_zero]", "validate.field_invalid[stride_zero]")
+    rules = ("validation.rule[R-CACHE.stride_zero]", "validate.field_invalid[stride_zero]",
+             "fp4.validate.invalid[head_dim_not_multiple]")
     outcomes = {}
     for name, files in sources.items():
         paths = []
@@ -142,4 +150,4 @@ def test_rules_tested_in_the_layout_served(tmp_path):
         doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
         got = {t["id"]: t["outcome"] for t in doc["tests"]}
         outcomes[name] = tuple(got.get(r) for r in rules)
-    assert outcomes == {"forgets": ("fail", "fail"), "keeps": ("pass", "pass")}, outcomes
+    assert outcomes == {"forgets": ("fail",) * 3, "keeps": ("pass",) * 3}, outcomes
