@@ -98,9 +98,10 @@ _ONE: dict[tuple[str, int, str, str], bool] = {}
 LAYOUT_FEATURES = ("nhd", "hnd", "mixed_layouts")
 
 
-def _layout_probe(core: str, feature: str, entry: str) -> Callable:
-    """f(provider, opts) -> status of a valid call of ``entry`` ("validate", "write" or "gather") on
-    a cache of layout ``feature`` ("nhd", "hnd"), or of K and V of two dtypes ("mixed_layouts")."""
+def _probe(core: str, feature: str, entry: str) -> Callable:
+    """f(provider, opts) -> status of a valid call of ``entry`` using ``feature``: a write, the
+    probes of ``_probes`` (every feature of ``PROBED``); a validate or a gather, a cache of layout
+    ``feature`` ("nhd", "hnd") or of K and V of two dtypes ("mixed_layouts")."""
     from .execute import run_gather, run_validate
 
     def cache():
@@ -132,8 +133,7 @@ def serves(provider, memory: abi.Memory, features, entry: str = "write") -> froz
         key = (path, int(memory), feature, entry)
         if key not in _ONE:
             try:  # a probe that cannot run shows nothing served
-                probe = _probes(core)[feature] if entry == "write" else _layout_probe(core, feature, entry)
-                _ONE[key] = feature == core or int(probe(provider, opts)) == Status.OK
+                _ONE[key] = feature == core or int(_probe(core, feature, entry)(provider, opts)) == Status.OK
             except Exception:  # noqa: BLE001
                 _ONE[key] = False
         if _ONE[key]:

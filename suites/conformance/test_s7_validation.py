@@ -421,6 +421,10 @@ def test_write_invalid(kvx_provider, kvx_call_options, which):
 # ---------------------------------------------------------------------------- the rule catalog
 
 
+#: the entry point a catalog case calls, by its type
+ENTRY_OF = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}
+
+
 def _rule_seed(rule: str) -> int:
     return zlib.crc32(rule.encode()) & 0x7FFFFFFF
 
@@ -449,7 +453,7 @@ def _rule_params():
             profile = "fp8"
         else:
             profile = "core"
-        entry = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}[type(v.case).__name__]
+        entry = ENTRY_OF[type(v.case).__name__]
         mark = conformance("validation.rule", f"{rc.clause} (rule {rule})", level, profile, entry,
                            feature=feats[0] if feats else None)
         # every optional feature of the case: UNSUPPORTED is excused when any of them is unclaimed
@@ -470,8 +474,7 @@ def _in_served_layouts(provider, opts, claims, violation, feature):
     from kvx_conformance.cases import served as served_mod
     from kvx_conformance.cases.strategies import rule_case
 
-    entry = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}[type(violation.case).__name__]
-    profile = served_mod.rule_profile(provider, opts.memory, claims, entry)
+    profile = served_mod.rule_profile(provider, opts.memory, claims, ENTRY_OF[type(violation.case).__name__])
     if profile is None:  # every layout and their mix served or claimed
         return violation, feature
     drawn = set(cb.case_features(violation.case)) & set(served_mod.LAYOUT_FEATURES)
