@@ -82,6 +82,18 @@ def test_hnd_only_refusing_with_invalid_argument_certified(tmp_path):
                for t in doc["tests"])  # the switches took: NHD refused with INVALID_ARGUMENT
     by_id = {t["id"]: t for t in doc["tests"]}
     assert by_id["validate.negative_stride"]["outcome"] == "pass", by_id["validate.negative_stride"]
+    # The INVALID_ARGUMENT an NHD case of a rule expects is also this build's answer to any NHD cache: it
+    # does not show the rule, so no pass (checks._refusal_not_rule); the HND form shows it and passes.
+    for kind, outcome in (("nhd", "unsupported"), ("hnd", "pass")):
+        for dim in range(4):
+            t = by_id[f"validate.shape_mismatch[{kind}-k-dim{dim}]"]
+            assert t["outcome"] == outcome, t
+            if outcome == "unsupported":
+                assert t["refusal"] == "INVALID_ARGUMENT" and "does not show the rule" in t["message"], t
+    # the order tests' cases are drawn again in HND, where the order is shown (they would read
+    # unsupported, as above, in the catalog's NHD draw)
+    order = [t for i, t in by_id.items() if i.startswith("validation.order.descriptor_before_data[")]
+    assert len(order) == 9 and all(t["outcome"] == "pass" for t in order), order
 
 
 #: A provider that serves HND alone and forgets two rules there: the HND-only build above, whose

@@ -454,6 +454,7 @@ def _judge(
     check_status(got.status, allowed, clause=clause, case=case)
     check_guards(got, clause=clause, case=case)
     if isinstance(case, ValidateCase):
+        _refusal_not_rule(got, exp_status, case, opts.memory, feature, provider)
         return got
     if got.status == Status.OK and exp_status == Status.OK:
         check_arrays(got, expected, case, clause=clause)
@@ -466,7 +467,35 @@ def _judge(
         cands.append(("the valid part of the call applied", partial()))
     check_arrays_any(got, cands, case, clause=clause,
                      what=f"memory after a {status_name(got.status)} answer is not an acceptable outcome")
+    _refusal_not_rule(got, exp_status, case, opts.memory, feature, provider)
     return got
+
+
+def _refusal_not_rule(got: Result, exp_status: int, case, memory: Memory, feature, provider) -> None:
+    """The INVALID_ARGUMENT a case expects, from a provider that answers INVALID_ARGUMENT to a valid
+    call of the same entry point using one of the case's features (an HND-only provider and an NHD
+    cache, say: spec 8 "unsupported field"), may be that refusal and does not show the rule the case
+    breaks: no pass, but a refusal of those features (``served.refused_outright``; readings R-REFUSAL),
+    excused where one of them is unclaimed. A crash or stray store has been judged already."""
+    if provider is None or int(got.status) != Status.INVALID_ARGUMENT or exp_status != Status.INVALID_ARGUMENT:
+        return
+    from .served import refused_outright
+
+    feats = refusable_features(case, feature, provider_core_layout(provider, memory))
+    if not feats:
+        return
+    try:
+        refused = refused_outright(provider, memory, feats, _ENTRY[type(case).__name__])
+    except Exception:  # noqa: BLE001 - no probe, no excuse: the answer stands
+        return
+    if refused:
+        label = getattr(case, "label", "") or type(case).__name__
+        raise Unsupported(f"provider answered INVALID_ARGUMENT for {label}, as it answers a valid call using "
+                          f"{', '.join(refused)}: the answer does not show the rule this case breaks", refused,
+                          refused_with="INVALID_ARGUMENT")
+
+
+_ENTRY = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}
 
 
 class OracleDisagrees(RuntimeError):

@@ -98,18 +98,28 @@ _ONE: dict[tuple[str, int, str, str], bool] = {}
 LAYOUT_FEATURES = ("nhd", "hnd", "mixed_layouts")
 
 
+#: the layout features whose probe any entry point makes itself, a cache of that layout
+ENTRY_PROBED = ("nhd", "hnd", "hnd_packed", "custom_layout", "mixed_layouts")
+_KIND = {"custom_layout": "custom"}
+#: the entry point of each other probe of ``_probes`` (the rest: a write)
+_PROBE_ENTRY = {"gather_4d": "gather", "ragged": "gather", "kv_offsets": "gather", "secondary_pool": "gather"}
+
+
 def _probe(core: str, feature: str, entry: str) -> Callable:
     """f(provider, opts) -> status of a valid call of ``entry`` using ``feature``: a write, the
     probes of ``_probes`` (every feature of ``PROBED``); a validate or a gather, a cache of layout
-    ``feature`` ("nhd", "hnd") or of K and V of two dtypes ("mixed_layouts")."""
+    ``feature`` (``ENTRY_PROBED``: "nhd", "hnd", "hnd_packed", "custom_layout") or of K and V of
+    two dtypes ("mixed_layouts")."""
     from .execute import run_gather, run_validate
 
     def cache():
         if feature != "mixed_layouts":
-            return cb.simple_cache(_G, feature, DType.F16, seed=90)
+            return cb.simple_cache(_G, _KIND.get(feature, feature), DType.F16, seed=90)
         t = cb.layout(_G, core, DType.F16)
         return cb.make_cache(_G, t, t.with_(dtype=DType.F32), seed=90)
 
+    if feature not in ENTRY_PROBED:  # its own probe, whatever the entry point (refused_outright picks)
+        return _probes(core)[feature]
     if entry == "validate":
         return lambda p, o: run_validate(p, cb.validate_case(cache(), label="served-feature probe"), o).status
     if entry == "gather":
@@ -139,6 +149,20 @@ def serves(provider, memory: abi.Memory, features, entry: str = "write") -> froz
         if _ONE[key]:
             out.add(feature)
     return frozenset(out)
+
+
+def refused_outright(provider, memory: abi.Memory, features, entry: str) -> tuple[str, ...]:
+    """Of ``features``, those the provider refuses outright at ``entry``: the tiny valid call of that
+    entry point using the feature alone (a layout's cache, ``ENTRY_PROBED``; the other features of
+    ``PROBED`` where their own probe calls that entry point) was not answered OK. The provider's core
+    layout is never among them. An erroneous case using one of them that is answered INVALID_ARGUMENT
+    shows that refusal, not the rule the case breaks (R-REFUSAL)."""
+    out = []
+    for f in features:
+        if f in ENTRY_PROBED or (f in PROBED and _PROBE_ENTRY.get(f, "write") == entry):
+            if f not in serves(provider, memory, [f], entry if f in ENTRY_PROBED else _PROBE_ENTRY.get(f, "write")):
+                out.append(f)
+    return tuple(out)
 
 
 def rule_profile(provider, memory: abi.Memory, claims=(), entry: str = "write"):

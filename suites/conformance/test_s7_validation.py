@@ -556,35 +556,57 @@ def _with_data_error(case):
     return dataclasses.replace(case, table=dataclasses.replace(t, indices=idx))
 
 
+def _order_case(call: str, rule: str, profile=None, memory=None):
+    """The first case from the rule's seeds (``profile``: drawn from it, ``strategies.rule_case``) that
+    is a ``call`` and can carry a data error, with that error; None if none of 200 seeds gives one."""
+    from kvx_conformance.abi.header import Memory as _Memory
+    from kvx_conformance.cases.strategies import rule_case
+
+    for k in range(200):
+        seed = _rule_seed(f"order:{rule}:{call}") + k
+        v = rule_case(rule, seed, profile, memory if memory is not None else _Memory.HOST)
+        if not hasattr(v.case, "slots" if call == "write" else "table"):
+            continue
+        case = _with_data_error(v.case)
+        if case is not None:
+            return case
+    return None
+
+
 def _order_params():
-    import numpy as np
-
-    from kvx_conformance.cases.generators import random_invalid_case
-
     params = []
     for call, rules in ORDER_RULES.items():
         for rule in rules:
-            for k in range(200):  # the first seed whose case is this call and can carry a data error
-                seed = _rule_seed(f"order:{rule}:{call}") + k
-                v = random_invalid_case(np.random.default_rng(seed), rule, seed=seed)
-                if not hasattr(v.case, "slots" if call == "write" else "table"):
-                    continue
-                case = _with_data_error(v.case)
-                if case is not None:
-                    params.append(pytest.param(call, rule, case, id=f"{call}-{rule}"))
-                    break
-            else:
+            case = _order_case(call, rule)
+            if case is None:
                 raise RuntimeError(f"no {call} case for {rule}")
+            params.append(pytest.param(call, rule, case, id=f"{call}-{rule}"))
     return params
+
+
+def _order_in_served_layouts(provider, opts, claims, call: str, rule: str, case):
+    """The case drawn again in the layouts the provider serves or claims (as ``_in_served_layouts``):
+    an INVALID_ARGUMENT refusal of an unserved layout would stand for the order under test."""
+    from kvx_conformance.cases import served as served_mod
+
+    profile = served_mod.rule_profile(provider, opts.memory, claims, call)
+    if profile is None:
+        return case
+    drawn = set(cb.case_features(case)) & set(served_mod.LAYOUT_FEATURES)
+    if drawn <= set(profile.layout_kinds) | ({"mixed_layouts"} if profile.mixed_kv else set()):
+        return case
+    return _order_case(call, rule, profile, opts.memory) or case
 
 
 # the spec does not rank two errors of one call: the reading's order is recommended (a warning)
 @conformance("validation.order.descriptor_before_data", CL_ORDER, RECOMMENDED, "core", ("write", "gather"))
 @pytest.mark.parametrize("call,rule,case", _order_params())
-def test_descriptor_error_before_data_error(kvx_provider, kvx_call_options, call, rule, case):
+def test_descriptor_error_before_data_error(kvx_provider, kvx_call_options, kvx_claims, call, rule, case):
     """A malformed descriptor (steps 2-3) and an out-of-range slot or block id (step 5) in one
-    call: INVALID_ARGUMENT, and nothing written: the descriptor is checked before any data."""
+    call: INVALID_ARGUMENT, and nothing written: the descriptor is checked before any data. The
+    case is drawn in the layouts the provider serves (``_order_in_served_layouts``)."""
     opts = kvx_call_options()
+    case = _order_in_served_layouts(kvx_provider, opts, kvx_claims, call, rule, case)
     feats = tuple(cb.case_features(case)) or None
     verify = verify_write if call == "write" else verify_gather
     verify(kvx_provider, case, opts, clause=f"{CL_ORDER} (rule {rule} with a data error)", feature=feats,
