@@ -440,6 +440,26 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #define KVX_FP4_G_DENSE 1 /* fast gathers, heads packed and a multiple of 32 chunks a row: each batch's chunks at \
                              constant steps from one address (0: every chunk's address and bounds its own) */
 #endif
+#ifndef KVX_FP4_G_PH_SPLIT
+#define KVX_FP4_G_PH_SPLIT 1 /* dense gathers: whether the global scale is per head tested once per batch (0: per \
+                                chunk). With the two below, H200 NVFP4 gathers into F16/BF16 87.3-87.8 -> 89.8-91.1 %, \
+                                MX ones and the H100 within a point (docs/fp4.md, "Nineteenth round") */
+#endif
+#ifndef KVX_FP4_G_WHOLE_SPLIT
+#define KVX_FP4_G_WHOLE_SPLIT 1 /* dense gathers: a batch whose chunks all lie in the row without a test per chunk */
+#endif
+#ifndef KVX_FP4_G_STORE_CS
+#define KVX_FP4_G_STORE_CS 0 /* fast gathers: output stores marked streaming (st.global.cs; H200: into F32 +0.6 \
+                                point on average, into F16/BF16 the same, within the runs' spread) */
+#endif
+#ifndef KVX_FP4_G_NAN_LATE
+#define KVX_FP4_G_NAN_LATE 1 /* fast gathers: a chunk's NaN scale tested after the packed-product paths, which no NaN \
+                                scale takes (0: before them) */
+#endif
+#ifndef KVX_FP4_W_SADDR
+#define KVX_FP4_W_SADDR 1 /* lean and staged writes: the thresholds' rows read at a 32-bit shared address (H200: \
+                             the writes within their run-to-run spread) */
+#endif
 #ifndef KVX_FP4_G_SADDR
 #define KVX_FP4_G_SADDR 1 /* fast gathers: the tables read at 32-bit shared addresses (0: through generic pointers) */
 #endif
@@ -461,7 +481,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #define KVX_FP4_G_BOUNDS __launch_bounds__(KVX_FP4_G_THREADS)
 #endif
 #ifndef KVX_FP4_G32_NI
-#define KVX_FP4_G32_NI 4 /* gather into F32: 16-byte chunks per lane per batch (8: 2-3 % slower) */
+#define KVX_FP4_G32_NI 4 /* gather into F32: 16-byte chunks per lane per batch (8: 2-3 % slower; H200, dense \
+                             kernels: 84-85 % NVFP4, 79-80 % MX against 89-90 %) */
 #endif
 #ifndef KVX_FP4_W_ROWS_B16
 #define KVX_FP4_W_ROWS_B16 32 /* fast writes of 16-value blocks (NVFP4, MXFP4) from F16/BF16: rows per warp, a power
@@ -483,7 +504,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
                                4: 85.4-86.3 / 83.2-85.5, 2: 87.9-88.0 / 88.4-89.3, 1: 86.9-88.0 / 91.0-91.9) */
 #endif
 #ifndef KVX_FP4_G_ROWS_32
-#define KVX_FP4_G_ROWS_32 1 /* ... into F32 (32: 86, 4: 89, 2: 91, 1: 93) */
+#define KVX_FP4_G_ROWS_32 1 /* ... into F32 (32: 86, 4: 89, 2: 91, 1: 93; H200, dense kernels: 2: 84-86, 1: 89-90) */
 #endif
 #ifndef KVX_FP4_G_SMEM_HEADS
 #define KVX_FP4_G_SMEM_HEADS 256 /* fast gathers: NVFP4 global scales of up to this many heads held in shared memory */
@@ -520,6 +541,35 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #ifndef KVX_FP4_SIDE_UNROLL
 #define KVX_FP4_SIDE_UNROLL 1 /* write, NVFP4: K and V of a batch in one unrolled step (0: one side per step) */
 #endif
+/* Shared-memory loads at 32-bit shared addresses, taken once per kernel (KVX_FP4_G_SADDR, KVX_FP4_W_SADDR): through a
+ * generic pointer the compiler rebuilt each table's address (the CTA's window) at every lookup. */
+__device__ __forceinline__ unsigned saddr(const void* p) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("mov.b32 %0, %0;" : "+r"(a)); /* opaque: kept in a register, not rebuilt at each use */
+  return a;
+}
+__device__ __forceinline__ float lds_f32(unsigned a) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u32(unsigned a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds_u2(unsigned a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+
+__device__ __forceinline__ uint4 lds_u4(unsigned a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+
 /* Per-lane asynchronous 16-byte copies into shared memory (sm_80+): `ok`
  * false zero-fills the destination and reads nothing. */
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok) {

@@ -5,6 +5,8 @@
  */
 #include "move_fp4.cuh"
 
+#include <type_traits>
+
 namespace kvx_fp4 {
 namespace {
 
@@ -143,27 +145,12 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   return r;
 }
 
-/* Shared-memory loads at 32-bit shared addresses, taken once per kernel (KVX_FP4_G_SADDR): through a
- * generic pointer the compiler rebuilt each table's address (the CTA's window) at every lookup. */
-__device__ __forceinline__ unsigned saddr(const void* p) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("mov.b32 %0, %0;" : "+r"(a)); /* opaque: kept in a register, not rebuilt at each use */
-  return a;
-}
-__device__ __forceinline__ float lds_f32(unsigned a) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ uint32_t lds_u32(unsigned a) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ uint2 lds_u2(unsigned a) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
-  return v;
+/* A fast gather's 16-byte output chunk: a plain store, or one marked streaming (KVX_FP4_G_STORE_CS). */
+__device__ __forceinline__ void st_out(char* dst, uint4 v) {
+  if (KVX_FP4_G_STORE_CS)
+    __stcs((uint4*)dst, v);
+  else
+    *(uint4*)dst = v;
 }
 
 /* Rows per warp of the fast gather into IO elements of `es` bytes. */
@@ -336,118 +323,134 @@ __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
     char* dst0 = io_row + (size_t)(q * 32u * NI + lane) * 16u;
     /* The NVFP4 global scale of chunk c: dense, found here; else that of head h, which the caller found
      * (0 for a per-tensor g, which every sg entry holds) */
-    auto g_of = [&](unsigned c, unsigned h) -> float {
+    auto g_of = [&](unsigned c, unsigned h, auto PH) -> float {
       if (DENSE) {
-        if (!per_head) return g_b;
+        if (!(KVX_FP4_G_PH_SPLIT ? decltype(PH)::value : per_head)) return g_b;
         h = divu(P.fd_j, c / CPB);
         return g_smem ? sg[side][h] : S.g[h];
       }
       return g_smem ? sg[side][h] : S.g_per_head ? S.g[h] : g_t;
     };
+    /* the batch's chunks; PH: a per-head global scale, WHOLE: every chunk in the row (the dense kernels
+     * test both once per batch, KVX_FP4_G_PH_SPLIT and KVX_FP4_G_WHOLE_SPLIT) */
+    auto chunks = [&](auto PH, auto WHOLE) {
 #pragma unroll
-    for (int m = 0; m < NI; ++m) {
-      const unsigned c = q * 32u * NI + lane + 32u * m;
-      if (DENSE ? q * 32u * NI + 32u * m < NC : c < NC) {
-        unsigned h = 0;
-        char* dst;
-        if (DENSE) {
-          dst = dst0 + m * 512;
-        } else if (P.lin) { /* chunk c: output bytes at c * 16 */
-          if (S.g_per_head) h = divu(P.fd_j, c / CPB); /* else h = 0: sg[side][0] holds the per-tensor g */
-          dst = io_row + (size_t)c * 16u;
-        } else {
-          const unsigned bi = c / CPB, p = c % CPB;
-          h = divu(P.fd_j, bi);
-          const unsigned j = bi - h * (unsigned)P.J;
-          dst = io_row + ((long long)h * S.io_head + (long long)j * B + (long long)p * VPC) * ES;
-        }
-        const float sf = KVX_FP4_G_SADDR ? lds_f32(sdec_a + sb[m] * 4u) : sdec[sb[m]];
-        if (sf != sf) { /* a NaN block: rare, out of line */
-          store_nan16<DT>(dst, sf);
-          continue;
-        }
-        if (PAIRS && (DT == KVX_DTYPE_F16 ? sb[m] - 113u <= 29u : sb[m] - 1u <= 253u)) {
-          /* E2M1 x 2^e is exact in FP32, so the FP32 path rounds it once to the output type; with
-           * 2^e a normal value of that type (F16: e in [-14, 15], BF16: [-126, 127]) one packed
-           * product rounds the same exact value once (docs/fp4.md, "Eleventh round") */
-          const uint32_t sc = DT == KVX_DTYPE_F16 ? (sb[m] - 112u) << 10 : sb[m] << 7;
-          uint32_t o[4];
-          if (KVX_FP4_G_MX_ALU) { /* the code byte's two values by byte permutes, times 2^14 (2^126) exactly */
-            constexpr bool BFo = DT == KVX_DTYPE_BF16;
-            constexpr uint32_t K = BFo ? 0x7E807E80u : 0x74007400u;
-            o[0] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 0>(cw[m]), K), sc * 0x10001u);
-            o[1] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 1>(cw[m]), K), sc * 0x10001u);
-            o[2] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 2>(cw[m]), K), sc * 0x10001u);
-            o[3] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 3>(cw[m]), K), sc * 0x10001u);
+      for (int m = 0; m < NI; ++m) {
+        const unsigned c = q * 32u * NI + lane + 32u * m;
+        if (DENSE ? decltype(WHOLE)::value || q * 32u * NI + 32u * m < NC : c < NC) {
+          unsigned h = 0;
+          char* dst;
+          if (DENSE) {
+            dst = dst0 + m * 512;
+          } else if (P.lin) { /* chunk c: output bytes at c * 16 */
+            if (S.g_per_head) h = divu(P.fd_j, c / CPB); /* else h = 0: sg[side][0] holds the per-tensor g */
+            dst = io_row + (size_t)c * 16u;
+          } else {
+            const unsigned bi = c / CPB, p = c % CPB;
+            h = divu(P.fd_j, bi);
+            const unsigned j = bi - h * (unsigned)P.J;
+            dst = io_row + ((long long)h * S.io_head + (long long)j * B + (long long)p * VPC) * ES;
+          }
+          const float sf = KVX_FP4_G_SADDR ? lds_f32(sdec_a + sb[m] * 4u) : sdec[sb[m]];
+          if (!KVX_FP4_G_NAN_LATE && sf != sf) { /* a NaN block: rare, out of line */
+            store_nan16<DT>(dst, sf);
+            continue;
+          }
+          if (PAIRS && (DT == KVX_DTYPE_F16 ? sb[m] - 113u <= 29u : sb[m] - 1u <= 253u)) {
+            /* E2M1 x 2^e is exact in FP32, so the FP32 path rounds it once to the output type; with
+             * 2^e a normal value of that type (F16: e in [-14, 15], BF16: [-126, 127]) one packed
+             * product rounds the same exact value once (docs/fp4.md, "Eleventh round") */
+            const uint32_t sc = DT == KVX_DTYPE_F16 ? (sb[m] - 112u) << 10 : sb[m] << 7;
+            uint32_t o[4];
+            if (KVX_FP4_G_MX_ALU) { /* the code byte's two values by byte permutes, times 2^14 (2^126) exactly */
+              constexpr bool BFo = DT == KVX_DTYPE_BF16;
+              constexpr uint32_t K = BFo ? 0x7E807E80u : 0x74007400u;
+              o[0] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 0>(cw[m]), K), sc * 0x10001u);
+              o[1] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 1>(cw[m]), K), sc * 0x10001u);
+              o[2] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 2>(cw[m]), K), sc * 0x10001u);
+              o[3] = mul2<DT>(mul2<DT>(kvx_fp4_fast::e2m1_word_scaled<BFo, 3>(cw[m]), K), sc * 0x10001u);
+            } else {
+#pragma unroll
+              for (int kk = 0; kk < 4; ++kk) {
+                const unsigned x = (cw[m] >> (8 * kk)) & 0xFFu;
+                o[kk] = mul2<DT>(KVX_FP4_G_SADDR ? lds_u32(pairs_a + x * 4u) : pairs[x], sc * 0x10001u);
+              }
+            }
+            st_out(dst, make_uint4(o[0], o[1], o[2], o[3]));
+            continue;
+          }
+          uint32_t ab;
+          if (NVP && kvx_fp4_fast::nv_ab<DT == KVX_DTYPE_BF16>(sf, g_of(c, h, PH), &ab)) {
+            /* 2^k A or 2^k B, one packed product per code byte, the oracle's bytes wherever nv_ab takes
+             * the block (fp4_fast.h; docs/fp4.md, "Fourteenth round") */
+            uint32_t o[4];
+            if (KVX_FP4_G_NV_ALU) { /* words 0 .. NA - 1 by byte permutes (nv_alu_word), the rest from the table */
+              constexpr int NA = KVX_FP4_G_NV_ALU == 1 ? 4 : 2;
+              const uint32_t zab = ab & 0x80008000u;
+              uint32_t sels[2], mul, op;
+              kvx_fp4_fast::nv_alu_sels(cw[m], sels);
+              constexpr bool BFo = DT == KVX_DTYPE_BF16;
+              kvx_fp4_fast::nv_alu_word<BFo, 0>(cw[m], sels[0], ab, zab, &mul, &op);
+              o[0] = mul2<DT>(mul, op);
+              kvx_fp4_fast::nv_alu_word<BFo, 1>(cw[m], sels[0] >> 16, ab, zab, &mul, &op);
+              o[1] = mul2<DT>(mul, op);
+              if (NA == 4) {
+                kvx_fp4_fast::nv_alu_word<BFo, 2>(cw[m], sels[1], ab, zab, &mul, &op);
+                o[2] = mul2<DT>(mul, op);
+                kvx_fp4_fast::nv_alu_word<BFo, 3>(cw[m], sels[1] >> 16, ab, zab, &mul, &op);
+                o[3] = mul2<DT>(mul, op);
+              }
+            }
+            if (NVT) {
+#pragma unroll
+              for (int kk = KVX_FP4_G_NV_ALU ? 2 : 0; kk < 4; ++kk) {
+                const unsigned x = (cw[m] >> (8 * kk)) & 0xFFu;
+                const uint2 e = KVX_FP4_G_SADDR ? lds_u2(nvp_a + x * 8u) : nvp[x];
+                /* prmt in PTX (fp4_fast.h): __byte_perm masks its selector first, which these need not */
+                o[kk] = mul2<DT>(e.x, kvx_fp4_fast::prmt(ab, 0, e.y));
+              }
+            }
+            st_out(dst, make_uint4(o[0], o[1], o[2], o[3]));
+            continue;
+          }
+          if (KVX_FP4_G_NAN_LATE && sf != sf) { /* a NaN block (no fast path takes one): rare, out of line */
+            store_nan16<DT>(dst, sf);
+            continue;
+          }
+          float v[VPC];
+          if (NV) {
+            const float g = g_of(c, h, PH);
+#pragma unroll
+            for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(__fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf), g);
           } else {
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-              const unsigned x = (cw[m] >> (8 * kk)) & 0xFFu;
-              o[kk] = mul2<DT>(KVX_FP4_G_SADDR ? lds_u32(pairs_a + x * 4u) : pairs[x], sc * 0x10001u);
+            for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf);
+          }
+          unsigned o[4];
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            if (ES == 4) {
+              o[kk] = __float_as_uint(v[kk]);
+            } else if (DT == KVX_DTYPE_F16) { /* not NaN: two RN conversions in one instruction */
+              const __half2 hh = __floats2half2_rn(v[2 * kk], v[2 * kk + 1]);
+              memcpy(&o[kk], &hh, 4);
+            } else {
+              const __nv_bfloat162 hh = __floats2bfloat162_rn(v[2 * kk], v[2 * kk + 1]);
+              memcpy(&o[kk], &hh, 4);
             }
           }
-          *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
-          continue;
+          st_out(dst, make_uint4(o[0], o[1], o[2], o[3]));
         }
-        uint32_t ab;
-        if (NVP && kvx_fp4_fast::nv_ab<DT == KVX_DTYPE_BF16>(sf, g_of(c, h), &ab)) {
-          /* 2^k A or 2^k B, one packed product per code byte, the oracle's bytes wherever nv_ab takes
-           * the block (fp4_fast.h; docs/fp4.md, "Fourteenth round") */
-          uint32_t o[4];
-          if (KVX_FP4_G_NV_ALU) { /* words 0 .. NA - 1 by byte permutes (nv_alu_word), the rest from the table */
-            constexpr int NA = KVX_FP4_G_NV_ALU == 1 ? 4 : 2;
-            const uint32_t zab = ab & 0x80008000u;
-            uint32_t sels[2], mul, op;
-            kvx_fp4_fast::nv_alu_sels(cw[m], sels);
-            constexpr bool BFo = DT == KVX_DTYPE_BF16;
-            kvx_fp4_fast::nv_alu_word<BFo, 0>(cw[m], sels[0], ab, zab, &mul, &op);
-            o[0] = mul2<DT>(mul, op);
-            kvx_fp4_fast::nv_alu_word<BFo, 1>(cw[m], sels[0] >> 16, ab, zab, &mul, &op);
-            o[1] = mul2<DT>(mul, op);
-            if (NA == 4) {
-              kvx_fp4_fast::nv_alu_word<BFo, 2>(cw[m], sels[1], ab, zab, &mul, &op);
-              o[2] = mul2<DT>(mul, op);
-              kvx_fp4_fast::nv_alu_word<BFo, 3>(cw[m], sels[1] >> 16, ab, zab, &mul, &op);
-              o[3] = mul2<DT>(mul, op);
-            }
-          }
-          if (NVT) {
-#pragma unroll
-            for (int kk = KVX_FP4_G_NV_ALU ? 2 : 0; kk < 4; ++kk) {
-              const unsigned x = (cw[m] >> (8 * kk)) & 0xFFu;
-              const uint2 e = KVX_FP4_G_SADDR ? lds_u2(nvp_a + x * 8u) : nvp[x];
-              /* prmt in PTX (fp4_fast.h): __byte_perm masks its selector first, which these need not */
-              o[kk] = mul2<DT>(e.x, kvx_fp4_fast::prmt(ab, 0, e.y));
-            }
-          }
-          *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
-          continue;
-        }
-        float v[VPC];
-        if (NV) {
-          const float g = g_of(c, h);
-#pragma unroll
-          for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(__fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf), g);
-        } else {
-#pragma unroll
-          for (int kk = 0; kk < VPC; ++kk) v[kk] = __fmul_rn(e2m1[(cw[m] >> (4 * kk)) & 15u], sf);
-        }
-        unsigned o[4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          if (ES == 4) {
-            o[kk] = __float_as_uint(v[kk]);
-          } else if (DT == KVX_DTYPE_F16) { /* not NaN: two RN conversions in one instruction */
-            const __half2 hh = __floats2half2_rn(v[2 * kk], v[2 * kk + 1]);
-            memcpy(&o[kk], &hh, 4);
-          } else {
-            const __nv_bfloat162 hh = __floats2bfloat162_rn(v[2 * kk], v[2 * kk + 1]);
-            memcpy(&o[kk], &hh, 4);
-          }
-        }
-        *(uint4*)dst = make_uint4(o[0], o[1], o[2], o[3]);
       }
-    }
+    };
+    /* WHOLE: every chunk of the batch lies in the row (dense kernels, KVX_FP4_G_WHOLE_SPLIT) */
+    const bool whole = KVX_FP4_G_WHOLE_SPLIT && DENSE && q * 32u * NI + 32u * NI <= NC;
+    if (KVX_FP4_G_PH_SPLIT && DENSE && per_head)
+      chunks(std::true_type{}, std::false_type{});
+    else if (whole)
+      chunks(std::false_type{}, std::true_type{});
+    else
+      chunks(std::false_type{}, std::false_type{});
   }
 }
 

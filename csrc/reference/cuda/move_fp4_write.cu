@@ -910,7 +910,7 @@ struct LeanB {
  * scale byte returned; the slow blocks by encode_slow from `src`. */
 template <int DT, int FMT, bool DEEP>
 __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& ws, const uint4* thr,
-                                                const char* src, uint32_t* out) {
+                                                const char* src, uint32_t* out, unsigned thr_a = 0) {
   constexpr int B = LeanB<FMT>::value, NG = B / 16;
   const float amax = amax16<DT, NG>(w);
   const uint32_t ab = __float_as_uint(amax);
@@ -938,7 +938,7 @@ __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& 
     return sbyte;
   }
   uint4 crow = make_uint4(0, 0, 0, 0);
-  if (KVX_FP4_LEAN_THR_C && row >= 0) crow = thr[row];
+  if (KVX_FP4_LEAN_THR_C && row >= 0) crow = KVX_FP4_W_SADDR ? lds_u4(thr_a + (unsigned)row * 16u) : thr[row];
   if (row < 0 || (KVX_FP4_LEAN_THR_C ? !(crow.w >> 16) : !thr[2 * row + 1].w)) { /* slow (or d == 0) */
     const Packed<B> pk = encode_slow<B, DT>(FMT, (const uint4*)src, ws.g);
 #pragma unroll
@@ -975,7 +975,7 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
     build_dtab(tab, ws);
   }
   __syncthreads();
-  const unsigned lane = threadIdx.x & 31u;
+  const unsigned lane = threadIdx.x & 31u, thr_a = saddr(thr_tab);
   constexpr unsigned R = KVX_FP4_W_ROWS_B16;
   const unsigned long long warp = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   unsigned long long lo = warp * R, hi = lo + R;
@@ -1040,8 +1040,9 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
             uint32_t out[B / 8], sbyte;
             const char* src = io_row + sb * (unsigned)B * ES;
             if constexpr (ES == 2) {
-              const uint4* thr = FMT == kvx_ref::FP4_NVFP4 ? thr_tab + (KVX_FP4_LEAN_THR_C ? 128 : 256) * sd : thr_tab;
-              sbyte = encode_lean<DT, FMT, DEEP>((const uint32_t*)raw[m], ws[sd], thr, src, out);
+              const unsigned toff = FMT == kvx_ref::FP4_NVFP4 ? (KVX_FP4_LEAN_THR_C ? 128 : 256) * sd : 0;
+              sbyte = encode_lean<DT, FMT, DEEP>((const uint32_t*)raw[m], ws[sd], thr_tab + toff, src, out,
+                                                 thr_a + toff * 16u);
             } else {
               bool slow;
               sbyte = encode16<DT, false, FMT, 1>((const uint32_t*)raw[m], ws[sd], 1.0f, FMT == kvx_ref::FP4_NVFP4,
@@ -1107,7 +1108,7 @@ __global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS) write_bulk_kernel(Par
   WSide ws[2];
   load_wside(P, ws);
   build_thr<DT, FMT, KVX_FP4_LEAN_THR_C>(thr_tab, ws);
-  const unsigned lane = threadIdx.x & 31u, wi = threadIdx.x >> 5;
+  const unsigned lane = threadIdx.x & 31u, wi = threadIdx.x >> 5, thr_a = saddr(thr_tab);
   if (lane == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) mbar_init(&bar[wi][s], 1);
@@ -1149,7 +1150,8 @@ __global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS) write_bulk_kernel(Par
           const char* io_row = Sd.io + (long long)row * Sd.io_token * ES;
           char* code_row = Sd.codes + ((long long)b * Sd.c_block + (long long)t * Sd.c_token) / 2;
           char* sc_row = Sd.scales + (long long)b * Sd.s_block + (long long)t * Sd.s_token;
-          const uint4* thr = FMT == kvx_ref::FP4_NVFP4 ? thr_tab + (KVX_FP4_LEAN_THR_C ? 128 : 256) * sd : thr_tab;
+          const unsigned toff = FMT == kvx_ref::FP4_NVFP4 ? (KVX_FP4_LEAN_THR_C ? 128 : 256) * sd : 0;
+          const uint4* thr = thr_tab + toff;
 #pragma unroll 2
           for (unsigned sb = lane; sb < NS; sb += 32u) {
             uint4 raw[NV];
@@ -1157,7 +1159,8 @@ __global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS) write_bulk_kernel(Par
             for (int v = 0; v < NV; ++v) raw[v] = src_s[sb * NV + v];
             uint32_t out[B / 8];
             const uint32_t sbyte =
-                encode_lean<DT, FMT, true>((const uint32_t*)raw, ws[sd], thr, io_row + sb * (unsigned)B * ES, out);
+                encode_lean<DT, FMT, true>((const uint32_t*)raw, ws[sd], thr, io_row + sb * (unsigned)B * ES, out,
+                                           thr_a + toff * 16u);
             if constexpr (B == 32) {
               *(uint4*)(code_row + sb * 16u) = make_uint4(out[0], out[1], out[2], out[3]);
             } else {
