@@ -113,8 +113,8 @@ class RunCommand:
         p.add_argument("--profile", action="append", default=[], choices=list(PROFILES), metavar="P",
                        help=f"only tests of profile P (repeatable): {', '.join(PROFILES)}")
         p.add_argument("--memory", default="auto", choices=["host", "device", "unified", "auto"],
-                       help="memory type of the buffers (auto: device when the provider and torch+GPU allow, "
-                            "else host)")
+                       help="memory type of the buffers (auto: device where torch sees a GPU and the provider "
+                            "serves device memory, a tiny valid validate and write answered OK; else host)")
         p.add_argument("-n", "--workers", type=int, default=None, metavar="N",
                        help=f"worker processes (at least 1; default min(cpus, 4) = {default_workers()}, or one "
                             "per GPU when --memory device/unified runs on more GPUs)")
@@ -174,14 +174,18 @@ def _resolve_memory(requested: str, info) -> tuple[str | None, str | None, list[
         return "host", None, notes
     if requested == "auto":
         if support.get("device") == "OK":
-            return "device", None, ["memory auto: device (the provider accepts KVX_MEMORY_DEVICE)"]
+            return "device", None, ["memory auto: device (the provider serves KVX_MEMORY_DEVICE)"]
         why = support.get("device", "not probed")
         return "host", None, [f"memory auto: host (device: {why})"]
     answer = support.get(requested, "not probed")
     if answer.startswith("unavailable"):
         return None, f"memory type {requested} is {answer}", notes
+    if answer != "OK" and not answer.startswith("not probed"):
+        # a status: the provider refused a tiny valid call on that memory type, so it does not serve it
+        return None, (f"memory type {requested} is not served by the provider: a tiny valid call on it answered "
+                      f"{answer} (certify it on the memory it serves: --memory host, or auto)"), notes
     if answer != "OK":
-        notes.append(f"the provider answers {answer} for a valid {requested}-memory descriptor")
+        notes.append(f"the provider's memory probe: {answer}")
     return requested, None, notes
 
 
