@@ -78,3 +78,25 @@ def test_device_asked_of_a_provider_that_does_not_serve_it_is_one_line_and_exit_
         "device", SimpleNamespace(memory_support={"host": "not probed: provider crashed (SIGSEGV)"}))
     assert (memory, error) == ("device", None) and notes == ["the provider's memory probe: not probed"], notes
     assert runner._resolve_memory("device", SimpleNamespace(memory_support={"device": "OK"}))[:2] == ("device", None)
+
+
+def test_bench_memory_follows_the_same_probe(monkeypatch):
+    """``kvx-conform bench --memory auto`` on a GPU machine benches device memory only where the provider
+    serves it (the same ``served.memory_answer`` as the run), and an explicit request it refuses is exit
+    10's one line."""
+    import sys
+
+    from kvx_conformance.abi import loader
+    from kvx_conformance.bench import cli as bench_cli
+    from kvx_conformance.cases import served
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True)))
+    monkeypatch.setattr(loader, "load_provider", lambda path: path)
+    answers = {"host_only.so": "UNSUPPORTED (write; validate OK)", "device.so": "OK"}
+    monkeypatch.setattr(served, "memory_answer", lambda provider, mem: answers[provider])
+    assert bench_cli.resolve_memory("auto", "host_only.so") == ("host", None)
+    assert bench_cli.resolve_memory("auto", "device.so") == ("device", None)
+    assert bench_cli.resolve_memory("device", "device.so") == ("device", None)
+    memory, error = bench_cli.resolve_memory("device", "host_only.so")
+    assert memory is None and error.startswith("memory type device is not served by the provider"), error
+    assert bench_cli.resolve_memory("host", "host_only.so") == ("host", None)

@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser, *, with_provider: bool = True) -> 
                    help="case set: quick (about a minute on CPU), standard (<= 5 min on an H100), full, "
                         "decode (decode-sized calls, warm graph replay, against an empty kernel's floor)")
     p.add_argument("--memory", default="auto", choices=["host", "device", "unified", "auto"],
-                   help="memory type (auto: device when torch sees a GPU, else host)")
+                   help="memory type (auto: device where torch sees a GPU and the provider serves device "
+                        "memory, a tiny valid validate and write answered OK; else host)")
     p.add_argument("--output-dir", default="kvx-bench", metavar="DIR",
                    help="where results.json and bench.html go (default ./%(default)s)")
     p.add_argument("--reference", metavar="PATH",
@@ -55,7 +56,11 @@ def select(cases, globs):
     return [c for c in cases if any(fnmatch.fnmatch(c.id, g) or g in c.id for g in globs)]
 
 
-def resolve_memory(requested: str) -> tuple[str | None, str | None]:
+def resolve_memory(requested: str, provider: str | None = None) -> tuple[str | None, str | None]:
+    """The memory type to bench on, or why none: ``auto`` is device memory where torch sees a GPU and the
+    provider serves device memory (``served.memory_answer``: a tiny valid validate and write answered
+    OK), as for ``kvx-conform run``; an explicit device / unified request the provider refuses is an
+    error, as there."""
     if requested == "host":
         return "host", None
     try:
@@ -64,11 +69,25 @@ def resolve_memory(requested: str) -> tuple[str | None, str | None]:
         gpu = torch.cuda.is_available()
     except ImportError:
         gpu = False
-    if requested == "auto":
-        return ("device" if gpu else "host"), None
     if not gpu:
-        return None, f"memory type {requested} needs torch with a CUDA GPU"
-    return requested, None
+        return ("host", None) if requested == "auto" else (None, f"memory type {requested} needs torch with a CUDA GPU")
+    if provider is None:
+        return ("device" if requested == "auto" else requested), None
+    from ..abi.header import Memory
+    from ..abi.loader import load_provider
+    from ..cases.served import memory_answer
+
+    mem = "device" if requested == "auto" else requested
+    try:
+        answer = memory_answer(load_provider(provider), Memory[mem.upper()])
+    except Exception as e:  # noqa: BLE001 - buffers that cannot be made are facts about the machine
+        return None, f"memory type {mem} is unavailable here: {type(e).__name__}: {e}"
+    if answer == "OK":
+        return mem, None
+    if requested == "auto":
+        return "host", None
+    return None, (f"memory type {mem} is not served by the provider: a tiny valid call on it answered {answer} "
+                  f"(bench it on the memory it serves: --memory host, or auto)")
 
 
 def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, dict | None]:
@@ -82,15 +101,15 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
     except InputFileError as e:
         print(f"kvx-conform: {e}", file=sys.stderr)
         return EXIT_USAGE, None
-    memory, err = resolve_memory(args.memory)
-    if err:
-        print(f"kvx-conform: {err}", file=sys.stderr)
-        return EXIT_MEMORY_UNAVAILABLE, None
     try:
         load_provider(provider)
     except ProviderLoadError as e:
         print(f"kvx-conform: {e}", file=sys.stderr)
         return e.exit_code, None
+    memory, err = resolve_memory(args.memory, provider)
+    if err:
+        print(f"kvx-conform: {err}", file=sys.stderr)
+        return EXIT_MEMORY_UNAVAILABLE, None
     reference = None if args.no_peers else (args.reference or _bundled())
     cases = select(preset(args.preset, memory), args.filter)
     if getattr(args, "case_ids", None):

@@ -151,6 +151,32 @@ def serves(provider, memory: abi.Memory, features, entry: str = "write") -> froz
     return frozenset(out)
 
 
+def memory_answer(provider, memory: abi.Memory) -> str:
+    """Whether the provider serves ``memory``: "OK" where a tiny valid validate and write of that memory
+    type are both answered OK, in NHD or else in HND (its core layout, either); else the answer that was
+    not, the write's named (``"UNSUPPORTED (write; validate OK)"``). Validation alone does not say:
+    spec 7 has ``kvx_validate_cache_desc`` "validate layout, dtype, shape, stride, and required fields",
+    and a memory type the build cannot serve is refused by the call (readings R-ORDER, step 4). Buffer
+    failures raise (facts about the machine, for the caller to word)."""
+    from ..abi.loader import status_name
+    from .execute import CallOptions, run_validate, run_write
+
+    opts, answers = CallOptions(memory=memory), []
+    for kind in ("nhd", "hnd"):
+        cache = cb.simple_cache(_G, kind, DType.F32, seed=98)
+        sv = int(run_validate(provider, cb.validate_case(cache, label="memory probe"), opts).status)
+        if sv != Status.OK:
+            answers.append(status_name(sv))
+            continue
+        case = cb.write_case(cache, cb.spread_slots(_G, 2, 99), seed=99, label="memory probe")
+        sw = int(run_write(provider, case, opts).status)
+        if sw == Status.OK:
+            return "OK"
+        answers.append(f"{status_name(sw)} (write; validate OK)")
+    # a layout whose validation passed says more than one refused outright
+    return next((a for a in answers if "(write" in a), answers[0])
+
+
 def refused_outright(provider, memory: abi.Memory, features, entry: str) -> tuple[str, ...]:
     """Of ``features``, those the provider refuses outright at ``entry``: the tiny valid call of that
     entry point using the feature alone (a layout's cache, ``ENTRY_PROBED``; the other features of

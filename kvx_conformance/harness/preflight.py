@@ -174,17 +174,13 @@ def probe_entry(provider: Provider, entry: str, memory: abi.Memory = abi.Memory.
 
 
 def memory_support(provider: Provider) -> dict[str, str]:
-    """For each memory type: "OK" where a tiny valid validate and write of that memory type are both
-    answered OK, in NHD or else in HND (the provider's core layout, either); else the answer that was
-    not, the write's named ("UNSUPPORTED (write; validate OK)"); or why it cannot be tried here.
-
-    Validation alone does not say: spec 7 has ``kvx_validate_cache_desc`` "validate layout, dtype,
-    shape, stride, and required fields", and a memory type the build cannot serve is refused by the
-    call (readings R-ORDER, step 4). A host-only provider may validate a device-memory cache OK; a run
-    on device memory (``--memory auto`` on a GPU machine) would then read every valid call's refusal
-    as a failure."""
+    """For each memory type: whether the provider serves it (``served.memory_answer``: "OK" where a tiny
+    valid validate and write on it are both answered OK, else the answer that was not, as
+    ``"UNSUPPORTED (write; validate OK)"``), or why it cannot be tried here. A host-only provider may
+    validate a device-memory cache OK; a run on device memory (``--memory auto`` on a GPU machine) would
+    then read every valid call's refusal as a failure."""
     from ..abi import buffers
-    from ..cases import execute
+    from ..cases.served import memory_answer
 
     out: dict[str, str] = {}
     for mem in (abi.Memory.HOST, abi.Memory.DEVICE, abi.Memory.UNIFIED):
@@ -193,17 +189,7 @@ def memory_support(provider: Provider) -> dict[str, str]:
             out[mem.name.lower()] = f"unavailable here: {reason}"
             continue
         try:
-            opts, answers = execute.CallOptions(memory=mem), []
-            for layout in (abi.Layout.BLOCK_NHD, abi.Layout.BLOCK_HND):
-                validate, write, _ = _minimal_cases(layout)
-                sv = int(execute.run_validate(provider, validate, opts).status)
-                sw = int(execute.run_write(provider, write, opts).status) if sv == abi.Status.OK else None
-                if sw == abi.Status.OK:
-                    answers = []
-                    break
-                answers.append(status_name(sv) if sw is None else f"{status_name(sw)} (write; validate OK)")
-            # a layout whose validation passed says more than one refused outright
-            out[mem.name.lower()] = "OK" if not answers else next((a for a in answers if "(write" in a), answers[0])
+            out[mem.name.lower()] = memory_answer(provider, mem)
         except Exception as e:  # buffer allocation failures are facts about the machine
             out[mem.name.lower()] = f"unavailable here: {type(e).__name__}: {e}"
     return out
