@@ -163,7 +163,7 @@ def memory_answer(provider, memory: abi.Memory) -> str:
 
     opts, answers = CallOptions(memory=memory), []
     for kind in ("nhd", "hnd"):
-        cache = cb.simple_cache(_G, kind, DType.F32, seed=98)
+        cache = cb.simple_cache(_G, kind, DType.F16, seed=98)  # F16: the dtype every KV cache serves
         sv = int(run_validate(provider, cb.validate_case(cache, label="memory probe"), opts).status)
         if sv != Status.OK:
             answers.append(status_name(sv))
