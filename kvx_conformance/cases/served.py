@@ -185,9 +185,9 @@ def refused_outright(provider, memory: abi.Memory, features, entry: str) -> tupl
     shows that refusal, not the rule the case breaks (R-REFUSAL)."""
     out = []
     for f in features:
-        if f in ENTRY_PROBED or (f in PROBED and _PROBE_ENTRY.get(f, "write") == entry):
-            if f not in serves(provider, memory, [f], entry if f in ENTRY_PROBED else _PROBE_ENTRY.get(f, "write")):
-                out.append(f)
+        own = entry if f in ENTRY_PROBED else _PROBE_ENTRY.get(f, "write") if f in PROBED else None
+        if own == entry and f not in serves(provider, memory, [f], entry):
+            out.append(f)
     return tuple(out)
 
 
