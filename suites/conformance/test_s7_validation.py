@@ -471,17 +471,27 @@ def _in_served_layouts(provider, opts, claims, violation, feature):
     or an excused UNSUPPORTED) would stand for the rule under test without exercising it. Readings
     R-REFUSAL: what a provider does not serve it may refuse; the rule is then tested where it
     serves."""
-    from kvx_conformance.cases import served as served_mod
     from kvx_conformance.cases.strategies import rule_case
 
-    profile = served_mod.rule_profile(provider, opts.memory, claims, ENTRY_OF[type(violation.case).__name__])
-    if profile is None:  # every layout and their mix served or claimed
-        return violation, feature
-    drawn = set(cb.case_features(violation.case)) & set(served_mod.LAYOUT_FEATURES)
-    if drawn <= set(profile.layout_kinds) | ({"mixed_layouts"} if profile.mixed_kv else set()):
+    profile = _redraw_profile(provider, opts, claims, ENTRY_OF[type(violation.case).__name__], violation.case)
+    if profile is None:
         return violation, feature
     v = rule_case(violation.rule, _rule_seed(violation.rule), profile, opts.memory)
     return v, tuple(cb.case_features(v.case)) or None
+
+
+def _redraw_profile(provider, opts, claims, entry: str, case):
+    """The profile to draw ``case`` again from (``served.rule_profile``, probed on ``entry``), or None
+    where the layouts and the K / V mix it uses are served or claimed."""
+    from kvx_conformance.cases import served as served_mod
+
+    profile = served_mod.rule_profile(provider, opts.memory, claims, entry)
+    if profile is None:  # every layout and their mix served or claimed
+        return None
+    drawn = set(cb.case_features(case)) & set(served_mod.LAYOUT_FEATURES)
+    if drawn <= set(profile.layout_kinds) | ({"mixed_layouts"} if profile.mixed_kv else set()):
+        return None
+    return profile
 
 
 @pytest.mark.parametrize("violation,level,feature", _rule_params())
@@ -587,15 +597,8 @@ def _order_params():
 def _order_in_served_layouts(provider, opts, claims, call: str, rule: str, case):
     """The case drawn again in the layouts the provider serves or claims (as ``_in_served_layouts``):
     an INVALID_ARGUMENT refusal of an unserved layout would stand for the order under test."""
-    from kvx_conformance.cases import served as served_mod
-
-    profile = served_mod.rule_profile(provider, opts.memory, claims, call)
-    if profile is None:
-        return case
-    drawn = set(cb.case_features(case)) & set(served_mod.LAYOUT_FEATURES)
-    if drawn <= set(profile.layout_kinds) | ({"mixed_layouts"} if profile.mixed_kv else set()):
-        return case
-    return _order_case(call, rule, profile, opts.memory) or case
+    profile = _redraw_profile(provider, opts, claims, call, case)
+    return case if profile is None else _order_case(call, rule, profile, opts.memory) or case
 
 
 # the spec does not rank two errors of one call: the reading's order is recommended (a warning)
