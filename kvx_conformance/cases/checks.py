@@ -485,7 +485,7 @@ def _refusal_not_rule(got: Result, exp_status: int, case, memory: Memory, featur
     if not feats:
         return
     try:
-        refused = refused_outright(provider, memory, feats, _ENTRY[type(case).__name__])
+        refused = refused_outright(provider, memory, feats, ENTRY_OF[type(case).__name__])
     except Exception:  # noqa: BLE001 - no probe, no excuse: the answer stands
         return
     if refused:
@@ -495,7 +495,8 @@ def _refusal_not_rule(got: Result, exp_status: int, case, memory: Memory, featur
                           refused_with="INVALID_ARGUMENT")
 
 
-_ENTRY = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}
+#: the entry point a case calls, by case type
+ENTRY_OF = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}
 
 
 class OracleDisagrees(RuntimeError):

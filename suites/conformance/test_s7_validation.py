@@ -22,7 +22,14 @@ import pytest
 from kvx_conformance.abi.descriptors import Geometry
 from kvx_conformance.abi.header import DType, Layout, Memory, Status
 from kvx_conformance.cases import build as cb
-from kvx_conformance.cases.checks import partial_gather, partial_write, verify_gather, verify_validate, verify_write
+from kvx_conformance.cases.checks import (
+    ENTRY_OF,
+    partial_gather,
+    partial_write,
+    verify_gather,
+    verify_validate,
+    verify_write,
+)
 from kvx_conformance.results.outcomes import INFORMATIONAL, RECOMMENDED, REQUIRED, conformance
 
 G = cb.GEOM
@@ -422,7 +429,6 @@ def test_write_invalid(kvx_provider, kvx_call_options, which):
 
 
 #: the entry point a catalog case calls, by its type
-ENTRY_OF = {"ValidateCase": "validate", "WriteCase": "write", "GatherCase": "gather"}
 
 
 def _rule_seed(rule: str) -> int:
