@@ -428,9 +428,6 @@ def test_write_invalid(kvx_provider, kvx_call_options, which):
 # ---------------------------------------------------------------------------- the rule catalog
 
 
-#: the entry point a catalog case calls, by its type
-
-
 def _rule_seed(rule: str) -> int:
     return zlib.crc32(rule.encode()) & 0x7FFFFFFF
 
@@ -572,15 +569,14 @@ def _with_data_error(case):
     return dataclasses.replace(case, table=dataclasses.replace(t, indices=idx))
 
 
-def _order_case(call: str, rule: str, profile=None, memory=None):
+def _order_case(call: str, rule: str, profile=None, memory: Memory = Memory.HOST):
     """The first case from the rule's seeds (``profile``: drawn from it, ``strategies.rule_case``) that
     is a ``call`` and can carry a data error, with that error; None if none of 200 seeds gives one."""
-    from kvx_conformance.abi.header import Memory as _Memory
     from kvx_conformance.cases.strategies import rule_case
 
     for k in range(200):
         seed = _rule_seed(f"order:{rule}:{call}") + k
-        v = rule_case(rule, seed, profile, memory if memory is not None else _Memory.HOST)
+        v = rule_case(rule, seed, profile, memory)
         if not hasattr(v.case, "slots" if call == "write" else "table"):
             continue
         case = _with_data_error(v.case)
