@@ -192,7 +192,8 @@ def test_unified_call_inside_graph_capture_is_refused_cleanly(provider, op):
 # Large calls take planner paths that the random cases above (mostly small) never reach
 # (docs/cuda-reference.md, "Mid-size calls and narrow rows"): 2 to 8 rows per task when a
 # row's K and V have fewer than 256 chunks (up to 32 in the lean kernel), one task per warp for gathers below 262144
-# rows, four from there on. Each case below takes one of them; the result must be the
+# rows, four from there on; on a device of memory depth 2 or more (an H200) the PACKED gathers of NHD rows of 8 x 128
+# take two rows per task in the lean kernel ("Twentieth round"), odd sequence lengths leaving half a pair. Each case below takes one of them; the result must be the
 # oracle's, bit for bit.
 LARGE = {
     # id: (op, heads, head_dim, sequences or tokens, mixed lengths)
@@ -200,6 +201,8 @@ LARGE = {
     "gather-d64x8-65536rows-mixed-lengths-2rows-per-task": ("gather", 8, 64, 32, True),
     "gather-d128x1-32768rows-8rows-per-task": ("gather", 1, 128, 16, False),
     "gather-d64x1-65536rows-mixed-lengths-8-or-more-rows-per-task": ("gather", 1, 64, 32, True),
+    "gather-d128x8-65536rows-2rows-per-task-at-memory-depth-2": ("gather", 8, 128, 32, False),
+    "gather-d128x8-65536rows-mixed-lengths-2rows-per-task-at-memory-depth-2": ("gather", 8, 128, 32, True),
     "write-d64x8-65536tokens-2rows-per-task": ("write", 8, 64, 65536, False),
     "write-d64x1-65533tokens-8-or-more-rows-per-task-partial-last-task": ("write", 1, 64, 65533, False),
 }

@@ -166,6 +166,26 @@ def test_depth_rules(tuning_check, rule, depth, on):
                             f"repro: {' '.join(cmd)} && {exe} {rule} {depth}")
 
 
+@pytest.mark.parametrize("what, args, on", [
+    # (depth, PACKED gather, NHD token rows, lg_tg, chunks of one row's K and V, chunks a task aims at)
+    ("H200, NHD PACKED gather, 8 x 128 16-bit (256 chunks)", (2, 1, 1, 0, 256, 256), True),   # +1.2 to +2 points
+    ("H100 (depth 1): move_fast takes it, no pairs", (1, 1, 1, 0, 256, 256), False),
+    ("HND rows (heads a block apart)", (2, 1, 0, 0, 256, 256), False),                      # +-0.5: nothing to gain
+    ("RAGGED / KV_OFFSETS gathers", (2, 0, 1, 0, 256, 256), False),
+    ("rows already two per task (8 x 64 16-bit)", (2, 1, 1, 1, 128, 256), False),           # four per task: -1.3
+    ("F32 rows of 8 x 128 (512 chunks)", (2, 1, 1, 0, 512, 256), False),
+    ("16-bit rows of 8 x 256 (512 chunks)", (2, 1, 1, 0, 512, 256), False),
+    ("one chunk under twice the task", (2, 1, 1, 0, 511, 256), True),
+    ("depth 4", (4, 1, 1, 0, 256, 256), True),
+])
+def test_lean_gathers_take_row_pairs(tuning_check, what, args, on):
+    """lean_gather_pairs_for (cuda/tuning.h; docs/cuda-reference.md, "Twentieth round")."""
+    exe, cmd = tuning_check
+    got = _word(exe, "pairs", *args)
+    assert got == int(on), (f"{what}: expected pairs {int(on)}, got {got}\n"
+                            f"repro: {' '.join(cmd)} && {exe} pairs {' '.join(map(str, args))}")
+
+
 @pytest.mark.parametrize("what, args, fits", [
     ("NHD F16 row of 8 x 128 (cache and IO head stride 128)", (8, 128, 128, 2, 128, 2), True),
     ("HND F16, 16-token blocks (cache head stride 16 x 128)", (8, 128, 2048, 2, 128, 2), True),

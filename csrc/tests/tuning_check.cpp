@@ -5,6 +5,7 @@
 //   tuning_check fp4deep DEPTH                         "fp4deep 0|1": fp4_lean_deep_for
 //   tuning_check rowsinv DEPTH                         "rowsinv 0|1": rows_invert_for
 //   tuning_check fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE   "fit32 0|1": row_offsets_fit32
+//   tuning_check pairs DEPTH PACKED TOKEN_ROWS LG_TG ROW_CHUNKS TASK_CHUNKS   "pairs 0|1": lean_gather_pairs_for
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,11 +33,19 @@ int main(int argc, char** argv) {
     std::printf("fit32 %d\n", f ? 1 : 0);
     return 0;
   }
+  if (argc == 8 && std::strcmp(argv[1], "pairs") == 0) {
+    const bool on = kvx_cuda::lean_gather_pairs_for(std::atoi(argv[2]), std::atoi(argv[3]) != 0, std::atoi(argv[4]) != 0,
+                                                    std::atoi(argv[5]), std::strtoull(argv[6], nullptr, 10),
+                                                    std::strtoull(argv[7], nullptr, 10));
+    std::printf("pairs %d\n", on ? 1 : 0);
+    return 0;
+  }
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr,
                  "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM] | lean DEPTH LOOKUP_GATHER [LG_TG] | fp4deep DEPTH |"
                  " rowsinv DEPTH |"
-                 " fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE\n");
+                 " fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE |"
+                 " pairs DEPTH PACKED TOKEN_ROWS LG_TG ROW_CHUNKS TASK_CHUNKS\n");
     return 2;
   }
   const int sms = std::atoi(argv[1]), khz = std::atoi(argv[2]), bits = std::atoi(argv[3]);

@@ -382,6 +382,14 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   /* The lean kernel over the IO rows: rows per task so that a task has KVX_CUDA_ROWS_TASK_CHUNKS
    * chunks, up to 2^KVX_CUDA_ROWS_MAX_LG_TG rows (move_rows takes any 2^lg_tg up to 32) */
   if (p.rows) widen_tasks(KVX_CUDA_ROWS_TASK_CHUNKS, KVX_CUDA_ROWS_MAX_LG_TG);
+  if (p.rows) {
+    bool token_rows = true; /* NHD: each job's cache token row one run of H x D */
+    for (uint32_t i = 0; i < n; ++i)
+      token_rows = token_rows && p.job[i].c_head == (long long)D && p.job[i].c_token == (long long)H * D;
+    if (lean_gather_pairs_for((int)depth, p.kind == KIND_PACKED, token_rows, (int)p.lg_tg, (uint64_t)H * chunks * n,
+                              KVX_CUDA_ROWS_TASK_CHUNKS))
+      p.lg_tg = 1;
+  }
   const uint64_t tg = 1ull << p.lg_tg;
   const uint64_t per_group = (uint64_t)H * chunks * n * tg; /* items per TG rows */
   /* Items per job below 2^31 minus headroom: the kernels' 32-bit grid-stride

@@ -13,6 +13,9 @@
 #ifndef KVX_CUDA_LEAN_MIN_LG_TG
 #define KVX_CUDA_LEAN_MIN_LG_TG 2 /* lean_rows_for at memory depth 1: tasks of at least 4 rows */
 #endif
+#ifndef KVX_CUDA_ROWS_PAIR_GATHER
+#define KVX_CUDA_ROWS_PAIR_GATHER 1 /* lean_gather_pairs_for: PACKED gathers of whole-token rows, two rows per task */
+#endif
 #ifndef KVX_CUDA_ROWS_INVERT_DEPTH
 #define KVX_CUDA_ROWS_INVERT_DEPTH 2 /* rows_invert_for: the least memory depth (0: every device) */
 #endif
@@ -46,6 +49,18 @@ inline int memory_depth_for(int sms, int mem_khz, int bus_bits, double gbps_per_
  * 64 to 256 F16 values: "Thirteenth round"). */
 inline bool lean_rows_for(int depth, bool lookup_gather, int lg_tg) {
   return depth > 1 || lookup_gather || lg_tg >= KVX_CUDA_LEAN_MIN_LG_TG;
+}
+
+/* Whether a large PACKED gather through the lean kernel takes two rows per task where one row
+ * fills a task (lg_tg 0) with fewer than twice `task_chunks` 16-byte chunks (K and V): on a device of memory depth 2 or more, from a cache whose token
+ * rows are one contiguous run of heads x head_dim (NHD), so that a task reads one run of two rows
+ * and its lookups serve twice the bytes (H200: gathers of 8 heads x 128 16-bit values +1 to +1.5
+ * points; HND rows, whose heads lie a block apart, and rows already two per task gained nothing
+ * or lost: docs/cuda-reference.md, "Twentieth round"). */
+inline bool lean_gather_pairs_for(int depth, bool packed_gather, bool token_rows, int lg_tg,
+                                  unsigned long long row_chunks, unsigned long long task_chunks) {
+  return KVX_CUDA_ROWS_PAIR_GATHER && depth >= 2 && packed_gather && token_rows && lg_tg == 0 &&
+         row_chunks < 2 * task_chunks;
 }
 
 /* Whether a large write through the lean kernel goes over the cache's slots instead of the IO
