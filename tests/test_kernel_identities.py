@@ -152,6 +152,10 @@ def test_the_lean_kernel_follows_the_memory_depth(tuning_check, depth, lookup, l
     ("rowsinv", 1, False),  # H100: with the lean kernel forced there, 65536 rows -3 points, 262144 -1
     ("rowsinv", 2, True),   # H200: 16-bit writes of 262144 rows 92.0 -> 95.5 %, FP8 into HND 84.2 -> 90.0 %
     ("rowsinv", 4, True),
+    # rows_write_early_for: the lean kernel's writes over the IO rows load the rows before the slots
+    ("rowsearly", 1, False),  # H100: unmeasured (its lean writes are tasks of 4 or more short rows only)
+    ("rowsearly", 2, True),   # H200: 16-bit rows of 8 x 128 at 65536 tokens 89.9-90.1 -> 90.8-91.7 %
+    ("rowsearly", 4, True),
     # fp4_lean_deep_for: the FP4 lean write's L2 prefetch and fitted grid
     ("fp4deep", 1, False),  # H100: the FP4 lean write from F16/BF16 93 % of copy plain, 85-88.6 % with the L2 prefetch
     ("fp4deep", 2, True),   # H200: 79 % plain, 84 % with the prefetch, 85-85.9 % with the fitted grid as well
@@ -159,7 +163,7 @@ def test_the_lean_kernel_follows_the_memory_depth(tuning_check, depth, lookup, l
 ])
 def test_depth_rules(tuning_check, rule, depth, on):
     """The kernel forms that follow the memory depth (cuda/tuning.h; docs/cuda-reference.md,
-    "Thirteenth round" and docs/fp4.md, "Eleventh round")."""
+    "Thirteenth round" and "Twentieth round", docs/fp4.md, "Eleventh round")."""
     exe, cmd = tuning_check
     got = _word(exe, rule, depth)
     assert got == int(on), (f"{rule}, memory depth {depth}: expected {int(on)}, got {got}\n"

@@ -4,6 +4,7 @@
 //   tuning_check lean DEPTH LOOKUP_GATHER [LG_TG]      "lean 0|1": lean_rows_for (LG_TG 0 if not given)
 //   tuning_check fp4deep DEPTH                         "fp4deep 0|1": fp4_lean_deep_for
 //   tuning_check rowsinv DEPTH                         "rowsinv 0|1": rows_invert_for
+//   tuning_check rowsearly DEPTH                       "rowsearly 0|1": rows_write_early_for
 //   tuning_check fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE   "fit32 0|1": row_offsets_fit32
 //   tuning_check pairs DEPTH PACKED TOKEN_ROWS LG_TG ROW_CHUNKS TASK_CHUNKS   "pairs 0|1": lean_gather_pairs_for
 #include <cstdio>
@@ -26,6 +27,10 @@ int main(int argc, char** argv) {
     std::printf("rowsinv %d\n", kvx_cuda::rows_invert_for(std::atoi(argv[2])) ? 1 : 0);
     return 0;
   }
+  if (argc == 3 && std::strcmp(argv[1], "rowsearly") == 0) {
+    std::printf("rowsearly %d\n", kvx_cuda::rows_write_early_for(std::atoi(argv[2])) ? 1 : 0);
+    return 0;
+  }
   if (argc == 8 && std::strcmp(argv[1], "fit32") == 0) {
     const bool f = kvx_cuda::row_offsets_fit32(std::strtoull(argv[2], nullptr, 10), std::strtoull(argv[3], nullptr, 10),
                                                std::atoll(argv[4]), std::atoi(argv[5]), std::atoll(argv[6]),
@@ -43,7 +48,7 @@ int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr,
                  "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM] | lean DEPTH LOOKUP_GATHER [LG_TG] | fp4deep DEPTH |"
-                 " rowsinv DEPTH |"
+                 " rowsinv DEPTH | rowsearly DEPTH |"
                  " fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE |"
                  " pairs DEPTH PACKED TOKEN_ROWS LG_TG ROW_CHUNKS TASK_CHUNKS\n");
     return 2;

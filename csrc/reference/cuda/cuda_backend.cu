@@ -367,6 +367,7 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * and at least KVX_CUDA_ROWS_INVERT_MIN_BYTES of rows, against which the inversion's fixed
    * cost (a memset and a pass over the slots) is small (docs/cuda-reference.md, "Thirteenth
    * round"). */
+  p.early = p.rows && p.kind == KIND_WRITE && rows_write_early_for((int)depth);
   p.inv = nullptr;
   const bool inv_tiles = (tiles || qtiles) && !p.decode && packed_invert_ok(p, rows, H, chunks);
   const bool inv_rows = p.rows && p.kind == KIND_WRITE && p.lg_tg == 0 && rows_invert_for((int)depth) &&

@@ -158,6 +158,7 @@ struct MoveParams {
   uint32_t lg_split;      /* fast path: each task's chunks split over 2^lg_split warps (small calls) */
   uint32_t decode;        /* fast path: a decode-sized call for the move_decode_* kernels (launch_decode) */
   uint32_t rows;          /* fast path: a large call for move_rows where its Op serves it (rows_ok) */
+  uint32_t early;         /* move_rows over the IO rows of a write: IO loads before the slot (rows_write_early_for) */
   FastDiv fd_c, fd_h;     /* chunks per row (C), heads (H) */
   uint32_t vec;           /* elements per chunk */
   int kind;

@@ -587,7 +587,7 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
  * DRAM bandwidth per SM the bytes in flight come from more warps, not from more
  * tasks per warp (docs/cuda-reference.md, "Ninth round"). FP8 destinations (write
  * only): per-head scales and reciprocals in a per-block table. */
-template <class Op, int U, int MINB>
+template <class Op, int U, int MINB, bool EARLY = false>
 __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constant__ MoveParams p) {
   __shared__ float2 sh_scale[Op::kScaled ? 2 * kScaleTable : 1];
   const uint32_t H = p.fd_h.div;
@@ -605,9 +605,9 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
   const uint32_t task = blockIdx.x * (kThreads / 32u) + (threadIdx.x >> 5);
   /* lane's row, or (an inverted write, p.inv: move_invert.cu) lane's cache slot */
   const uint32_t r = (task << p.lg_tg) + (lane & ((1u << p.lg_tg) - 1u));
-  const bool inverted = p.inv != nullptr;
+  const bool inverted = !EARLY && p.inv != nullptr;
   if (inverted ? r >= p.num_slots : r >= p.row_count) return; /* no barrier or shuffle below */
-  const bool gather = !Op::kScaled && p.kind != KIND_WRITE;
+  const bool gather = !EARLY && !Op::kScaled && p.kind != KIND_WRITE;
   Item it;
   it.job = &p.job[0];
   it.live = true;
@@ -631,12 +631,17 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
     it.row = (uint32_t)row;
     crow0 = write_cache_row(p, p.job[0], (long long)r);
     crow1 = write_cache_row(p, p.job[1], (long long)r);
+  } else if (EARLY) {
+    /* a write over the IO rows (p.early): its IO loads do not wait for the slot, which is
+     * resolved after they are issued; a row whose slot is invalid has been read for nothing */
+    crow0 = crow1 = nullptr;
   } else {
     const long long slot = write_slot_load(p, it);
     crow0 = write_cache_row(p, p.job[0], slot);
     crow1 = write_cache_row(p, p.job[1], slot);
   }
-  if (!crow0 && !crow1) return;
+  const long long early_slot = EARLY ? write_slot_load(p, it) : 0;
+  if (!EARLY && !crow0 && !crow1) return;
   char* const io0 = p.job[0].io + (long long)p.job[0].io_esize * ((long long)it.row * p.job[0].io_token);
   char* const io1 = p.job[1].io + (long long)p.job[1].io_esize * ((long long)it.row * p.job[1].io_token);
   const uint32_t C = p.fd_c.div, HC = H * C, span = 2 * HC;
@@ -664,8 +669,13 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
         uint32_t jj, h, coff, ioff;
         where(q, jj, h, coff, ioff);
         const char* crow = jj ? crow1 : crow0;
-        if (crow) v[k] = ld_vec<typename Op::InVec>(gather ? crow + coff : (jj ? io1 : io0) + ioff);
+        if (EARLY || crow) v[k] = ld_vec<typename Op::InVec>(gather ? crow + coff : (jj ? io1 : io0) + ioff);
       }
+    }
+    if (EARLY) {
+      crow0 = write_cache_row(p, p.job[0], early_slot);
+      crow1 = write_cache_row(p, p.job[1], early_slot);
+      if (!crow0 && !crow1) return;
     }
 #pragma unroll
     for (int k = 0; k < U; ++k) {
@@ -925,6 +935,12 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
     const unsigned long long lanes = p.inv ? p.num_slots : (unsigned long long)p.row_count; /* rows, or slots */
     const unsigned long long tasks = (lanes + (1u << p.lg_tg) - 1) >> p.lg_tg;
     const unsigned long long grid = (tasks + kThreads / 32 - 1) / (kThreads / 32);
+    if constexpr (!Op::kScaled) { /* copies and F16 <-> BF16: rows_write_early_for (cuda/tuning.h) */
+      if (p.early && p.kind == KIND_WRITE && !p.inv) {
+        move_rows<Op, U, MINB, true><<<(unsigned)grid, kThreads, 0, stream>>>(p);
+        return cudaGetLastError();
+      }
+    }
     move_rows<Op, U, MINB><<<(unsigned)grid, kThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }

@@ -16,6 +16,9 @@
 #ifndef KVX_CUDA_ROWS_PAIR_GATHER
 #define KVX_CUDA_ROWS_PAIR_GATHER 1 /* lean_gather_pairs_for: PACKED gathers of whole-token rows, two rows per task */
 #endif
+#ifndef KVX_CUDA_ROWS_WRITE_EARLY_DEPTH
+#define KVX_CUDA_ROWS_WRITE_EARLY_DEPTH 2 /* rows_write_early_for: the least memory depth (0: never) */
+#endif
 #ifndef KVX_CUDA_ROWS_INVERT_DEPTH
 #define KVX_CUDA_ROWS_INVERT_DEPTH 2 /* rows_invert_for: the least memory depth (0: every device) */
 #endif
@@ -61,6 +64,17 @@ inline bool lean_gather_pairs_for(int depth, bool packed_gather, bool token_rows
                                   unsigned long long row_chunks, unsigned long long task_chunks) {
   return KVX_CUDA_ROWS_PAIR_GATHER && depth >= 2 && packed_gather && token_rows && lg_tg == 0 &&
          row_chunks < 2 * task_chunks;
+}
+
+/* Whether an unscaled write (a copy, F16 <-> BF16; FP8 writes keep their order, unmeasured) through
+ * the lean kernel over the IO rows issues each row's IO loads before its
+ * slot arrives (one memory round trip before the stores instead of two; a row whose slot is invalid
+ * is read for nothing): from KVX_CUDA_ROWS_WRITE_EARLY_DEPTH on (H200: 16-bit rows of 8 x 128 at
+ * 65536 tokens +0.9 to +1.5 points, 8 x 64 +1.8, one head of 64 / 128 +2.2 / +3.5, F32 rows and
+ * tasks of 8 KB or more unchanged: docs/cuda-reference.md, "Twentieth round"; at depth 1 unmeasured,
+ * where the lean kernel writes only tasks of 4 or more short rows). */
+inline bool rows_write_early_for(int depth) {
+  return KVX_CUDA_ROWS_WRITE_EARLY_DEPTH > 0 && depth >= KVX_CUDA_ROWS_WRITE_EARLY_DEPTH;
 }
 
 /* Whether a large write through the lean kernel goes over the cache's slots instead of the IO
