@@ -55,9 +55,9 @@ inline bool lean_rows_for(int depth, bool lookup_gather, int lg_tg) {
 }
 
 /* Whether a large PACKED gather through the lean kernel takes two rows per task where one row
- * fills a task (lg_tg 0) with fewer than twice `task_chunks` 16-byte chunks (K and V): on a device of memory depth 2 or more, from a cache whose token
- * rows are one contiguous run of heads x head_dim (NHD), so that a task reads one run of two rows
- * and its lookups serve twice the bytes (H200: gathers of 8 heads x 128 16-bit values +1 to +1.5
+ * fills a task (lg_tg 0) with fewer than twice `task_chunks` 16-byte chunks (K and V): on a device
+ * of memory depth 2 or more, from a cache whose token rows are one contiguous run of heads x
+ * head_dim (NHD), so that a task reads one run of two rows and its lookups serve twice the bytes (H200: gathers of 8 heads x 128 16-bit values +1.2 to +2
  * points; HND rows, whose heads lie a block apart, and rows already two per task gained nothing
  * or lost: docs/cuda-reference.md, "Twentieth round"). */
 inline bool lean_gather_pairs_for(int depth, bool packed_gather, bool token_rows, int lg_tg,
