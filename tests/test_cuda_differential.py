@@ -192,9 +192,9 @@ def test_unified_call_inside_graph_capture_is_refused_cleanly(provider, op):
 # Large calls take planner paths that the random cases above (mostly small) never reach
 # (docs/cuda-reference.md, "Mid-size calls and narrow rows"): 2 to 8 rows per task when a
 # row's K and V have fewer than 256 chunks (up to 32 in the lean kernel), one task per warp for gathers below 262144
-# rows, four from there on; on a device of memory depth 2 or more (an H200) the PACKED gathers of NHD rows of 8 x 128
-# take two rows per task in the lean kernel ("Twentieth round"), odd sequence lengths leaving half a pair. Each case below takes one of them; the result must be the
-# oracle's, bit for bit.
+# rows, four from there on; on a device of memory depth 2 or more (an H200) the PACKED gathers of NHD rows of
+# 8 x 128 take two rows per task in the lean kernel ("Twentieth round"), odd sequence lengths leaving half a pair.
+# Each case below takes one of them; the result must be the oracle's, bit for bit.
 LARGE = {
     # id: (op, heads, head_dim, sequences or tokens, mixed lengths)
     "gather-d64x8-262144rows-2rows-per-task-4-tasks-per-warp": ("gather", 8, 64, 128, False),

@@ -57,9 +57,10 @@ inline bool lean_rows_for(int depth, bool lookup_gather, int lg_tg) {
 /* Whether a large PACKED gather through the lean kernel takes two rows per task where one row
  * fills a task (lg_tg 0) with fewer than twice `task_chunks` 16-byte chunks (K and V): on a device
  * of memory depth 2 or more, from a cache whose token rows are one contiguous run of heads x
- * head_dim (NHD), so that a task reads one run of two rows and its lookups serve twice the bytes (H200: gathers of 8 heads x 128 16-bit values +1.2 to +2
- * points; HND rows, whose heads lie a block apart, and rows already two per task gained nothing
- * or lost: docs/cuda-reference.md, "Twentieth round"). */
+ * head_dim (NHD), so that a task reads one run of two rows and its lookups serve twice the bytes
+ * (H200: gathers of 8 heads x 128 16-bit values +1.2 to +2 points; HND rows, whose heads lie a
+ * block apart, and rows already two per task gained nothing or lost: docs/cuda-reference.md,
+ * "Twentieth round"). */
 inline bool lean_gather_pairs_for(int depth, bool packed_gather, bool token_rows, int lg_tg,
                                   unsigned long long row_chunks, unsigned long long task_chunks) {
   return KVX_CUDA_ROWS_PAIR_GATHER && depth >= 2 && packed_gather && token_rows && lg_tg == 0 &&
@@ -67,9 +68,9 @@ inline bool lean_gather_pairs_for(int depth, bool packed_gather, bool token_rows
 }
 
 /* Whether an unscaled write (a copy, F16 <-> BF16; FP8 writes keep their order, unmeasured) through
- * the lean kernel over the IO rows issues each row's IO loads before its
- * slot arrives (one memory round trip before the stores instead of two; a row whose slot is invalid
- * is read for nothing): from KVX_CUDA_ROWS_WRITE_EARLY_DEPTH on (H200: 16-bit rows of 8 x 128 at
+ * the lean kernel over the IO rows issues each row's IO loads before its slot arrives (one memory
+ * round trip before the stores instead of two; a row whose slot is invalid is read for nothing):
+ * from KVX_CUDA_ROWS_WRITE_EARLY_DEPTH on (H200: 16-bit rows of 8 x 128 at
  * 65536 tokens +0.9 to +1.5 points, 8 x 64 +1.8, one head of 64 / 128 +2.2 / +3.5, F32 rows and
  * tasks of 8 KB or more unchanged: docs/cuda-reference.md, "Twentieth round"; at depth 1 unmeasured,
  * where the lean kernel writes only tasks of 4 or more short rows). */
