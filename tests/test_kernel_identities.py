@@ -170,39 +170,33 @@ def test_depth_rules(tuning_check, rule, depth, on):
                             f"repro: {' '.join(cmd)} && {exe} {rule} {depth}")
 
 
-@pytest.mark.parametrize("what, args, on", [
-    # (depth, PACKED gather, NHD token rows, lg_tg, chunks of one row's K and V, chunks a task aims at)
-    ("H200, NHD PACKED gather, 8 x 128 16-bit (256 chunks)", (2, 1, 1, 0, 256, 256), True),   # +1.2 to +2 points
-    ("H100 (depth 1): move_fast takes it, no pairs", (1, 1, 1, 0, 256, 256), False),
-    ("HND rows (heads a block apart)", (2, 1, 0, 0, 256, 256), False),                      # +-0.5: nothing to gain
-    ("RAGGED / KV_OFFSETS gathers", (2, 0, 1, 0, 256, 256), False),
-    ("rows already two per task (8 x 64 16-bit)", (2, 1, 1, 1, 128, 256), False),           # four per task: -1.3
-    ("F32 rows of 8 x 128 (512 chunks)", (2, 1, 1, 0, 512, 256), False),
-    ("16-bit rows of 8 x 256 (512 chunks)", (2, 1, 1, 0, 512, 256), False),
-    ("one chunk under twice the task", (2, 1, 1, 0, 511, 256), True),
-    ("depth 4", (4, 1, 1, 0, 256, 256), True),
+@pytest.mark.parametrize("rule, what, args, on", [
+    # fit32 (row_offsets_fit32): (heads, head_dim, cache head stride, cache element size, IO head stride, IO size)
+    ("fit32", "NHD F16 row of 8 x 128 (cache and IO head stride 128)", (8, 128, 128, 2, 128, 2), True),
+    ("fit32", "HND F16, 16-token blocks (cache head stride 16 x 128)", (8, 128, 2048, 2, 128, 2), True),
+    ("fit32", "the last head ends at exactly 2^31 bytes", (2, 1 << 29, 1 << 29, 2, 0, 2), True),
+    ("fit32", "... one element further", (2, (1 << 29) + 1, 1 << 29, 2, 0, 2), False),
+    ("fit32", "head stride x heads past 2^31 on the cache side", (64, 128, 1 << 25, 2, 128, 2), False),
+    ("fit32", "... on the IO side", (64, 128, 128, 2, 1 << 25, 2), False),
+    ("fit32", "a negative head stride", (8, 128, -128, 2, 128, 2), False),
+    ("fit32", "a stride so large that heads x stride overflows 64 bits", (3, 128, (1 << 62), 4, 128, 4), False),
+    ("fit32", "one head, stride 0", (1, 128, 0, 4, 0, 4), True),
+    # pairs (lean_gather_pairs_for, "Twentieth round"): (depth, PACKED gather, NHD token rows, lg_tg,
+    # chunks of one row's K and V, chunks a task aims at)
+    ("pairs", "H200, NHD PACKED gather, 8 x 128 16-bit (256 chunks)", (2, 1, 1, 0, 256, 256), True),  # +1.2 to +2 points
+    ("pairs", "H100 (depth 1): move_fast takes it, no pairs", (1, 1, 1, 0, 256, 256), False),
+    ("pairs", "HND rows (heads a block apart)", (2, 1, 0, 0, 256, 256), False),                     # +-0.5: nothing to gain
+    ("pairs", "RAGGED / KV_OFFSETS gathers", (2, 0, 1, 0, 256, 256), False),
+    ("pairs", "rows already two per task (8 x 64 16-bit)", (2, 1, 1, 1, 128, 256), False),          # four per task: -1.3
+    ("pairs", "F32 rows of 8 x 128 (512 chunks)", (2, 1, 1, 0, 512, 256), False),
+    ("pairs", "16-bit rows of 8 x 256 (512 chunks)", (2, 1, 1, 0, 512, 256), False),
+    ("pairs", "one chunk under twice the task", (2, 1, 1, 0, 511, 256), True),
+    ("pairs", "depth 4", (4, 1, 1, 0, 256, 256), True),
 ])
-def test_lean_gathers_take_row_pairs(tuning_check, what, args, on):
-    """lean_gather_pairs_for (cuda/tuning.h; docs/cuda-reference.md, "Twentieth round")."""
+def test_lean_kernel_rules_on_rows(tuning_check, rule, what, args, on):
+    """The lean kernel's rules on a call's rows (cuda/tuning.h): the rows its 32-bit offsets reach
+    (row_offsets_fit32) and the gathers that take two rows per task (lean_gather_pairs_for)."""
     exe, cmd = tuning_check
-    got = _word(exe, "pairs", *args)
-    assert got == int(on), (f"{what}: expected pairs {int(on)}, got {got}\n"
-                            f"repro: {' '.join(cmd)} && {exe} pairs {' '.join(map(str, args))}")
-
-
-@pytest.mark.parametrize("what, args, fits", [
-    ("NHD F16 row of 8 x 128 (cache and IO head stride 128)", (8, 128, 128, 2, 128, 2), True),
-    ("HND F16, 16-token blocks (cache head stride 16 x 128)", (8, 128, 2048, 2, 128, 2), True),
-    ("the last head ends at exactly 2^31 bytes", (2, 1 << 29, 1 << 29, 2, 0, 2), True),
-    ("... one element further", (2, (1 << 29) + 1, 1 << 29, 2, 0, 2), False),
-    ("head stride x heads past 2^31 on the cache side", (64, 128, 1 << 25, 2, 128, 2), False),
-    ("... on the IO side", (64, 128, 128, 2, 1 << 25, 2), False),
-    ("a negative head stride", (8, 128, -128, 2, 128, 2), False),
-    ("a stride so large that heads x stride overflows 64 bits", (3, 128, (1 << 62), 4, 128, 4), False),
-    ("one head, stride 0", (1, 128, 0, 4, 0, 4), True),
-])
-def test_the_lean_kernel_takes_rows_its_32_bit_offsets_reach(tuning_check, what, args, fits):
-    exe, cmd = tuning_check
-    got = _word(exe, "fit32", *args)
-    assert got == int(fits), (f"{what}: expected fit32 {int(fits)}, got {got}\n"
-                              f"repro: {' '.join(cmd)} && {exe} fit32 {' '.join(map(str, args))}")
+    got = _word(exe, rule, *args)
+    assert got == int(on), (f"{what}: expected {rule} {int(on)}, got {got}\n"
+                            f"repro: {' '.join(cmd)} && {exe} {rule} {' '.join(map(str, args))}")
