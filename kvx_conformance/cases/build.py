@@ -284,6 +284,19 @@ def packed_gather(
                    out4d=out4d, label=label, overrides=overrides)
 
 
+#: the geometry of the tiny valid calls that probe what a provider serves (4 blocks of 4 tokens, 2 heads of 8)
+TINY = Geometry(num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8)
+
+
+def tiny_calls(kind: str | Layout, dtype: DType, *, seed: int, label: str) -> tuple[ValidateCase, WriteCase, GatherCase]:
+    """A tiny valid validate, write (2 tokens) and PACKED gather (one sequence of 3 tokens) of a
+    ``kind`` cache of ``dtype`` in ``TINY``: the calls that probe a provider before a run."""
+    cache = simple_cache(TINY, kind, dtype, seed=seed)
+    write = write_case(cache, spread_slots(TINY, 2, seed + 1), seed=seed + 1, label=label)
+    gather = packed_gather(cache, [[1]], [3], 4, seed=seed + 2, label=label)
+    return validate_case(cache, label=label), write, gather
+
+
 def ragged_table(table, lengths, block_size: int, max_blocks_per_seq: int,
                  index_dtype: DType = DType.S32, indptr_dtype: DType = DType.S32, extra: int = 0) -> BlockTable:
     """RAGGED (spec 5.1) from a per-sequence block list: one index per cached token.

@@ -15,7 +15,6 @@ from collections.abc import Callable
 import numpy as np
 
 from ..abi import header as abi
-from ..abi.descriptors import Geometry
 from ..abi.header import DType, Status
 from . import build as cb
 
@@ -23,7 +22,7 @@ from . import build as cb
 PROBED = ("nhd", "hnd", "hnd_packed", "custom_layout", "noncanonical_strides", "mixed_layouts",
           "mixed_io_dtype", "fp8", "io_strides", "gather_4d", "ragged", "kv_offsets", "secondary_pool")
 
-_G = Geometry(num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8)
+_G = cb.TINY
 _CACHE: dict[tuple[str, int], frozenset[str]] = {}
 
 
@@ -163,13 +162,13 @@ def memory_answer(provider, memory: abi.Memory) -> str:
 
     opts, answers = CallOptions(memory=memory), []
     for kind in ("nhd", "hnd"):
-        cache = cb.simple_cache(_G, kind, DType.F16, seed=98)  # F16: the dtype every KV cache serves
-        sv = int(run_validate(provider, cb.validate_case(cache, label="memory probe"), opts).status)
+        # F16: the dtype every KV cache serves
+        validate, write, _ = cb.tiny_calls(kind, DType.F16, seed=98, label="memory probe")
+        sv = int(run_validate(provider, validate, opts).status)
         if sv != Status.OK:
             answers.append(status_name(sv))
             continue
-        case = cb.write_case(cache, cb.spread_slots(_G, 2, 99), seed=99, label="memory probe")
-        sw = int(run_write(provider, case, opts).status)
+        sw = int(run_write(provider, write, opts).status)
         if sw == Status.OK:
             return "OK"
         answers.append(f"{status_name(sw)} (write; validate OK)")

@@ -78,26 +78,10 @@ def environment(with_torch: bool = True) -> dict:
 
 
 def _minimal_cases(layout: abi.Layout):
-    """A tiny valid validate / write / gather case in F32 with ``layout``."""
-    import numpy as np
+    """A tiny valid validate / write / gather case in F32 with ``layout`` (``cases.build.tiny_calls``)."""
+    from ..cases import build as cb
 
-    from ..abi import descriptors as d
-    from ..cases.case import CacheCase, GatherCase, ValidateCase, WriteCase
-
-    g = d.Geometry(num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8)
-    lay = d.cache_layout(g, layout, abi.DType.F32)
-    span = lay.span_elements()
-    cache = CacheCase(g, lay, lay, np.zeros(span, np.float32), np.zeros(span, np.float32))
-    io = d.IOLayout.dense(abi.DType.F32, 2, g.num_kv_heads, g.head_dim)
-    kv = np.arange(io.span_elements(), dtype=np.float32)
-    write = WriteCase(cache, io, io, kv, kv + 1000, d.SlotMapping(np.array([5, 9])), 2, label="preflight")
-    out = d.IOLayout.dense(abi.DType.F32, 4, g.num_kv_heads, g.head_dim)
-    gather = GatherCase(
-        cache, d.BlockTable.packed(np.array([[1]])), d.SeqLens(np.array([3])), 4, out, 4,
-        out_k_init=np.zeros(out.span_elements(), np.float32), out_v_init=np.zeros(out.span_elements(), np.float32),
-        label="preflight",
-    )
-    return ValidateCase(cache, label="preflight"), write, gather
+    return cb.tiny_calls(layout, abi.DType.F32, seed=80, label="preflight")
 
 
 #: (entry point, override path, struct type) probed for each entry point
