@@ -8,6 +8,8 @@
 #   OUT=/tmp/variants bash tools/kernel_variants.sh
 # VARIANTS: name=flag,flag ... (the flags become CMAKE_CUDA_FLAGS; -DKVX_NOP builds the defaults);
 # CASES: case ids or globs (as results.json names them: reports/h100-reference/results.json); REPS: runs per build (default "1 2").
+# PREBUILT=DIR: no build here; each variant's libkvx_reference.so and libkvx_bench_copy.so are taken from DIR/NAME/
+# (built elsewhere with the same CMake line for sm_90 and carried to the GPU machine; VARIANTS then names them only).
 # Writes $OUT/NAME-REP/results.json per run and $OUT/variants.txt: % of that run's roofline per case
 # and build, "!" after a figure whose case failed verification.
 set -u
@@ -17,7 +19,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 # the source tree imported in place: its native libraries come from each variant's build folder
 mkdir -p kvx_conformance/_native && echo "HAVE_CUDA = True" > kvx_conformance/_native/__init__.py
 ln -sfn ../reference_impl kvx_conformance/reference_impl; ln -sfn ../suites kvx_conformance/suites
+lib_dir() { if [ -n "${PREBUILT:-}" ]; then (cd "$PREBUILT/$1" && pwd); else echo "$PWD/build/variants/$1/native"; fi; }
 for v in $VARIANTS; do
+  [ -n "${PREBUILT:-}" ] && break
   n=${v%%=*}; f=${v#*=}; f=${f//,/ }
   ( cmake -S . -B build/variants/$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVX_CUDA_ARCHITECTURES=${ARCH:-90} \
       "-DCMAKE_CUDA_FLAGS=$f" > "$OUT/cmake-$n.log" 2>&1 &&
@@ -29,8 +33,9 @@ FILT=""; for c in $CASES; do FILT="$FILT --filter $c"; done
 for rep in ${REPS:-1 2}; do
   for v in $VARIANTS; do
     n=${v%%=*}
-    KVX_CONFORM_NATIVE_DIR=$PWD/build/variants/$n/native python3 -m kvx_conformance.cli bench \
-      build/variants/$n/native/libkvx_reference.so --preset standard --memory device --no-peers --quiet $FILT \
+    d=$(lib_dir "$n")
+    KVX_CONFORM_NATIVE_DIR=$d python3 -m kvx_conformance.cli bench \
+      "$d/libkvx_reference.so" --preset standard --memory device --no-peers --quiet $FILT \
       --output-dir "$OUT/$n-$rep" > "$OUT/bench-$n-$rep.log" 2>&1
     echo "$n run $rep: exit $?"
   done
