@@ -586,7 +586,9 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
  * so the kernel fits MINB blocks of 256 threads per SM: on a device with more
  * DRAM bandwidth per SM the bytes in flight come from more warps, not from more
  * tasks per warp (docs/cuda-reference.md, "Ninth round"). FP8 destinations (write
- * only): per-head scales and reciprocals in a per-block table. */
+ * only): per-head scales and reciprocals in a per-block table. EARLY (unscaled writes over
+ * the IO rows, p.early: rows_write_early_for): the IO loads are issued before the slot
+ * arrives and the cache rows resolved between the loads and the stores ("Twentieth round"). */
 template <class Op, int U, int MINB, bool EARLY = false>
 __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constant__ MoveParams p) {
   __shared__ float2 sh_scale[Op::kScaled ? 2 * kScaleTable : 1];
