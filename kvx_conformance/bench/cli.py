@@ -56,38 +56,31 @@ def select(cases, globs):
     return [c for c in cases if any(fnmatch.fnmatch(c.id, g) or g in c.id for g in globs)]
 
 
-def resolve_memory(requested: str, provider: str | None = None) -> tuple[str | None, str | None]:
-    """The memory type to bench on, or why none: ``auto`` is device memory where torch sees a GPU and the
-    provider serves device memory (``served.memory_answer``: a tiny valid validate and write answered
-    OK), as for ``kvx-conform run``; an explicit device / unified request the provider refuses is an
-    error, as there."""
-    if requested == "host":
-        return "host", None
-    try:
-        import torch
+def resolve_memory(requested: str, provider: str) -> tuple[str | None, str | None]:
+    """The memory type to bench on, or why none: the choice of ``kvx-conform run``
+    (``served.choose_memory``) from ``served.memory_answer`` on this machine."""
+    from ..cases.served import choose_memory
 
-        gpu = torch.cuda.is_available()
-    except ImportError:
-        gpu = False
-    if not gpu:
-        return ("host", None) if requested == "auto" else (None, f"memory type {requested} needs torch with a CUDA GPU")
-    if provider is None:
-        return ("device" if requested == "auto" else requested), None
-    from ..abi.header import Memory
-    from ..abi.loader import load_provider
-    from ..cases.served import memory_answer
+    def answer_of(mem: str) -> str:
+        try:
+            import torch
 
-    mem = "device" if requested == "auto" else requested
-    try:
-        answer = memory_answer(load_provider(provider), Memory[mem.upper()])
-    except Exception as e:  # noqa: BLE001 - buffers that cannot be made are facts about the machine
-        return None, f"memory type {mem} is unavailable here: {type(e).__name__}: {e}"
-    if answer == "OK":
-        return mem, None
-    if requested == "auto":
-        return "host", None
-    return None, (f"memory type {mem} is not served by the provider: a tiny valid call on it answered {answer} "
-                  f"(bench it on the memory it serves: --memory host, or auto)")
+            gpu = torch.cuda.is_available()
+        except ImportError:
+            gpu = False
+        if not gpu:
+            return "unavailable here: it needs torch with a CUDA GPU"
+        from ..abi.header import Memory
+        from ..abi.loader import load_provider
+        from ..cases.served import memory_answer
+
+        try:
+            return memory_answer(load_provider(provider), Memory[mem.upper()])
+        except Exception as e:  # noqa: BLE001 - buffers that cannot be made are facts about the machine
+            return f"unavailable here: {type(e).__name__}: {e}"
+
+    memory, error, _ = choose_memory(requested, answer_of, "bench")
+    return memory, error
 
 
 def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, dict | None]:

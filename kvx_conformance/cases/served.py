@@ -176,6 +176,29 @@ def memory_answer(provider, memory: abi.Memory) -> str:
     return next((a for a in answers if "(write" in a), answers[0])
 
 
+def choose_memory(requested: str, answer_of: Callable[[str], str], verb: str) -> tuple[str | None, str | None, list[str]]:
+    """(memory, error, notes) for ``--memory requested`` of ``kvx-conform run`` (``verb`` "certify") or
+    ``bench`` ("bench"). ``answer_of(memory)`` is ``memory_answer``'s answer for that memory type, or
+    "unavailable here: ..." (not on this machine) or "not probed". ``auto`` takes device memory only
+    where it is "OK"; an explicit request answered with a status is an error (the provider does not
+    serve that memory type), as one unavailable here is."""
+    if requested == "host":
+        return "host", None, []
+    if requested == "auto":
+        why = answer_of("device")
+        if why == "OK":
+            return "device", None, ["memory auto: device (the provider serves KVX_MEMORY_DEVICE)"]
+        return "host", None, [f"memory auto: host (device: {why})"]
+    answer = answer_of(requested)
+    if answer.startswith("unavailable"):
+        return None, f"memory type {requested} is {answer}", []
+    if answer != "OK" and not answer.startswith("not probed"):
+        # a status: the provider refused a tiny valid call on that memory type, so it does not serve it
+        return None, (f"memory type {requested} is not served by the provider: a tiny valid call on it answered "
+                      f"{answer} ({verb} it on the memory it serves: --memory host, or auto)"), []
+    return requested, None, [] if answer == "OK" else [f"the provider's memory probe: {answer}"]
+
+
 def refused_outright(provider, memory: abi.Memory, features, entry: str) -> tuple[str, ...]:
     """Of ``features``, those the provider refuses outright at ``entry``: the tiny valid call of that
     entry point using the feature alone (a layout's cache, ``ENTRY_PROBED``; the other features of

@@ -74,14 +74,7 @@ def environment(with_torch: bool = True) -> dict:
     return env
 
 
-# ----------------------------------------------------------------------------- minimal valid calls
-
-
-def _minimal_cases(layout: abi.Layout):
-    """A tiny valid validate / write / gather case in F32 with ``layout`` (``cases.build.tiny_calls``)."""
-    from ..cases import build as cb
-
-    return cb.tiny_calls(layout, abi.DType.F32, seed=80, label="preflight")
+# ----------------------------------------------------------------------------- struct size probes
 
 
 #: (entry point, override path, struct type) probed for each entry point
@@ -115,6 +108,7 @@ def smallest_accepted(accepts: Callable[[int], bool], full: int) -> int | None:
 
 def probe_entry(provider: Provider, entry: str, memory: abi.Memory = abi.Memory.HOST) -> dict:
     """Probe the sizes ``entry`` accepts; returns {"baseline": status, "layout", "fields": [...]}."""
+    from ..cases import build as cb
     from ..cases import execute
 
     if entry == "kvx_get_version":
@@ -134,7 +128,7 @@ def probe_entry(provider: Provider, entry: str, memory: abi.Memory = abi.Memory.
     pick = {"kvx_validate_cache_desc": 0, "kvx_write_kv": 1, "kvx_gather_kv": 2}[entry]
     baseline, chosen = None, None
     for layout in (abi.Layout.BLOCK_NHD, abi.Layout.BLOCK_HND):
-        case = _minimal_cases(layout)[pick]
+        case = cb.tiny_calls(layout, abi.DType.F32, seed=80, label="preflight")[pick]
         st = run(provider, case, opts).status
         baseline = st
         if st == abi.Status.OK:

@@ -167,26 +167,11 @@ class RunCommand:
 
 
 def _resolve_memory(requested: str, info) -> tuple[str | None, str | None, list[str]]:
-    """(memory, error, notes) from the request and the preflight's memory probe."""
+    """(memory, error, notes) from the request and the preflight's memory probe (``served.choose_memory``)."""
+    from ..cases.served import choose_memory
+
     support = info.memory_support or {}
-    notes: list[str] = []
-    if requested == "host":
-        return "host", None, notes
-    if requested == "auto":
-        if support.get("device") == "OK":
-            return "device", None, ["memory auto: device (the provider serves KVX_MEMORY_DEVICE)"]
-        why = support.get("device", "not probed")
-        return "host", None, [f"memory auto: host (device: {why})"]
-    answer = support.get(requested, "not probed")
-    if answer.startswith("unavailable"):
-        return None, f"memory type {requested} is {answer}", notes
-    if answer != "OK" and not answer.startswith("not probed"):
-        # a status: the provider refused a tiny valid call on that memory type, so it does not serve it
-        return None, (f"memory type {requested} is not served by the provider: a tiny valid call on it answered "
-                      f"{answer} (certify it on the memory it serves: --memory host, or auto)"), notes
-    if answer != "OK":
-        notes.append(f"the provider's memory probe: {answer}")
-    return requested, None, notes
+    return choose_memory(requested, lambda mem: support.get(mem, "not probed"), "certify")
 
 
 def find_sanitizer() -> str | None:
