@@ -401,3 +401,82 @@ def test_device_call_captures_into_a_cuda_graph(provider, name):
     ver = prep.verify()
     assert ver["ok"], (f"{name}: after the graph's replay the memory differs from the oracle: {ver}\n"
                        f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")
+
+
+# Calls made back to back on one stream, with no wait between them, must see each other's memory in
+# stream order (R-STREAM): a gather reads what the write before it stored, and a write leaves alone
+# what the gather before it has yet to read. The CUDA reference launches its kernels so that each may
+# be scheduled while the kernel before it finishes (programmatic dependent launch, docs/cuda-reference.md,
+# "Twenty-first round"); each kernel waits for its predecessor before it touches memory. Every round
+# writes fresh rows into the same slots and gathers them into an output of its own, the blocks in the
+# reverse order, so that the gather's first rows are the write's last and the next write's first rows
+# the gather's last: each output must hold its own round's rows (a gather that ran early reads the
+# round before; a write that ran early, the round after).
+CHAINED = {
+    # id: (layout, tokens per call, rounds)
+    "nhd-256-tokens-decode-kernels": ("nhd", 256, 48),
+    "hnd_packed-256-tokens-tile-kernels": ("hnd_packed", 256, 48),
+    "nhd-4096-tokens": ("nhd", 4096, 24),
+    "nhd-16384-tokens-large-call-kernels": ("nhd", 16384, 8),
+    "hnd_packed-16384-tokens-tile-kernels": ("hnd_packed", 16384, 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAINED))
+def test_back_to_back_calls_keep_stream_order(provider, name):
+    """Write then gather the same slots, round after round on one stream with no wait: each gather
+    returns its round's rows (R-STREAM, R-WRITE, R-GATHER)."""
+    import torch
+
+    from kvx_conformance.abi import descriptors as d
+    from kvx_conformance.abi import header as abi
+    from kvx_conformance.bench.prepare import DeviceMem
+    from kvx_conformance.bench.sweep import LAYOUTS
+
+    layout, tokens, rounds = CHAINED[name]
+    bs, heads, dim, sl = 16, 8, 128, 256
+    nblk = tokens // bs
+    mem, rng = DeviceMem(), np.random.default_rng(61)
+    geom = d.Geometry(num_blocks=2 * nblk, block_size=bs, num_kv_heads=heads, head_dim=dim)
+    lay = d.cache_layout(geom, LAYOUTS[layout], DType.F16, pack=8 if layout == "hnd_packed" else None)  # 16 bytes
+    k_cache, v_cache = (mem.random(lay.span_elements(), DType.F16, rng) for _ in range(2))
+    cache = d.to_c_cache(geom, lay, mem.ptr(k_cache), lay, mem.ptr(v_cache), Memory.DEVICE)
+    # written row i goes to block blocks[i // bs]; sequences of `sl` tokens read the blocks in the
+    # reverse order, so gathered row r is written row (nblk - 1 - r // bs) * bs + r % bs
+    blocks = rng.permutation(geom.num_blocks)[:nblk].astype(np.int64)
+    slots = (blocks[:, None] * bs + np.arange(bs)).reshape(-1)
+    bt = d.BlockTable.packed(np.ascontiguousarray(blocks[::-1]).reshape(tokens // sl, sl // bs))
+    lens = d.SeqLens(np.full(tokens // sl, sl, np.int64))
+    keep = [mem.from_numpy(slots), mem.from_numpy(bt.encoded_indices()), mem.from_numpy(lens.encoded())]
+    io = d.IOLayout.dense(DType.F16, tokens, heads, dim)
+    rows_in = [[mem.random(io.span_elements(), DType.F16, rng) for _ in range(2)] for _ in range(rounds)]
+    rows_out = [[mem.empty(io.span_elements(), DType.F16, rng) for _ in range(2)] for _ in range(rounds)]
+    writes, gathers = [], []
+    for (k, v), (ok, ov) in zip(rows_in, rows_out):
+        w = abi.kvx_write_desc_t.new()
+        w.io = d.to_c_io(io, mem.ptr(k), io, mem.ptr(v), Memory.DEVICE, tokens, heads, dim)
+        w.slots = d.to_c_slots(d.SlotMapping(slots), mem.ptr(keep[0]))
+        w.k_scale_desc, w.v_scale_desc = d.to_c_scale(None, 0), d.to_c_scale(None, 0)
+        g = abi.kvx_gather_desc_t.new(max_seq_len=sl)
+        g.io = d.to_c_io(io, mem.ptr(ok), io, mem.ptr(ov), Memory.DEVICE, tokens, heads, dim)
+        g.block_table = d.to_c_table(bt, mem.ptr(keep[1]), 0)
+        g.seq_lens = d.to_c_seq_lens(lens, mem.ptr(keep[2]))
+        writes.append(w)
+        gathers.append(g)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    statuses = []
+    for w, g in zip(writes, gathers):
+        statuses += [provider.write_kv(cache, w, s.cuda_stream), provider.gather_kv(cache, g, s.cuda_stream)]
+    s.synchronize()
+    assert all(st == Status.OK for st in statuses), f"{name}: statuses {[status_name(st) for st in statuses]}"
+
+    def reversed_blocks(x):
+        return x.view(torch.int16).view(nblk, bs, heads * dim).flip(0)
+
+    wrong = [f"round {r} {'KV'[j]}" for r in range(rounds) for j in range(2)
+             if not torch.equal(rows_out[r][j].view(torch.int16).view(nblk, bs, heads * dim),
+                                reversed_blocks(rows_in[r][j]))]
+    assert not wrong, (f"{name}: {len(wrong)} of {2 * rounds} gathered outputs differ from the rows their round wrote "
+                       f"(expected each round's own rows, stream order): {wrong[:8]}\n"
+                       f"repro: pytest tests/test_cuda_differential.py -k '{name}' on a GPU machine")

@@ -106,6 +106,10 @@ constexpr int kThreads = 256;
                                               too (0: the tile kernels); at 256 rows the tiles won (prefill writes \
                                               3.1 against 3.8 us, F32 gathers warm 3.1 against 3.6 us) */
 #endif
+#ifndef KVX_CUDA_PDL
+#define KVX_CUDA_PDL 1 /* programmatic dependent launch (compute capability 9.0 or more): each kernel's \
+                          launch overlaps the end of the kernel before it in the stream (launch_kernel) */
+#endif
 constexpr int kUnroll = 4;
 
 /* Division by a run-time constant (Granlund-Montgomery): q = (hi(n*mul) + n) >> shr,
@@ -462,6 +466,41 @@ int grid_for(const void* kernel, unsigned long long total_items);
 /* The same for a kernel with one warp per task: the resident grid (warps
  * stride over tasks) when `persistent`, else one task per warp. */
 int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent, int threads = kThreads);
+/* Programmatic dependent launch. Every kernel of this backend starts with dependent_entry(): it lets
+ * the next kernel in the stream be launched (its blocks become resident as this grid's last blocks
+ * finish) and then waits until the kernel before it in the stream has completed and its writes are
+ * visible, before any global memory access. launch_kernel() launches with the attribute that allows
+ * that overlap on devices of compute capability 9.0 or more (dependent_launch()); elsewhere, and
+ * after a predecessor that is not such a kernel (a memset, a copy, another library's kernel), the
+ * launch waits as in plain stream order. Stream order is unchanged: a kernel reads or writes global
+ * memory only after its predecessor is complete. */
+__device__ __forceinline__ void dependent_entry() {
+#if KVX_CUDA_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* Whether launches on the current device carry the programmatic-serialization attribute. */
+bool dependent_launch();
+/* A kernel launch on `stream` (the attribute where dependent_launch()): the launch's error, else the
+ * last error. */
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned threads, size_t smem, cudaStream_t stream,
+                          Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent_launch() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+  const cudaError_t last = cudaGetLastError();
+  return e != cudaSuccess ? e : last;
+}
 /* memory_depth_for (tuning.h) of the current device, cached per device: H100 SXM
  * 25 GB/s of DRAM bandwidth per SM (depth 1), H200 36.5 (depth 2). */
 int memory_depth();

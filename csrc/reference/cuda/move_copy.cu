@@ -10,6 +10,7 @@ namespace kvx_cuda {
 
 /* General path kernel (helpers in move_kernels.cuh). */
 __global__ void __launch_bounds__(kThreads) move_general(const __grid_constant__ MoveParams p) {
+  dependent_entry();
   const uint32_t total = p.items_per_job * p.njobs;
   const uint32_t stride = gridDim.x * kThreads;
   const bool gather = p.kind != KIND_WRITE;
@@ -77,8 +78,7 @@ cudaError_t launch_copy(int esize, const MoveParams& p, cudaStream_t stream) {
 
 cudaError_t launch_general(const MoveParams& p, cudaStream_t stream) {
   const int grid = grid_for((const void*)move_general, (unsigned long long)p.items_per_job * p.njobs);
-  move_general<<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(move_general, (unsigned)grid, kThreads, 0, stream, p);
 }
 
 cudaError_t launch_fast(kvx_dtype_t src, kvx_dtype_t dst, const MoveParams& p, cudaStream_t stream) {
@@ -125,18 +125,20 @@ int grid_for_warps(const void* kernel, unsigned long long tasks, bool persistent
 struct DeviceTraits {
   int sms;   /* SM count (1 when unknown) */
   int depth; /* memory_depth_for (tuning.h) */
+  bool pdl;  /* compute capability 9.0 or more (dependent_launch) */
 };
 static const DeviceTraits& device_traits() {
   static thread_local int cached_dev = -1;
-  static thread_local DeviceTraits cached{1, 1};
+  static thread_local DeviceTraits cached{1, 1, false};
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev != cached_dev) {
-    int sms = 0, khz = 0, bits = 0;
+    int sms = 0, khz = 0, bits = 0, major = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev);
     cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev);
-    cached = DeviceTraits{sms > 0 ? sms : 1, memory_depth_for(sms, khz, bits)};
+    cached = DeviceTraits{sms > 0 ? sms : 1, memory_depth_for(sms, khz, bits), major >= 9};
     cached_dev = dev;
   }
   return cached;
@@ -153,6 +155,8 @@ int launch_threads(const MoveParams& p, unsigned long long warps, int threads) {
 }
 
 int memory_depth() { return device_traits().depth; }
+
+bool dependent_launch() { return KVX_CUDA_PDL && device_traits().pdl; }
 
 /* SMs x resident blocks per SM of `kernel` with `threads` per block on the current device (cached). */
 static int resident_blocks(const void* kernel, int threads) {

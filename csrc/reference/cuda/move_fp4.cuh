@@ -691,8 +691,9 @@ kvx_status_t launch_fast(Kernel kernel, Params P, unsigned long long rows, cudaS
   for (unsigned long long r0 = 0; r0 < rows; r0 += max_rows) {
     P.row_begin = r0;
     P.rows = rows - r0 < max_rows ? rows - r0 : max_rows;
-    kernel<<<(unsigned)((P.rows + rows_per_cta - 1) / rows_per_cta), threads, smem, stream>>>(P);
-    if (cudaGetLastError() != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+    if (kvx_cuda::launch_kernel(kernel, (unsigned)((P.rows + rows_per_cta - 1) / rows_per_cta), threads, (size_t)smem,
+                                stream, P) != cudaSuccess)
+      return KVX_STATUS_INTERNAL_ERROR;
   }
   return KVX_STATUS_OK;
 }
@@ -723,8 +724,9 @@ kvx_status_t launch_persistent(Kernel kernel, Params P, unsigned long long rows,
     P.row_begin = r0;
     P.rows = rows - r0 < max_rows ? rows - r0 : max_rows;
     const unsigned long long want = (P.rows + warps - 1) / warps, cap = (unsigned long long)(sms > 0 ? sms : 1) * per_sm;
-    kernel<<<(unsigned)(want < cap ? want : cap), threads, smem, stream>>>(P);
-    if (cudaGetLastError() != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+    if (kvx_cuda::launch_kernel(kernel, (unsigned)(want < cap ? want : cap), threads, (size_t)smem, stream, P) !=
+        cudaSuccess)
+      return KVX_STATUS_INTERNAL_ERROR;
   }
   return KVX_STATUS_OK;
 }
@@ -734,8 +736,7 @@ kvx_status_t launch_chunk(Kernel kernel, const Params& P, cudaStream_t stream) {
   /* One item per thread: many short-lived warps keep the most loads in flight
    * (the kernels still loop, grid-stride, should the grid ever be capped). */
   const unsigned grid = (unsigned)((P.items + 255) / 256);
-  kernel<<<grid, 256, 0, stream>>>(P);
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t e = kvx_cuda::launch_kernel(kernel, grid, 256, 0, stream, P);
   return e == cudaSuccess ? KVX_STATUS_OK : KVX_STATUS_INTERNAL_ERROR;
 }
 

@@ -22,6 +22,7 @@ __device__ const kvx_fp4_fast::MxPairs<true> kMxPairsBF16;
 
 template <int B, int DT>
 __global__ void __launch_bounds__(256, B == 16 ? 4 : 2) gather_kernel(Params P) {
+  kvx_cuda::dependent_entry();
   constexpr int ES = Es<DT>::value;
   /* E2M1 code -> FP32 value (kvx_ref::e2m1_to_f32), one shared-memory load per
    * value: 16 words in 16 banks, so lanes never conflict. */
@@ -163,6 +164,7 @@ __host__ __device__ constexpr unsigned gather_rows_per_warp(int es) {
  * steps from one address. */
 template <int B, int DT, bool NV, bool DENSE>
 __global__ void KVX_FP4_G_BOUNDS gather_fast_kernel(Params P) {
+  kvx_cuda::dependent_entry();
   constexpr int ES = Es<DT>::value, VPC = 16 / ES, CPB = B / VPC, NI = VPC == 4 ? KVX_FP4_G32_NI : KVX_FP4_G16_NI;
   __shared__ float e2m1[16];
   __shared__ float sdec[256];

@@ -17,6 +17,7 @@ namespace {
 template <int B, int DT>
 __global__ void __launch_bounds__(256, B == 16 ? 4 : DT == KVX_DTYPE_BF16 ? 2 : KVX_FP4_WRITE32_MIN_BLOCKS)
     write_kernel(Params P) {
+  kvx_cuda::dependent_entry();
   constexpr int ES = Es<DT>::value;
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < P.items; i += gridDim.x * blockDim.x) {
     const Item it = split(P, i);
@@ -667,6 +668,7 @@ __global__ void __launch_bounds__(WThreads<DT>::value, B == 16 && DT != KVX_DTYP
                                                           ? KVX_FP4_WRITE_MIN_BLOCKS_32
                                                           : KVX_FP4_WRITE_MIN_BLOCKS * 256 / WThreads<DT>::value)
     write_fast_kernel(Params P) {
+  kvx_cuda::dependent_entry();
   /* VPL values per lane and sub-block (16, or a whole 32-value block with
    * 16-bit IO: NG = 2 groups of 16), LB lanes per block, NI sub-blocks per
    * lane in flight */
@@ -960,6 +962,7 @@ __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& 
  * evenly over the warps of a grid of the resident CTAs (the launch caps it); else R rows per warp. */
 template <int DT, int FMT, bool DEEP>
 __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS) write_lean_kernel(Params P) {
+  kvx_cuda::dependent_entry();
   /* 16-bit IO: the thresholds, two sub-blocks per lane per step; F32: encode16's FP32 codes (the
    * NVFP4 divisors from a table), one sub-block of 4 vectors per lane */
   /* B-value blocks (LeanB), NV vectors each; OCP's 32-value blocks one per lane per step */
@@ -1100,6 +1103,7 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
 
 template <int DT, int FMT>
 __global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS) write_bulk_kernel(Params P) {
+  kvx_cuda::dependent_entry();
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* the sm_80 build: an empty kernel, never launched */
   constexpr int ES = Es<DT>::value, B = LeanB<FMT>::value, NV = B * ES / 16, S = KVX_FP4_BULK_STAGES;
   extern __shared__ __align__(128) unsigned char bulk_ring[];
@@ -1188,6 +1192,7 @@ __global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS) write_bulk_kernel(Par
  * stores (docs/cuda-reference.md, "Decode-sized calls"). */
 template <int B, int DT, int FMT>
 __global__ void __launch_bounds__(256) write_decode_kernel(const __grid_constant__ Params P) {
+  kvx_cuda::dependent_entry();
   constexpr int ES = Es<DT>::value, NG = B / 16, NV = B * ES / 16;
   const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= P.items) return;

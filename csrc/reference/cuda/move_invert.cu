@@ -26,6 +26,7 @@ namespace kvx_cuda {
 
 /* inv[slot] = row for every row of the call whose slot is valid (rows row_begin ..). */
 __global__ void __launch_bounds__(kThreads) invert_slots(const __grid_constant__ MoveParams p, int* inv) {
+  dependent_entry();
   const uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= p.row_count) return;
   const uint32_t row = p.row_begin + r;
@@ -104,8 +105,7 @@ cudaError_t launch_inverted(InvKernel kernel, kvx_dtype_t src, kvx_dtype_t dst, 
   if (scratch_alloc((void**)&inv, bytes, stream)) {
     cudaError_t e = KVX_CUDA_INVERT_CLEAR ? cudaMemsetAsync(inv, 0xFF, bytes, stream) : cudaSuccess;
     if (e == cudaSuccess) {
-      invert_slots<<<(unsigned)((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, inv);
-      e = cudaGetLastError();
+      e = launch_kernel(invert_slots, (unsigned)((rows + kThreads - 1) / kThreads), kThreads, 0, stream, p, inv);
     }
     if (e == cudaSuccess) {
       p.inv = inv;

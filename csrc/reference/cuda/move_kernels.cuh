@@ -440,6 +440,7 @@ constexpr int kScaleTable = 128;
  * strides over all tasks from a resident grid. */
 template <class Op>
 __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __grid_constant__ MoveParams p) {
+  dependent_entry();
   constexpr int U = Op::kUnroll;
   const uint32_t C = p.fd_c.div;
   const uint32_t HC = p.fd_h.div * C;
@@ -591,6 +592,7 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
  * arrives and the cache rows resolved between the loads and the stores ("Twentieth round"). */
 template <class Op, int U, int MINB, bool EARLY = false>
 __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constant__ MoveParams p) {
+  dependent_entry();
   __shared__ float2 sh_scale[Op::kScaled ? 2 * kScaleTable : 1];
   const uint32_t H = p.fd_h.div;
   if constexpr (Op::kScaled) {
@@ -813,6 +815,7 @@ __device__ __forceinline__ long long decode_cache_off(const DecodeParams& p, con
 
 template <class Op>
 __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_write(const __grid_constant__ DecodeParams p) {
+  dependent_entry();
   const uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
   if (u >= p.total) return;
   uint32_t row, j, h, c;
@@ -842,6 +845,7 @@ __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_write(con
 
 template <class Op>
 __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_gather(const __grid_constant__ DecodeParams p) {
+  dependent_entry();
   const uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
   if (u >= p.total) return;
   uint32_t row, j, h, c;
@@ -920,11 +924,9 @@ cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long grid = (total + threads - 1) / threads;
   if (gather) {
     if constexpr (Op::kScaled) return cudaErrorInvalidValue; /* FP8 destinations exist on write only */
-    else move_decode_gather<Op><<<(unsigned)grid, threads, 0, stream>>>(d);
-  } else {
-    move_decode_write<Op><<<(unsigned)grid, threads, 0, stream>>>(d);
+    else return launch_kernel(move_decode_gather<Op>, (unsigned)grid, (unsigned)threads, 0, stream, d);
   }
-  return cudaGetLastError();
+  return launch_kernel(move_decode_write<Op>, (unsigned)grid, (unsigned)threads, 0, stream, d);
 }
 
 template <class Op>
@@ -939,12 +941,10 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
     const unsigned long long grid = (tasks + kThreads / 32 - 1) / (kThreads / 32);
     if constexpr (!Op::kScaled) { /* copies and F16 <-> BF16: rows_write_early_for (cuda/tuning.h) */
       if (p.early && p.kind == KIND_WRITE && !p.inv) {
-        move_rows<Op, U, MINB, true><<<(unsigned)grid, kThreads, 0, stream>>>(p);
-        return cudaGetLastError();
+        return launch_kernel(move_rows<Op, U, MINB, true>, (unsigned)grid, kThreads, 0, stream, p);
       }
     }
-    move_rows<Op, U, MINB><<<(unsigned)grid, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_kernel(move_rows<Op, U, MINB>, (unsigned)grid, kThreads, 0, stream, p);
   }
   /* one warp per (job, row group) task, or per row group when K and V are fused */
   const unsigned long long groups = ((unsigned long long)p.row_count + (1u << p.lg_tg) - 1) >> p.lg_tg;
@@ -962,8 +962,7 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long warps = q.tpw == 0 ? tasks : (tasks + q.tpw - 1) / q.tpw;
   const int threads = launch_threads(p, warps, Op::kBlock);
   const int grid = grid_for_warps((const void*)move_fast<Op>, warps, q.tpw == 0, threads);
-  move_fast<Op><<<grid, threads, 0, stream>>>(q);
-  return cudaGetLastError();
+  return launch_kernel(move_fast<Op>, (unsigned)grid, (unsigned)threads, 0, stream, q);
 }
 
 }  // namespace kvx_cuda

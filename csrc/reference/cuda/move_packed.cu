@@ -72,6 +72,7 @@ __device__ __forceinline__ int inv_row(const MoveParams& p, uint32_t g, uint32_t
  * memory holds the tile as [token][dgroup], dgroup XOR (token mod ND). */
 template <int ND>
 __global__ void __launch_bounds__(kThreads, KVX_CUDA_PACKED_MIN_BLOCKS) move_packed(const __grid_constant__ MoveParams p) {
+  dependent_entry();
   constexpr int kPer = kTile * ND / 32; /* pieces per lane */
   constexpr uint32_t kRows = 32 / ND;   /* IO rows per instruction */
   __shared__ uint4 tile[kWarps][kTile * ND];
@@ -177,8 +178,7 @@ static cudaError_t launch_packed_nd(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long tasks = groups * p.fd_h.div * (p.fd_c.div / ND) * p.njobs;
   const int threads = launch_threads(p, tasks, kThreads);
   const int grid = grid_for_warps((const void*)move_packed<ND>, tasks, false, threads);
-  move_packed<ND><<<grid, threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(move_packed<ND>, (unsigned)grid, (unsigned)threads, 0, stream, p);
 }
 
 cudaError_t launch_packed(const MoveParams& p, cudaStream_t stream) {
@@ -205,6 +205,7 @@ namespace kvx_cuda {
 
 template <class Op>
 __global__ void __launch_bounds__(kThreads) move_packed_fp8(const __grid_constant__ MoveParams p) {
+  dependent_entry();
   constexpr int kIn = Op::kIn;                    /* IO element bytes */
   constexpr int kEl = 16 / kIn;                   /* elements per 16-byte IO chunk */
   constexpr int kRowChunks = 128 / kEl;           /* IO chunks per tile row (128 elements) */
@@ -294,8 +295,7 @@ static cudaError_t launch_packed_fp8_op(const MoveParams& p, cudaStream_t stream
   const unsigned long long tasks = groups * p.fd_h.div * ((p.fd_c.div * p.vec) / 128) * p.njobs;
   const int threads = launch_threads(p, tasks, kThreads);
   const int grid = grid_for_warps((const void*)move_packed_fp8<Op>, tasks, false, threads);
-  move_packed_fp8<Op><<<grid, threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(move_packed_fp8<Op>, (unsigned)grid, (unsigned)threads, 0, stream, p);
 }
 
 template <class In>
