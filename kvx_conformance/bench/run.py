@@ -275,7 +275,7 @@ def run_device(provider_path: str, cases: list[BenchCase], *, reference_path: st
     floor_timer = DeviceTimer(repeats=repeats) if replay else None
     floor_start = floor_timer.floor(replay) if replay else None
     if floor_start:
-        _log(f"floor (start): empty kernel, {replay} launches per graph, warm: "
+        _log(f"floor (start): {floor_start['what']}, {replay} launches per graph, warm: "
              f"{floor_start['median_s'] * 1e6:.3f} us per launch", quiet)
     floor_s = floor_start["median_s"] if floor_start else None
     results: list = [None] * len(cases)
