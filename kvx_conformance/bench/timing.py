@@ -99,17 +99,24 @@ class DeviceTimer:
             host.append(h)
         return stats(dev), stats(host)
 
-    def graph(self, fn, nsets: int, inner: int) -> dict:
-        t = self.torch
-        g = t.cuda.CUDAGraph()
+    def _captured(self, issue):
+        """A CUDA graph of what ``issue(stream)`` enqueues on the timer's stream (``stream``: the int handle)."""
+        g = self.torch.cuda.CUDAGraph()
         s = self.stream
         s.synchronize()
-        with t.cuda.graph(g, stream=s):
+        with self.torch.cuda.graph(g, stream=s):
+            issue(s.cuda_stream)
+        return g
+
+    def graph(self, fn, nsets: int, inner: int) -> dict:
+        def issue(stream: int) -> None:
             for i in range(nsets):
-                _check(fn(i, s.cuda_stream))
+                _check(fn(i, stream))
+
+        g = self._captured(issue)
         replays = max(1, inner // nsets)
         g.replay()
-        t.cuda.synchronize()
+        self.torch.cuda.synchronize()
         out = self._replay_rounds(g, replays, nsets)
         del g
         return stats(out)
@@ -150,13 +157,11 @@ class DeviceTimer:
 
     def graph_warm(self, fn, calls: int) -> dict:
         """``calls`` calls on input set 0 captured in one graph, replayed warm: device time per call."""
-        t = self.torch
-        g = t.cuda.CUDAGraph()
-        s = self.stream
-        s.synchronize()
-        with t.cuda.graph(g, stream=s):
+        def issue(stream: int) -> None:
             for _ in range(calls):
-                _check(fn(0, s.cuda_stream))
+                _check(fn(0, stream))
+
+        g = self._captured(issue)
         st = self._warm_rounds(g, calls)
         del g
         return st
@@ -170,13 +175,12 @@ class DeviceTimer:
         best, methods = None, {}
         for dependent in forms:
             k = EmptyKernel(dependent)
-            t = self.torch
-            g = t.cuda.CUDAGraph()
-            s = self.stream
-            s.synchronize()
-            with t.cuda.graph(g, stream=s):
+
+            def issue(stream: int, k=k) -> None:
                 for _ in range(calls):
-                    k.launch(s.cuda_stream)
+                    k.launch(stream)
+
+            g = self._captured(issue)
             st = self._warm_rounds(g, calls)
             del g
             st["what"] = k.what
