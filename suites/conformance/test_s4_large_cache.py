@@ -270,6 +270,24 @@ def _refused(got: Result, label: str, clause: str, case: str, seed: int, changed
     raise Unsupported(f"provider answered {name} for {label}", tuple(features), refused_with=name)
 
 
+def _outputs_changed(got: Result, proxy) -> list[str]:
+    """The gather outputs a refused call changed, one line each (against the proxy's initial outputs)."""
+    return [f"{label}: changed" for label, g_, init in (("out key", got.arrays["k"], proxy.out_k_init),
+                                                         ("out value", got.arrays["v"], proxy.out_v_init))
+            if not np.array_equal(g_.view(np.uint16), init.view(np.uint16))]
+
+
+def _answered(st, got: Result, label: str, clause: str, case: str, seed: int, changed, what: str,
+              features: tuple[str, ...] = (FEATURE,)) -> None:
+    """The call's status: a refusal (REFUSALS) must have written nothing (``changed()``: what it wrote,
+    one line each; read only then) and is the features' to excuse (:func:`_refused`); any other status
+    must be OK (``what``: the status check's wording), and the guards must hold."""
+    if int(st) in (int(s) for s in REFUSALS):
+        _refused(got, label, clause, case, seed, changed(), features)
+    check_status(int(st), (Status.OK,) + REFUSALS, clause=clause, case=case, what=what)
+    check_guards(got, clause=clause, case=case)
+
+
 # ---------------------------------------------------------------------------- write
 
 
@@ -307,16 +325,16 @@ def test_write_high_slots(kvx_provider, kvx_call_options, slot_dtype):
         check_inputs(got, case=case)
         offsets = _row_offsets(t, slots)
         words = {int(w) for w in np.unique(offsets.reshape(-1) * ITEM // 8)}
-        if int(st) in (int(s) for s in REFUSALS):
+        def written() -> list[str]:
             stray = []
             for side in ("k", "v"):
                 k_n, lines = caches.stray(side, set())
                 if k_n:
                     stray.append(f"{side.upper()} cache: {k_n} word(s) written; " + "; ".join(lines))
-            _refused(got, f"a write into a {_geom_text(t)}", CL_WRITE, case, seed, stray)
-        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_WRITE, case=case,
-                     what="status (OK, or a refusal of the large cache)")
-        check_guards(got, clause=CL_WRITE, case=case)
+            return stray
+
+        _answered(st, got, f"a write into a {_geom_text(t)}", CL_WRITE, case, seed, written,
+                  "status (OK, or a refusal of the large cache)")
         bad: list[str] = []
         for side, io_bits in (("k", key), ("v", value)):
             want = io_bits.reshape(n, H, D)
@@ -468,14 +486,8 @@ def test_gather_high_blocks(kvx_provider, kvx_call_options):
                                      "unchanged by a gather", got="; ".join(changed),
                                      clause="spec 7.2 (kvx_abi.h declares the inputs const); R-INPUTS",
                                      case=case, seed=seed)
-        if int(st) in (int(s) for s in REFUSALS):
-            outs = [f"{label}: changed" for label, g_, init in (("out key", got.arrays["k"], proxy.out_k_init),
-                                                                 ("out value", got.arrays["v"], proxy.out_v_init))
-                    if not np.array_equal(g_.view(np.uint16), init.view(np.uint16))]
-            _refused(got, f"a gather from a {_geom_text(t)}", CL_GATHER, case, seed, outs)
-        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_GATHER, case=case,
-                     what="status (OK, or a refusal of the large cache)")
-        check_guards(got, clause=CL_GATHER, case=case)
+        _answered(st, got, f"a gather from a {_geom_text(t)}", CL_GATHER, case, seed,
+                  lambda: _outputs_changed(got, proxy), "status (OK, or a refusal of the large cache)")
         bad = []
         slot_ids = np.array([b * BS + j for b in ids for j in range(BS)], np.int64)
         for side, label in (("k", "gathered keys"), ("v", "gathered values")):
@@ -675,15 +687,9 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
                                      "unchanged by a gather", got="; ".join(changed),
                                      clause="spec 7.2 (kvx_abi.h declares the inputs const); R-INPUTS",
                                      case=case, seed=seed)
-        if int(st) in (int(s) for s in REFUSALS):
-            outs = [f"{label}: changed" for label, g_, init in (("out key", got.arrays["k"], proxy.out_k_init),
-                                                                 ("out value", got.arrays["v"], proxy.out_v_init))
-                    if not np.array_equal(g_.view(np.uint16), init.view(np.uint16))]
-            _refused(got, f"a KV_OFFSETS gather from pools of {pool_bytes / 2**30:.2f} GiB", CL_KVO, case, seed,
-                     outs, features)
-        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_KVO, case=case,
-                     what="status (OK, or a refusal of the large pools; pool indices are not bounded by num_blocks)")
-        check_guards(got, clause=CL_KVO, case=case)
+        _answered(st, got, f"a KV_OFFSETS gather from pools of {pool_bytes / 2**30:.2f} GiB", CL_KVO, case, seed,
+                  lambda: _outputs_changed(got, proxy),
+                  "status (OK, or a refusal of the large pools; pool indices are not bounded by num_blocks)", features)
         # where a wrong row came from: (pool, block, token) of every filled row
         origin = {}
         for pool in ("primary", "secondary"):
@@ -836,12 +842,9 @@ def test_write_slots_past_2_31(kvx_provider, kvx_call_options):
                     bad.append(f"{side.upper()} cache, token {i} -> slot {int(slots[i])} ({_pow2(int(slots[i]))}; "
                                f"{SLOT_INDICES[int(slots[i])]}): expected 0x{int(bits[side][i]):04x}, got "
                                f"0x{int(have[lane]):04x} ({what})")
-        if int(st) in (int(s) for s in REFUSALS):
-            _refused(got, f"a write into a {_sgeom_text(t)}", CL_SLOT_INDICES, case, seed,
-                     stray + [b for b in bad if "never written" not in b])
-        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_SLOT_INDICES, case=case,
-                     what="status (OK, or a refusal of the large cache; every slot is valid)")
-        check_guards(got, clause=CL_SLOT_INDICES, case=case)
+        _answered(st, got, f"a write into a {_sgeom_text(t)}", CL_SLOT_INDICES, case, seed,
+                  lambda: stray + [b for b in bad if "never written" not in b],
+                  "status (OK, or a refusal of the large cache; every slot is valid)")
         if bad or stray:
             raise ConformanceFailure(
                 "a write of slots past 2^31 and 2^32 answered OK but dropped or misplaced tokens",
@@ -947,12 +950,9 @@ def test_gather_output_rows_past_2_31(kvx_provider, kvx_call_options):
                          if extra else "")
                 stray.append(f"{label}: {total - inside} word(s) of the zero-filled output outside every gathered "
                              f"row changed{first}")
-        if int(st) in (int(s) for s in REFUSALS):
-            _refused(got, f"a gather into outputs of {nbytes / 2**30:.2f} GiB", CL_IO_ROWS, case, seed,
-                     stray + [b for b in bad if "never written" not in b])
-        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_IO_ROWS, case=case,
-                     what="status (OK, or a refusal of the large outputs)")
-        check_guards(got, clause=CL_IO_ROWS, case=case)
+        _answered(st, got, f"a gather into outputs of {nbytes / 2**30:.2f} GiB", CL_IO_ROWS, case, seed,
+                  lambda: stray + [b for b in bad if "never written" not in b],
+                  "status (OK, or a refusal of the large outputs)")
         if bad or stray:
             raise ConformanceFailure(
                 "a gather into outputs past 2^31 elements answered OK but misplaced or dropped rows",
@@ -1043,13 +1043,12 @@ def test_write_input_rows_past_2_31(kvx_provider, kvx_call_options):
                                      "unchanged by a write", got="; ".join(changed),
                                      clause="spec 7.2 (kvx_abi.h declares the inputs const); R-INPUTS",
                                      case=case, seed=seed)
-        if int(st) in (int(s) for s in REFUSALS):
-            wrote = [f"{side.upper()} cache changed" for side, init in (("k", cache.k_init), ("v", cache.v_init))
-                     if not np.array_equal(got.arrays[side].view(np.uint16), init.view(np.uint16))]
-            _refused(got, f"a write from inputs of {nbytes / 2**30:.2f} GiB", CL_IO_ROWS, case, seed, wrote)
-        check_status(int(st), (Status.OK,) + REFUSALS, clause=CL_IO_ROWS, case=case,
-                     what="status (OK, or a refusal of the large inputs)")
-        check_guards(got, clause=CL_IO_ROWS, case=case)
+        def wrote() -> list[str]:
+            return [f"{side.upper()} cache changed" for side, init in (("k", cache.k_init), ("v", cache.v_init))
+                    if not np.array_equal(got.arrays[side].view(np.uint16), init.view(np.uint16))]
+
+        _answered(st, got, f"a write from inputs of {nbytes / 2**30:.2f} GiB", CL_IO_ROWS, case, seed, wrote,
+                  "status (OK, or a refusal of the large inputs)")
         check_arrays(got, exp, proxy, clause=CL_IO_ROWS,
                      what=f"a write whose valid tokens sit at input rows past element offsets 2^31 and 2^32 "
                           f"({case}) differs from the reference's write of those tokens")
