@@ -676,6 +676,25 @@ def _judge_bad_id(res, memory, cache, table, bad_at, stand_in, lens, msl, out, c
 CL_RAGGED = (CL_COMPAT + "; spec 5.1 (RAGGED), 5.3, 6.10; R-GATHER, R-DATA (token t of sequence s reads block "
              "indices[indptr[s] + t])")
 CL_S64 = CL_COMPAT + "; spec 5.1, 6.3 (S64 block ids are 64 bits wide); R-GATHER, R-DATA, R-WIDE-IDS"
+
+def _strided_write_verdict(res, cache, key, value, slots, raw: bool, clause: str, seed: int, case: str, title: str,
+                           where: str) -> None:
+    """The verdict on an FP4 write into strided (non-canonical) tensors: guards, a refusal that wrote nothing
+    (the features ``fp4`` and ``noncanonical_strides``), then OK with the oracle's bytes (raw: exactly;
+    from F16/BF16/F32: the compatible tier) at ``where``, the gaps and other rows unchanged."""
+    _check_guards(res, clause, seed, case)
+    _refusal_wrote_nothing(res, None, cache, clause, seed, case)
+    _status(res.status, Status.OK, "raw FP4 write" if raw else "FP4 write", clause, seed, case,
+            feature=("fp4", "noncanonical_strides"))
+    want = fx.expected_write(cache, key, value, slots)
+    if raw:
+        probs = fx.exact_write_problems(res.cache, want)
+    else:
+        probs = fx.compatible_write_problems(cache, res.cache, want, key, value, slots)
+    tier = "the bytes written" if raw else "compatible tier"
+    _fail_if(probs, title, f"{where} ({tier}), the gaps and other rows unchanged", clause, seed, case)
+
+
 CL_SCALE_STRIDES = (CL_COMPAT + " (the scale pool takes any non-negative strides, in bytes); spec 4.2 (MUST honor "
                     "provided strides); R-CACHE")
 GATHER_OUTS = [pytest.param(DType.F32, id="f32"), pytest.param(DType.BF16, id="bf16"),
@@ -876,18 +895,8 @@ def test_write_scale_pool_strides(kvx_provider, kvx_call_options, fmt, layout, p
     else:
         res = fx.run_write(kvx_provider, cache, key, value, slots, memory=opts.memory)
     case = _case(fmt, io, layout, seed, f", slots {slots.tolist()}" + _strides_note(cache))
-    _check_guards(res, CL_SCALE_STRIDES, seed, case)
-    _refusal_wrote_nothing(res, None, cache, CL_SCALE_STRIDES, seed, case)
-    _status(res.status, Status.OK, "raw FP4 write" if raw else "FP4 write", CL_SCALE_STRIDES, seed, case,
-            feature=("fp4", "noncanonical_strides"))
-    want = fx.expected_write(cache, key, value, slots)
-    if raw:
-        probs = fx.exact_write_problems(res.cache, want)
-    else:
-        probs = fx.compatible_write_problems(cache, res.cache, want, key, value, slots)
-    _fail_if(probs, "FP4 write into a scale pool with gaps", "scale bytes where the pool's strides put them "
-             "(" + ("the bytes written" if raw else "compatible tier") + "), the gaps and other rows unchanged",
-             CL_SCALE_STRIDES, seed, case)
+    _strided_write_verdict(res, cache, key, value, slots, raw, CL_SCALE_STRIDES, seed, case,
+                           "FP4 write into a scale pool with gaps", "scale bytes where the pool's strides put them")
 
 
 # ----------------------------------------------------------------------------- data tensor strides
@@ -957,18 +966,9 @@ def test_write_data_strides(kvx_provider, kvx_call_options, pattern, fmt, io):
         res = fx.run_write(kvx_provider, cache, key, value, slots, memory=opts.memory)
         key, value = key.astype(np.float32), value.astype(np.float32)
     case = _case(fmt, io, layout, seed, f", slots {slots.tolist()}" + _data_strides_note(cache))
-    _check_guards(res, CL_DATA_STRIDES, seed, case)
-    _refusal_wrote_nothing(res, None, cache, CL_DATA_STRIDES, seed, case)
-    _status(res.status, Status.OK, "raw FP4 write" if raw else "FP4 write", CL_DATA_STRIDES, seed, case,
-            feature=("fp4", "noncanonical_strides"))
-    want = fx.expected_write(cache, key, value, slots)
-    if raw:
-        probs = fx.exact_write_problems(res.cache, want)
-    else:
-        probs = fx.compatible_write_problems(cache, res.cache, want, key, value, slots)
-    _fail_if(probs, "FP4 write into padded data tensors", "codes at their strides' byte offsets (element offset / "
-             "2; " + ("the bytes written" if raw else "compatible tier") + "), the gaps and other rows unchanged",
-             CL_DATA_STRIDES, seed, case)
+    _strided_write_verdict(res, cache, key, value, slots, raw, CL_DATA_STRIDES, seed, case,
+                           "FP4 write into padded data tensors",
+                           "codes at their strides' byte offsets, element offset / 2")
 
 
 @conformance("fp4.gather.data_strides", CL_DATA_STRIDES, REQUIRED, "fp4", "gather", feature="fp4")
