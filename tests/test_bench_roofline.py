@@ -262,6 +262,32 @@ def _built_library() -> Path:
     return path
 
 
+def test_empty_kernel_launch_config_has_the_cuda_h_layout():
+    """The decode floor's overlapping form launches through ``cuLaunchKernelEx`` (ctypes): its structs
+    must lay out as cuda.h's ``CUlaunchAttribute`` (id, 4 bytes of padding, a 64-byte value union) and
+    ``CUlaunchConfig``, and the attribute id must be cuda.h's where the toolkit is here."""
+    import re
+    import shutil
+
+    from kvx_conformance.bench import timing as tm
+
+    attr, cfg_t = tm._CuLaunchAttribute, tm._CuLaunchConfig
+    assert ctypes.sizeof(attr) == 72 and attr.value.offset == 8
+    assert ctypes.sizeof(cfg_t) == 56
+    assert (cfg_t.shared_mem_bytes.offset, cfg_t.stream.offset, cfg_t.attrs.offset, cfg_t.num_attrs.offset) == \
+        (24, 32, 40, 48)
+    attr_id = tm.EmptyKernel.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    cfg = tm._launch_config(1234, attr_id)
+    assert (list(cfg.grid), list(cfg.block), cfg.stream, cfg.num_attrs) == ([1, 1, 1], [32, 1, 1], 1234, 1)
+    assert (cfg.attrs[0].id, cfg.attrs[0].value) == (attr_id, 1)
+    nvcc = shutil.which("nvcc")
+    header = Path(nvcc).resolve().parent.parent / "include" / "cuda.h" if nvcc else None
+    if header and header.exists():
+        m = re.search(r"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION\s*=\s*(\d+)",
+                      header.read_text(encoding="utf-8", errors="replace"))
+        assert m and int(m.group(1)) == attr_id, f"{header}: the attribute id is not {attr_id}"
+
+
 def test_copy_library_is_built_with_cuda_and_is_not_a_provider():
     path = _built_library()
     raw = ctypes.CDLL(str(path))
