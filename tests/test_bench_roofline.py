@@ -266,6 +266,7 @@ def test_empty_kernel_launch_config_has_the_cuda_h_layout():
     """The decode floor's overlapping form launches through ``cuLaunchKernelEx`` (ctypes): its structs
     must lay out as cuda.h's ``CUlaunchAttribute`` (id, 4 bytes of padding, a 64-byte value union) and
     ``CUlaunchConfig``, and the attribute id must be cuda.h's where the toolkit is here."""
+    import os
     import re
     import shutil
 
@@ -280,9 +281,12 @@ def test_empty_kernel_launch_config_has_the_cuda_h_layout():
     cfg = tm._launch_config(1234, attr_id)
     assert (list(cfg.grid), list(cfg.block), cfg.stream, cfg.num_attrs) == ([1, 1, 1], [32, 1, 1], 1234, 1)
     assert (cfg.attrs[0].id, cfg.attrs[0].value) == (attr_id, 1)
-    nvcc = shutil.which("nvcc")
-    header = Path(nvcc).resolve().parent.parent / "include" / "cuda.h" if nvcc else None
-    if header and header.exists():
+    nvcc = shutil.which("nvcc")  # the toolkit's bin/nvcc, or a wrapper beside /usr/local/cuda
+    homes = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    homes += [Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []
+    homes += [Path("/usr/local/cuda")]
+    header = next((h / "include" / "cuda.h" for h in homes if (h / "include" / "cuda.h").exists()), None)
+    if header:
         m = re.search(r"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION\s*=\s*(\d+)",
                       header.read_text(encoding="utf-8", errors="replace"))
         assert m and int(m.group(1)) == attr_id, f"{header}: the attribute id is not {attr_id}"
