@@ -217,8 +217,6 @@ class EmptyKernel:
         return torch.cuda.get_device_capability()[0] >= 9
 
     def __init__(self, dependent: bool = False):
-        import ctypes
-
         import torch
 
         torch.cuda.synchronize()  # the runtime's primary context is current on this thread
@@ -240,8 +238,6 @@ class EmptyKernel:
         self._fn = cls._fns[dependent]
 
     def launch(self, stream: int) -> None:
-        import ctypes
-
         if self.dependent:
             cfg = _launch_config(stream, self.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
             st = self._lib.cuLaunchKernelEx(ctypes.byref(cfg), self._fn, None, None)
