@@ -173,6 +173,28 @@ def test_controller_turns_each_record_into_the_right_outcome(tmp_path):
     assert res["crash"]["possible_cause"].startswith("writes after return detected in")
 
 
+def test_one_check_defers_the_check_after_each_call_to_its_end(monkeypatch):
+    """Within ``health.one_check`` (the stream-order check) provider calls are not followed by the
+    device check; leaving it makes one check, charged to the entry it names, even when the body
+    raised (a sticky fault can surface as the caller's own CUDA error first)."""
+    entries, seen = [], []
+    monkeypatch.setattr(health._Armed, "on", True)
+    monkeypatch.setattr(health._Armed, "handler", seen.append)
+    monkeypatch.setattr(health, "check", lambda entry="": entries.append(entry) or health.Fault(
+        "device-fault", "cudaErrorIllegalAddress", "an illegal memory access was encountered", 700))
+    with pytest.raises(health.DeviceFault):
+        with health.one_check("kvx_write_kv / kvx_gather_kv"):
+            health.after_call("kvx_write_kv")
+            health.after_call("kvx_gather_kv")
+            assert entries == [] and not health.armed()
+    assert entries == ["kvx_write_kv / kvx_gather_kv"] and health.armed()
+    assert [f.entry for f in seen] == ["kvx_write_kv / kvx_gather_kv"]
+    with pytest.raises(health.DeviceFault):
+        with health.one_check("kvx_gather_kv"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert entries[-1] == "kvx_gather_kv" and health.armed()
+
+
 # ----------------------------------------------------------------------------- bench-style isolation
 
 

@@ -1,5 +1,5 @@
 """docs/must-coverage.md stays true: every test it names exists in the bundled suites (the default
-run on host memory collects it), and a requirement whose level is ``required`` names at least one
+run on host or on device memory collects it: some checks have meaning on GPU memory only), and a requirement whose level is ``required`` names at least one
 required test (a test at another level, or one renamed away, would make a PASS claim more than the
 run checked)."""
 from __future__ import annotations
@@ -18,11 +18,16 @@ TEST_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+(\[[^\]]+\])?$")
 
 
 def _listed() -> dict[str, str]:
+    """id -> level of every test of the default run on host memory and on device memory (listing
+    needs no GPU)."""
     script = Path(sys.executable).with_name("kvx-conform")
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "kvx_conformance.cli"]
-    p = subprocess.run([*cmd, "list", "--json"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return {t["id"]: t["level"] for t in json.loads(p.stdout)["tests"]}
+    out = {}
+    for memory in ("host", "device"):
+        p = subprocess.run([*cmd, "list", "--json", "--memory", memory], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        out.update({t["id"]: t["level"] for t in json.loads(p.stdout)["tests"]})
+    return out
 
 
 def _rows() -> list[tuple[str, list[str], str]]:

@@ -12,9 +12,14 @@
  *                                     pointer (an illegal memory access: a sticky
  *                                     CUDA error that ends the process's context)
  *   libkvx_testing_cuda_twin.so       KVX_FAULTING=0: the same provider without it
+ *   libkvx_testing_cuda_own_stream.so KVX_FAULTING=0, KVX_OWN_STREAM=1: the twin, its
+ *                                     kernels on a stream of its own instead of the
+ *                                     caller's (waited for before it returns): out of
+ *                                     the caller's stream order (R-STREAM)
  *
  * tests/test_device_faults.py runs the suites on both and requires the faulting
- * calls' tests to be device-fault crashes and every other test to match the twin.
+ * calls' tests to be device-fault crashes and every other test to match the twin;
+ * tests/test_stream_order.py holds the own-stream build to `stream.order`.
  */
 #define KVX_BUILD_PROVIDER 1
 #include <cuda_runtime.h>
@@ -27,6 +32,9 @@
 
 #ifndef KVX_FAULTING
 #error "build with -DKVX_FAULTING=0 or 1"
+#endif
+#ifndef KVX_OWN_STREAM
+#define KVX_OWN_STREAM 0
 #endif
 
 namespace {
@@ -165,7 +173,9 @@ kvx_status_t launch(const CacheView& cv, const IOView& io, const std::vector<int
   const uint64_t rows = blk.size();
   if (rows == 0) return OK;
   int64_t* dev = nullptr;
-  if (cudaMalloc(&dev, 3 * rows * sizeof(int64_t)) != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+  /* stream-ordered allocation: cudaMalloc / cudaFree may wait for the whole device, which would hide
+   * the own-stream defect behind an implicit synchronization */
+  if (cudaMallocAsync(&dev, 3 * rows * sizeof(int64_t), stream) != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
   cudaMemcpyAsync(dev, blk.data(), rows * 8, cudaMemcpyHostToDevice, stream);
   cudaMemcpyAsync(dev + rows, tok.data(), rows * 8, cudaMemcpyHostToDevice, stream);
   cudaMemcpyAsync(dev + 2 * rows, row.data(), rows * 8, cudaMemcpyHostToDevice, stream);
@@ -175,9 +185,25 @@ kvx_status_t launch(const CacheView& cv, const IOView& io, const std::vector<int
   move_rows<<<blocks, threads, 0, stream>>>(cv.data, cv.sb, cv.st, cv.sh, cv.sd, io.data, io.st, io.sh, io.sd, dev,
                                              dev + rows, dev + 2 * rows, rows, heads, dim, cv.esize, to_cache ? 1 : 0);
   const cudaError_t launched = cudaGetLastError();
+  cudaFreeAsync(dev, stream);
   cudaStreamSynchronize(stream);
-  cudaFree(dev);
   return launched == cudaSuccess ? OK : KVX_STATUS_INTERNAL_ERROR;
+}
+
+/* The stream the calls' work goes to: the caller's, or (KVX_OWN_STREAM, the defect) one of this
+ * provider's own that does not wait for the caller's stream. */
+cudaStream_t work_stream(void* caller) {
+#if KVX_OWN_STREAM
+  static cudaStream_t own = [] {
+    cudaStream_t s = nullptr;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    return s;
+  }();
+  (void)caller;
+  return own;
+#else
+  return static_cast<cudaStream_t>(caller);
+#endif
 }
 
 }  // namespace
@@ -229,7 +255,7 @@ KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* cache, const kvx_write
     blk[i] = s / cache->block_size;
     tok[i] = s % cache->block_size;
   }
-  cudaStream_t cs = static_cast<cudaStream_t>(stream);
+  cudaStream_t cs = work_stream(stream);
   if (KVX_FAULTING && sm.dtype == KVX_DTYPE_S64 && n == kFaultTokens) {
     wild_store<<<1, 32, 0, cs>>>(n);
     cudaStreamSynchronize(cs);
@@ -280,7 +306,7 @@ KVX_API kvx_status_t kvx_gather_kv(const kvx_cache_desc_t* cache, const kvx_gath
       row.push_back((int64_t)(s * (uint64_t)desc->max_seq_len + t));
     }
   }
-  cudaStream_t cs = static_cast<cudaStream_t>(stream);
+  cudaStream_t cs = work_stream(stream);
   st = launch(k, key, blk, tok, row, cache->num_kv_heads, cache->head_dim, false, cs);
   if (st != OK) return st;
   return launch(v, value, blk, tok, row, cache->num_kv_heads, cache->head_dim, false, cs);

@@ -28,6 +28,7 @@ and keeps reporting it for every later call in that process, as a real sticky er
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fnmatch
 import glob
@@ -219,6 +220,21 @@ def after_call(entry: str) -> None:
     if handler is not None:
         handler(fault)  # the plugin's handler ends the process
     raise DeviceFault(fault)
+
+
+@contextlib.contextmanager
+def one_check(entry: str):
+    """Within: provider calls are not followed by the synchronizing check, so work queued on a
+    stream after a call is not held back until the call's work has finished (the stream-order
+    check queues work behind the calls); on leaving, a single check covers every call made
+    within, charged to ``entry``."""
+    was = _Armed.on
+    _Armed.on = False
+    try:
+        yield
+    finally:
+        _Armed.on = was
+        after_call(entry)
 
 
 # ----------------------------------------------------------------------------- late writes

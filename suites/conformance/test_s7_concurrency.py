@@ -13,6 +13,9 @@
   oracle as usual).
 - The NULL stream is the default stream; on GPU memory a non-NULL stream gives the
   same result once synchronized.
+- Stream order (device memory): a write and a gather queued on one stream between work of
+  that stream (a long kernel, then copies filling the IO rows; after them, copies of the
+  gathered rows), with one wait at the end, take their places in the stream's order.
 """
 from __future__ import annotations
 
@@ -23,13 +26,13 @@ import time
 import numpy as np
 import pytest
 
-from kvx_conformance.abi import buffers, descriptors as d, health
+from kvx_conformance.abi import buffers, descriptors as d, header, health
 from kvx_conformance.abi.descriptors import Geometry, IOLayout, SlotMapping
-from kvx_conformance.abi.header import DType, Memory, ScaleGranularity, Status
+from kvx_conformance.abi.header import DType, Layout, Memory, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.case import WriteCase
 from kvx_conformance.cases.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
-from kvx_conformance.results.outcomes import REQUIRED, ConformanceFailure, conformance
+from kvx_conformance.results.outcomes import REQUIRED, ConformanceFailure, conformance, note_served_call
 
 CL_THREADS = "spec 7.2 (thread-safe on disjoint cache regions); R-THREADS"
 CL_LIFETIME = "spec 7.2 (implementations MUST NOT retain pointers after return); R-LIFETIME"
@@ -334,3 +337,108 @@ def test_non_null_stream(kvx_provider, kvx_call_options, op):
         case = cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 723), [9, 12], 12, seed=724,
                                 label="non-NULL stream")
         verify_gather(kvx_provider, case, opts, clause=CL_STREAM)
+
+
+CL_STREAM_ORDER = ("spec 7 (`stream` parameters are opaque CUDA/HIP streams: a call's device work takes its place "
+                   "in the order of the stream it is given, after the work queued before the call and before the "
+                   "work queued after it); R-STREAM")
+#: stream.order: a call large enough to take many waves of any GPU (K and V of 16384 tokens, 64 MiB)
+ORDER_GEOM = Geometry(num_blocks=2048, block_size=16, num_kv_heads=8, head_dim=128)
+ORDER_TOKENS, ORDER_SEQ_LEN = 16384, 256
+#: clock cycles of the kernel that keeps the stream busy before the IO rows are filled (about 50 ms)
+ORDER_SLEEP_CYCLES = 100_000_000
+#: rounds, each with rows of its own: the first also meets a provider's one-time set-up (loading its
+#: kernels, creating its streams), which can outlast the busy kernel and hide the defect
+ORDER_ROUNDS = 2
+
+
+@conformance("stream.order", CL_STREAM_ORDER, REQUIRED, "concurrency", ("write", "gather"))
+@pytest.mark.kvx_memory_types("device")  # the order of a stream's work: GPU memory; UNIFIED calls may wait on it
+def test_stream_order(kvx_provider, kvx_call_options):
+    """On one stream, with one wait at the end: a kernel that keeps the stream busy for tens of
+    milliseconds, copies that fill the IO rows, the write of those rows, the gather of the same
+    slots (the blocks in the reverse order: its first rows are the write's last), and copies of the
+    gathered rows. The copies must hold the rows: a provider whose work leaves the stream's order
+    writes rows the copies had not filled yet, gathers rows the write had not stored yet, or is
+    copied before it has gathered. The harness's check after each call, which waits for the whole
+    device, is held back to the end of each round (it would put the calls in order itself)."""
+    import torch
+
+    opts = kvx_call_options()
+    g, n, sl = ORDER_GEOM, ORDER_TOKENS, ORDER_SEQ_LEN
+    bs, heads, dim, nblk = g.block_size, g.num_kv_heads, g.head_dim, ORDER_TOKENS // ORDER_GEOM.block_size
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    lay = d.cache_layout(g, Layout.BLOCK_NHD if kind == "nhd" else Layout.BLOCK_HND, DType.F16)
+    dev = torch.device("cuda")
+    rng = np.random.default_rng(760)
+    blocks = rng.permutation(g.num_blocks)[:nblk].astype(np.int64)
+    slots = (blocks[:, None] * bs + np.arange(bs)).reshape(-1)
+    # the table reads the blocks in the reverse order: gathered row r is written row (nblk - 1 - r // bs) * bs + r % bs
+    table = np.ascontiguousarray(blocks[::-1]).reshape(n // sl, sl // bs)
+    bt, lens = d.BlockTable.packed(table), d.SeqLens(np.full(n // sl, sl, np.int64))
+    io_in, io_out, copied = ([torch.zeros(n * heads * dim, dtype=torch.float16, device=dev) for _ in range(2)]
+                             for _ in range(3))
+    caches = [torch.zeros(lay.span_elements(), dtype=torch.float16, device=dev) for _ in range(2)]
+    meta = [torch.from_numpy(a).to(dev) for a in (slots, bt.encoded_indices(), lens.encoded())]
+    cache = d.to_c_cache(g, lay, caches[0].data_ptr(), lay, caches[1].data_ptr(), Memory.DEVICE)
+    io = IOLayout.dense(DType.F16, n, heads, dim)
+    w = header.kvx_write_desc_t.new()
+    w.io = d.to_c_io(io, io_in[0].data_ptr(), io, io_in[1].data_ptr(), Memory.DEVICE, n, heads, dim)
+    w.slots = d.to_c_slots(SlotMapping(slots), meta[0].data_ptr())
+    w.k_scale_desc, w.v_scale_desc = d.to_c_scale(None, 0), d.to_c_scale(None, 0)
+    gd = header.kvx_gather_desc_t.new(max_seq_len=sl)
+    gd.io = d.to_c_io(io, io_out[0].data_ptr(), io, io_out[1].data_ptr(), Memory.DEVICE, n, heads, dim)
+    gd.block_table = d.to_c_table(bt, meta[1].data_ptr(), 0)
+    gd.seq_lens = d.to_c_seq_lens(lens, meta[2].data_ptr())
+    case = (f"{kind.upper()} F16 cache of {g.num_blocks} blocks x {bs} x {heads} x {dim}, {n} tokens to the slots "
+            f"of {nblk} random blocks, gathered as {n // sl} sequences of {sl} (the blocks reversed), "
+            f"{ORDER_ROUNDS} rounds, seed 760")
+    gen = torch.Generator(device=dev).manual_seed(761)
+    s = torch.cuda.Stream()
+
+    def rows(x):  # [written row] -> [gathered row]: the blocks reversed
+        return x.view(torch.int16).view(nblk, bs, heads * dim).flip(0).reshape(-1)
+
+    wrong = []
+    for rnd in range(1, ORDER_ROUNDS + 1):
+        src = [torch.randn(n * heads * dim, generator=gen, device=dev).half() for _ in range(2)]
+        for t in (*io_in, *io_out, *copied, *caches):
+            t.zero_()
+        torch.cuda.synchronize()
+        with health.one_check("kvx_write_kv / kvx_gather_kv"):
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(ORDER_SLEEP_CYCLES)
+                for a, b in zip(io_in, src):
+                    a.copy_(b)
+            st_w = kvx_provider.write_kv(cache, w, s.cuda_stream)
+            st_g = kvx_provider.gather_kv(cache, gd, s.cuda_stream)
+            with torch.cuda.stream(s):
+                for a, b in zip(copied, io_out):
+                    a.copy_(b)
+            s.synchronize()
+            torch.cuda.synchronize()
+        check_status(int(st_w), Status.OK, clause=CL_STREAM_ORDER, case=case, what=f"round {rnd}: write status")
+        check_status(int(st_g), Status.OK, clause=CL_STREAM_ORDER, case=case, what=f"round {rnd}: gather status")
+        for j, side in enumerate("KV"):
+            want, final = rows(src[j]), io_out[j].view(torch.int16)
+            if torch.equal(copied[j].view(torch.int16), want):
+                continue
+            if torch.equal(final, want):
+                wrong.append(f"round {rnd}, {side}: the gathered rows were right once the stream's work had "
+                             "finished, but the copies queued after the gather did not see them (the gather's work "
+                             "ran after the stream moved on)")
+            elif not final.any():
+                wrong.append(f"round {rnd}, {side}: the gathered rows are zeros, what the IO tensors and the cache "
+                             "held before the stream's work (the write read its IO rows before the copies queued "
+                             "before it filled them, or the gather read the cache before the write stored it)")
+            else:
+                bad = int((final.view(n, -1) != want.view(n, -1)).any(dim=1).sum())
+                wrong.append(f"round {rnd}, {side}: {bad} of {n} gathered rows differ from the rows written (work "
+                             "of the two calls or of the copies around them overlapped)")
+    if wrong:
+        raise ConformanceFailure(
+            "calls on one stream ran outside its order",
+            expected="the gather's outputs, copied by work queued after it on the same stream, hold the rows the "
+                     "write stored, which copies queued before the write had put in its IO tensors",
+            got="; ".join(wrong), clause=CL_STREAM_ORDER, case=case, seed=760)
+    note_served_call()
