@@ -338,3 +338,74 @@ def test_refusal_of_a_claimed_feature_or_strict_fails(tmp_path):
     assert doc["summary"]["errors"] == ["gather-hnd-f16-t512-h8-d128-bs16-ragged-sl256-host"], doc["summary"]
     p, doc = _bench_refusing(tmp_path / "strict", "--strict")
     assert p.returncode == 1 and len(doc["summary"]["refused"]) == 5, p.stdout[-2000:]
+
+
+# ----------------------------------------------------------------------------- the graph's work is what is verified
+
+
+class _FakeTimer:
+    """Stands in for the device timer on host memory: eager calls run every set; the "graph" holds
+    them (``in_graph=True``: they run at replay), or the calls do their work while the graph is
+    captured and the graph holds nothing (``False``: a provider working on a stream of its own)."""
+
+    def __init__(self, in_graph: bool):
+        self.in_graph = in_graph
+        self.order: list[str] = []
+
+    def plan(self, fn, nsets):
+        return nsets, 0.0
+
+    def events(self, fn, inner):
+        for i in range(inner):
+            fn(i, None)
+        self.order.append("events")
+        st = {"median_s": 1e-3, "p10_s": 1e-3, "p90_s": 1e-3}
+        return st, dict(st)
+
+    def graph(self, fn, nsets, inner, before_replay=None):
+        self.order.append("capture")
+        if not self.in_graph:
+            for i in range(nsets):
+                fn(i, None)
+        if before_replay is not None:
+            before_replay()
+        self.order.append("replay")
+        if self.in_graph:
+            for i in range(nsets):
+                fn(i, None)
+        return {"median_s": 1e-9, "p10_s": 1e-9, "p90_s": 1e-9}
+
+
+@pytest.mark.parametrize("case", [
+    BenchCase("write", "nhd", "f16", tokens=64, memory="host"),
+    BenchCase("write", "hnd", "f16", io_dtype="f32", tokens=64, memory="host"),
+    BenchCase("write", "nhd", "nvfp4", io_dtype="bf16", tokens=64, memory="host"),
+    BenchCase("gather", "nhd", "f16", tokens=64, table="packed", seq_len=16, memory="host"),
+    BenchCase("gather", "hnd", "bf16", tokens=64, table="kv_offsets", seq_len=16, memory="host"),
+], ids=lambda c: c.id)
+def test_what_is_verified_is_the_graphs_work(case):
+    """The bench zeroes the verified results between the graph's capture and its replays
+    (``Prepared.poison``), so a provider whose graph-captured calls do less than its eager ones
+    (work on a stream of its own, done during the capture; nothing while the stream is capturing)
+    fails the oracle check, the message naming the graph; a provider whose graph does the work
+    verifies."""
+    from kvx_conformance.abi.loader import load_provider
+    from kvx_conformance.abi.native import reference_provider
+    from kvx_conformance.bench.run import _time_device, _verified
+
+    ref = load_provider(reference_provider())
+    seed = case_seed(case)
+    for in_graph in (True, False):
+        pr = prepare(case, seed=seed, nsets=2)
+        vsets = (pr.nsets - 1,)
+        timer = _FakeTimer(in_graph)
+        e = _time_device(timer, lambda i, s: pr.call(ref, i, s), pr.nsets,
+                         before_replay=lambda: (timer.order.append("poison"), pr.poison(vsets)))
+        assert timer.order == ["events", "capture", "poison", "replay"], timer.order
+        v = _verified(pr, vsets, e)
+        assert v["after"] == "graph replay"
+        if in_graph:
+            assert v["ok"], f"{case.id} (seed {seed}): the reference's results after the graph: {v}; repro: {REPRO}"
+        else:
+            assert not v["ok"] and v["problems"][0].startswith("after the timed CUDA-graph replays"), \
+                f"{case.id} (seed {seed}): a graph that did nothing must fail the check, got {v}; repro: {REPRO}"

@@ -16,10 +16,15 @@
  *                                     kernels on a stream of its own instead of the
  *                                     caller's (waited for before it returns): out of
  *                                     the caller's stream order (R-STREAM)
+ *   libkvx_testing_cuda_capture_skip.so KVX_FAULTING=0, KVX_SKIP_CAPTURED=1: the twin,
+ *                                     answering OK without doing anything while the
+ *                                     stream it is given is capturing a CUDA graph
+ *                                     (a benchmark's graph then holds no work)
  *
  * tests/test_device_faults.py runs the suites on both and requires the faulting
  * calls' tests to be device-fault crashes and every other test to match the twin;
- * tests/test_stream_order.py holds the own-stream build to `stream.order`.
+ * tests/test_stream_order.py holds the own-stream build to `stream.order`;
+ * tests/test_bench_graph_work.py requires the bench to fail the capture-skipping build.
  */
 #define KVX_BUILD_PROVIDER 1
 #include <cuda_runtime.h>
@@ -35,6 +40,9 @@
 #endif
 #ifndef KVX_OWN_STREAM
 #define KVX_OWN_STREAM 0
+#endif
+#ifndef KVX_SKIP_CAPTURED
+#define KVX_SKIP_CAPTURED 0
 #endif
 
 namespace {
@@ -206,6 +214,18 @@ cudaStream_t work_stream(void* caller) {
 #endif
 }
 
+/* KVX_SKIP_CAPTURED (the defect): true while `stream` is capturing a graph, when the call then does nothing */
+bool skipped(void* stream) {
+#if KVX_SKIP_CAPTURED
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st) == cudaSuccess &&
+         st != cudaStreamCaptureStatusNone;
+#else
+  (void)stream;
+  return false;
+#endif
+}
+
 }  // namespace
 
 extern "C" {
@@ -227,6 +247,7 @@ KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* cache, const kvx_write
   CacheView k, v;
   kvx_status_t st = check_cache(cache, &k, &v);
   if (st != OK) return st;
+  if (skipped(stream)) return OK;
   if (desc == nullptr || desc->size < sizeof(kvx_write_desc_t)) return INVALID;
   IOView key, value;
   st = check_io(desc->io, cache, &key, &value);
@@ -270,6 +291,7 @@ KVX_API kvx_status_t kvx_gather_kv(const kvx_cache_desc_t* cache, const kvx_gath
   CacheView k, v;
   kvx_status_t st = check_cache(cache, &k, &v);
   if (st != OK) return st;
+  if (skipped(stream)) return OK;
   if (desc == nullptr || desc->size < sizeof(kvx_gather_desc_t)) return INVALID;
   IOView key, value;
   st = check_io(desc->io, cache, &key, &value);

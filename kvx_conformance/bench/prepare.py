@@ -66,6 +66,9 @@ class HostMem:
         """Rows ``ids`` of ``a`` seen as ``shape`` (first axis indexed), flat, as numpy ``dtype``."""
         return np.ascontiguousarray(np.asarray(a).reshape(shape)[np.asarray(ids)]).reshape(-1).view(dtype)
 
+    def zero(self, a) -> None:
+        np.asarray(a).reshape(-1).view(np.uint8)[:] = 0
+
     def sync(self):
         pass
 
@@ -104,6 +107,10 @@ class UnifiedMem(HostMem):
     def take(self, a, shape, ids, dtype):
         self.sync()
         return super().take(a, shape, ids, dtype)
+
+    def zero(self, a) -> None:
+        self.sync()
+        super().zero(a)
 
     def sync(self):
         from ..abi.buffers import _Cudart
@@ -146,6 +153,9 @@ class DeviceMem:
         per = u8.numel() // shape[0]
         idx = t.from_numpy(np.asarray(ids, np.int64)).to(u8.device)
         return u8.view(shape[0], per).index_select(0, idx).cpu().numpy().reshape(-1).view(dtype)
+
+    def zero(self, a) -> None:
+        a.view(self.torch.uint8).zero_()
 
     def random(self, n: int, dtype: DType, rng: np.random.Generator):
         self.gen.manual_seed(int(rng.integers(0, 2**62)))
@@ -199,6 +209,23 @@ class Prepared:
         if self.case.op == "write":
             return provider.write_kv(self.cache, s.desc, stream)
         return provider.gather_kv(self.cache, s.desc, stream)
+
+    #: the cache arrays a write fills (16-bit / FP8 caches, the KV_OFFSETS pool, FP4 codes and block scales)
+    WRITTEN = ("k_cache", "v_cache", "pool", "k_codes", "v_codes", "k_scales", "v_scales")
+
+    def poison(self, sets: tuple[int, ...]) -> None:
+        """Zero what :meth:`verify` of ``sets`` reads back: the cache a write fills, or the outputs
+        of those sets' gathers. Done between the graph's capture and its timed replays, it makes the
+        verdict speak for the work the graph holds: a provider whose captured calls do less than
+        its eager ones (work on a stream of its own, done while the graph was captured, or none
+        while the stream is capturing) leaves zeros."""
+        if self.case.op == "write":
+            targets = [self.arrays[k] for k in self.WRITTEN if k in self.arrays]
+        else:
+            targets = [self.sets[j].arrays[f"out_{side}"] for j in sets for side in ("k", "v")]
+        for a in targets:
+            self.mem.zero(a)
+        self.mem.sync()
 
     # -- verification against the oracle -----------------------------------------------------
 

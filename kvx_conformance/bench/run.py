@@ -131,7 +131,11 @@ def _figures(case: BenchCase, entry: dict, roofline: float | None, floor_s: floa
     return entry
 
 
-def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0) -> dict:
+def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0, before_replay=None) -> dict:
+    """Eager (events) then graph timing of ``fn(set, stream)``; ``before_replay()`` runs between
+    the capture and the first replay (the bench poisons the verified results there, so that what
+    it verifies afterwards is the graph's work); if a replay fails after it, every set is called
+    again eagerly."""
     from .timing import CallFailed
 
     out: dict = {}
@@ -145,11 +149,18 @@ def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0) -> 
         out["graph"] = None
         out["graph_error"] = "not attempted (unified memory)"
         return out
+    poisoned = []
+
+    def poison() -> None:
+        poisoned.append(True)
+        before_replay()
+
+    hook = poison if before_replay is not None else None
     try:
         if replay:
-            out["graph_warm"] = timer.graph_warm(fn, replay)
+            out["graph_warm"] = timer.graph_warm(fn, replay, before_replay=hook)
         else:
-            out["graph"] = timer.graph(fn, nsets, inner)
+            out["graph"] = timer.graph(fn, nsets, inner, before_replay=hook)
     except Exception as e:  # capture refused (a call that synchronizes, allocates, ...)
         out["graph"] = None
         out["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
@@ -159,6 +170,9 @@ def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0) -> 
         # one eager call after the failed capture: its status is recorded (a provider that keeps a stale
         # CUDA error from inside the capture answers it here, not in the next case)
         out["status_after_failed_capture"] = int(fn(0, timer.stream.cuda_stream) or 0)
+        if poisoned:  # the poisoned results, made again by eager calls
+            for i in range(1, nsets):
+                fn(i, timer.stream.cuda_stream)
         timer.stream.synchronize()
     return out
 
@@ -199,26 +213,30 @@ def _device_case(state: dict, case: BenchCase) -> dict:
     rec["l2_bytes"] = l2
     rec["l2_resident"] = l2_resident(rec)
     impls = [("provider", state["provider"])] + ([("reference", state["reference"])] if state["reference"] else [])
+    replay = case.replay if case.memory == "device" else 0
+    # the set verified after timing: the warm replay's graph calls set 0 only, the other graphs every set
+    vsets = (0,) if replay else (pr.nsets - 1,)
+    poison = (lambda: pr.poison(vsets)) if verify else None
     for name, prov in impls:
         st = pr.call(prov, 0, timer.stream.cuda_stream)
         timer.stream.synchronize()
         if st != 0:
             rec["impls"][name] = {"status": int(st), "error": f"status {st} (not timed)"}
             continue
-        e = _time_device(timer, lambda i, s, p=prov: pr.call(p, i, s), pr.nsets,
-                         graph=case.memory != "unified", replay=case.replay if case.memory == "device" else 0)
+        e = _time_device(timer, lambda i, s, p=prov: pr.call(p, i, s), pr.nsets, graph=case.memory != "unified",
+                         replay=replay, before_replay=poison)
         e["status"] = 0
         if verify and "error" not in e:
-            e["verified"] = pr.verify()
+            e["verified"] = _verified(pr, vsets, e)
         rec["impls"][name] = _figures(case, e, roof, floor_s)
     if state["peers"] and case.memory == "device":
         fn, desc = torch_peer(pr)
         if fn is not None:
             try:
-                e = _time_device(timer, fn, pr.nsets, replay=case.replay)
+                e = _time_device(timer, fn, pr.nsets, replay=case.replay, before_replay=poison)
                 e["what"] = desc
                 if verify and "error" not in e:
-                    e["verified"] = pr.verify()
+                    e["verified"] = _verified(pr, vsets, e)
                 rec["impls"]["torch"] = _figures(case, e, roof, floor_s)
             except Exception as ex:
                 rec["impls"]["torch"] = {"error": f"{type(ex).__name__}: {ex}"[:300], "what": desc}
@@ -227,6 +245,18 @@ def _device_case(state: dict, case: BenchCase) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     return rec
+
+
+def _verified(pr, vsets: tuple[int, ...], e: dict) -> dict:
+    """The oracle check of the results the timing left: after a graph's replays (the results
+    poisoned before its capture) they are the graph's work, and a failure says so."""
+    v = pr.verify(vsets)
+    v["after"] = "graph replay" if e.get("graph") or e.get("graph_warm") else "eager calls"
+    if not v["ok"] and v["after"] == "graph replay":
+        v["problems"] = ["after the timed CUDA-graph replays (results zeroed once the graph was captured), which must do "
+                         "the work of the eager calls on the stream they are given: " + v["problems"][0],
+                         *v["problems"][1:]]
+    return v
 
 
 def l2_resident(rec: dict) -> bool:

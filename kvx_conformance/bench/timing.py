@@ -99,21 +99,27 @@ class DeviceTimer:
             host.append(h)
         return stats(dev), stats(host)
 
-    def _captured(self, issue):
-        """A CUDA graph of what ``issue(stream)`` enqueues on the timer's stream (``stream``: the int handle)."""
+    def _captured(self, issue, before_replay=None):
+        """A CUDA graph of what ``issue(stream)`` enqueues on the timer's stream (``stream``: the int
+        handle); ``before_replay()`` runs once it is captured, before any replay (the bench poisons
+        the results it verifies there: what it reads afterwards is then the graph's work, not work
+        a call did outside the graph while it was captured)."""
         g = self.torch.cuda.CUDAGraph()
         s = self.stream
         s.synchronize()
         with self.torch.cuda.graph(g, stream=s):
             issue(s.cuda_stream)
+        if before_replay is not None:
+            s.synchronize()
+            before_replay()
         return g
 
-    def graph(self, fn, nsets: int, inner: int) -> dict:
+    def graph(self, fn, nsets: int, inner: int, before_replay=None) -> dict:
         def issue(stream: int) -> None:
             for i in range(nsets):
                 _check(fn(i, stream))
 
-        g = self._captured(issue)
+        g = self._captured(issue, before_replay)
         replays = max(1, inner // nsets)
         g.replay()
         self.torch.cuda.synchronize()
@@ -155,13 +161,13 @@ class DeviceTimer:
         st["replays_per_round"] = replays
         return st
 
-    def graph_warm(self, fn, calls: int) -> dict:
+    def graph_warm(self, fn, calls: int, before_replay=None) -> dict:
         """``calls`` calls on input set 0 captured in one graph, replayed warm: device time per call."""
         def issue(stream: int) -> None:
             for _ in range(calls):
                 _check(fn(0, stream))
 
-        g = self._captured(issue)
+        g = self._captured(issue, before_replay)
         st = self._warm_rounds(g, calls)
         del g
         return st
