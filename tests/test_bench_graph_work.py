@@ -11,19 +11,15 @@ import pytest
 from kvx_conformance.abi import native
 
 from test_cli_run import explain, kvx, results  # tests/test_cli_run.py
-from test_device_faults import _gpu_reason  # tests/test_device_faults.py
+from test_device_faults import gpu_reason  # tests/test_device_faults.py
 
 CASES = ("write-nhd-f16-t65536-h8-d128-bs16-random-device", "gather-nhd-f16-t256-h8-d128-bs16-packed-sl256-device")
 
 
-def _reason() -> str | None:
-    why = _gpu_reason()
-    if why is None and not native.testing_provider("cuda_capture_skip").exists():
-        why = f"{native.testing_provider('cuda_capture_skip')} is not built"
-    return why
+WHY_NOT = gpu_reason("twin", "capture_skip")
 
 
-@pytest.mark.skipif(_reason() is not None, reason=f"GPU only: {_reason()}")
+@pytest.mark.skipif(WHY_NOT is not None, reason=f"GPU only: {WHY_NOT}")
 @pytest.mark.parametrize("provider,ok,after", [("cuda_capture_skip", False, "graph replay"),
                                                ("cuda_twin", True, "eager calls"), (None, True, "graph replay")])
 def test_bench_verifies_the_graphs_work(tmp_path, provider, ok, after):

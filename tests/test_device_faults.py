@@ -241,7 +241,9 @@ def test_late_writer_is_named_and_nothing_is_blamed_on_other_entry_points(tmp_pa
 # ----------------------------------------------------------------------------- GPU
 
 
-def _gpu_reason() -> str | None:
+def gpu_reason(*variants: str) -> str | None:
+    """Why a GPU test of the small CUDA test providers ``libkvx_testing_cuda_<variant>.so``
+    (csrc/testing/kvx_faulting.cu) cannot run here, or None."""
     try:
         import torch
     except ImportError:
@@ -250,10 +252,14 @@ def _gpu_reason() -> str | None:
         return "no CUDA GPU visible to torch"
     if not native.have_cuda():
         return "the package was built without nvcc: the CUDA test providers are not built"
-    for v in ("faulting", "twin"):
+    for v in variants:
         if not native.testing_provider(f"cuda_{v}").exists():
             return f"{native.testing_provider(f'cuda_{v}')} is not built"
     return None
+
+
+def _gpu_reason() -> str | None:
+    return gpu_reason("faulting", "twin")
 
 
 @pytest.mark.skipif(_gpu_reason() is not None, reason=f"GPU only: {_gpu_reason()}")

@@ -9,17 +9,13 @@ import pytest
 from kvx_conformance.abi import native
 
 from test_cli_run import explain, kvx, results  # tests/test_cli_run.py
-from test_device_faults import _gpu_reason  # tests/test_device_faults.py
+from test_device_faults import gpu_reason  # tests/test_device_faults.py
 
 
-def _reason() -> str | None:
-    why = _gpu_reason()
-    if why is None and not native.testing_provider("cuda_own_stream").exists():
-        why = f"{native.testing_provider('cuda_own_stream')} is not built"
-    return why
+WHY_NOT = gpu_reason("twin", "own_stream")
 
 
-@pytest.mark.skipif(_reason() is not None, reason=f"GPU only: {_reason()}")
+@pytest.mark.skipif(WHY_NOT is not None, reason=f"GPU only: {WHY_NOT}")
 @pytest.mark.parametrize("provider,outcome", [("cuda_own_stream", "fail"), ("cuda_twin", "pass"), (None, "pass")])
 def test_stream_order_verdict(tmp_path, provider, outcome):
     """`stream.order` on device memory: fail for the provider whose work leaves the caller's stream,

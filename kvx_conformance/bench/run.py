@@ -249,12 +249,13 @@ def _device_case(state: dict, case: BenchCase) -> dict:
 
 def _verified(pr, vsets: tuple[int, ...], e: dict) -> dict:
     """The oracle check of the results the timing left: after a graph's replays (the results
-    poisoned before its capture) they are the graph's work, and a failure says so."""
+    poisoned between its capture and its first replay) they are the graph's work, and a failure
+    says so."""
     v = pr.verify(vsets)
     v["after"] = "graph replay" if e.get("graph") or e.get("graph_warm") else "eager calls"
     if not v["ok"] and v["after"] == "graph replay":
-        v["problems"] = ["after the timed CUDA-graph replays (results zeroed once the graph was captured), which must do "
-                         "the work of the eager calls on the stream they are given: " + v["problems"][0],
+        v["problems"] = ["after the timed CUDA-graph replays (results zeroed once the graph was captured), which "
+                         "must do the work of the eager calls on the stream they are given: " + v["problems"][0],
                          *v["problems"][1:]]
     return v
 
