@@ -20,17 +20,26 @@
  *                                     answering OK without doing anything while the
  *                                     stream it is given is capturing a CUDA graph
  *                                     (a benchmark's graph then holds no work)
+ *   libkvx_testing_cuda_shared_scratch.so KVX_FAULTING=0, KVX_SHARED_SCRATCH=1: the twin,
+ *                                     its index arrays in one device scratch buffer
+ *                                     shared by all calls, guarded by a lock held only
+ *                                     while the call enqueues its work (a busy kernel,
+ *                                     as a larger call's work would be, then the move):
+ *                                     safe while every call is on one stream, not for
+ *                                     threads calling on streams of their own (R-THREADS)
  *
  * tests/test_device_faults.py runs the suites on both and requires the faulting
  * calls' tests to be device-fault crashes and every other test to match the twin;
  * tests/test_stream_order.py holds the own-stream build to `stream.order`;
- * tests/test_bench_graph_work.py requires the bench to fail the capture-skipping build.
+ * tests/test_bench_graph_work.py requires the bench to fail the capture-skipping build;
+ * tests/test_thread_streams.py holds the shared-scratch build to `concurrency.threads.streams`.
  */
 #define KVX_BUILD_PROVIDER 1
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
 
+#include <mutex>
 #include <vector>
 
 #include "kvx/kvx_abi.h"
@@ -43,6 +52,9 @@
 #endif
 #ifndef KVX_SKIP_CAPTURED
 #define KVX_SKIP_CAPTURED 0
+#endif
+#ifndef KVX_SHARED_SCRATCH
+#define KVX_SHARED_SCRATCH 0
 #endif
 
 namespace {
@@ -175,25 +187,64 @@ __global__ void wild_store(uint64_t n) {
   wild[threadIdx.x] = 1;
 }
 
+/* KVX_SHARED_SCRATCH: keeps the stream busy for about a millisecond (a larger call's work) */
+__global__ void busy(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
+/* KVX_SHARED_SCRATCH (the defect): one index scratch buffer for every call, the lock held only
+ * while a call enqueues its work on its stream */
+struct SharedScratch {
+  std::mutex lock;
+  int64_t* data = nullptr;
+  uint64_t capacity = 0;  // int64_t elements
+};
+
+SharedScratch& shared_scratch() {
+  static SharedScratch s;
+  return s;
+}
+
 kvx_status_t launch(const CacheView& cv, const IOView& io, const std::vector<int64_t>& blk,
                     const std::vector<int64_t>& tok, const std::vector<int64_t>& row, uint32_t heads, uint32_t dim,
                     bool to_cache, cudaStream_t stream) {
   const uint64_t rows = blk.size();
   if (rows == 0) return OK;
   int64_t* dev = nullptr;
-  /* stream-ordered allocation: cudaMalloc / cudaFree may wait for the whole device, which would hide
-   * the own-stream defect behind an implicit synchronization */
-  if (cudaMallocAsync(&dev, 3 * rows * sizeof(int64_t), stream) != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+  std::unique_lock<std::mutex> hold;
+  /* per call, the allocation is stream-ordered: cudaMalloc / cudaFree may wait for the whole
+   * device, which would hide the own-stream defect behind an implicit synchronization */
+  if (KVX_SHARED_SCRATCH) {
+    SharedScratch& sc = shared_scratch();
+    hold = std::unique_lock<std::mutex>(sc.lock);
+    if (sc.capacity < 3 * rows) {
+      cudaFree(sc.data);
+      sc.data = nullptr;
+      sc.capacity = 0;
+      if (cudaMalloc(&sc.data, 3 * rows * sizeof(int64_t)) != cudaSuccess) return KVX_STATUS_INTERNAL_ERROR;
+      sc.capacity = 3 * rows;
+    }
+    dev = sc.data;
+  } else if (cudaMallocAsync(&dev, 3 * rows * sizeof(int64_t), stream) != cudaSuccess) {
+    return KVX_STATUS_INTERNAL_ERROR;
+  }
   cudaMemcpyAsync(dev, blk.data(), rows * 8, cudaMemcpyHostToDevice, stream);
   cudaMemcpyAsync(dev + rows, tok.data(), rows * 8, cudaMemcpyHostToDevice, stream);
   cudaMemcpyAsync(dev + 2 * rows, row.data(), rows * 8, cudaMemcpyHostToDevice, stream);
+  if (KVX_SHARED_SCRATCH) busy<<<1, 1, 0, stream>>>(2000000);
   const uint64_t n = rows * heads * dim;
   const unsigned threads = 256;
   const unsigned blocks = (unsigned)((n + threads - 1) / threads);
   move_rows<<<blocks, threads, 0, stream>>>(cv.data, cv.sb, cv.st, cv.sh, cv.sd, io.data, io.st, io.sh, io.sd, dev,
                                              dev + rows, dev + 2 * rows, rows, heads, dim, cv.esize, to_cache ? 1 : 0);
   const cudaError_t launched = cudaGetLastError();
-  cudaFreeAsync(dev, stream);
+  if (KVX_SHARED_SCRATCH) {
+    hold.unlock();
+  } else {
+    cudaFreeAsync(dev, stream);
+  }
   cudaStreamSynchronize(stream);
   return launched == cudaSuccess ? OK : KVX_STATUS_INTERNAL_ERROR;
 }

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 import time
 
@@ -121,13 +122,19 @@ def _split(case: WriteCase, parts: int) -> list[WriteCase]:
     return out
 
 
+def _thread_opts(opts, streams: list[int] | None) -> list:
+    """The call options of each of ``THREADS`` threads: ``opts``, or ``opts`` on the thread's own stream."""
+    return [opts if streams is None else dataclasses.replace(opts, stream=streams[i]) for i in range(THREADS)]
+
+
 def _concurrent_write_rounds(provider, opts, cache_dtype: DType, *, io_dtype: DType | None = None, seed: int = 0,
                              feature: str | None = None, what: str = "", slot_dtype: DType = DType.S64,
-                             **scales) -> None:
+                             streams: list[int] | None = None, **scales) -> None:
     """4 rounds: ``THREADS`` threads write disjoint slots (every slot of BIG once) of one shared
-    cache at once; the cache must equal the oracle's serial result. With ``feature``, one part
-    is first written alone through :func:`verify_write`: a refusal there is the feature's
-    (UNSUPPORTED), a wrong result a failure of its own; the threads then must all answer OK."""
+    cache at once (``streams``: each thread on its own); the cache must equal the oracle's serial
+    result. With ``feature``, one part is first written alone through :func:`verify_write`: a
+    refusal there is the feature's (UNSUPPORTED), a wrong result a failure of its own; the threads
+    then must all answer OK."""
     from kvx_conformance import reference_impl
     from kvx_conformance.cases.execute import run_write
 
@@ -142,7 +149,8 @@ def _concurrent_write_rounds(provider, opts, cache_dtype: DType, *, io_dtype: DT
             verify_write(provider, parts[0], opts, clause=CL_THREADS, feature=feature)  # served alone?
         shared = SharedCache(cache, opts.memory)
         proxy = BarrierProvider(provider, threading.Barrier(THREADS), shared.struct)
-        results = _run_threads([lambda p=p: run_write(proxy, p, opts) for p in parts])
+        results = _run_threads([lambda p=p, o=o: run_write(proxy, p, o)
+                                for p, o in zip(parts, _thread_opts(opts, streams))])
         for r in results:
             check_status(r.status, Status.OK, clause=CL_THREADS, case=whole)
             check_guards(r, clause=CL_THREADS, case=whole)
@@ -188,15 +196,18 @@ def test_concurrent_fp8_writes(kvx_provider, kvx_call_options, io_dtype):
                              v_scale_desc=cb.scale_spec([2.5, 0.11, 1.3, 0.6], ScaleGranularity.PER_HEAD))
 
 
-def _concurrent_gather_rounds(provider, opts, *, seed: int, io_dtype: DType | None = None) -> None:
+def _concurrent_gather_rounds(provider, opts, *, seed: int, io_dtype: DType | None = None,
+                              streams: list[int] | None = None) -> None:
     """THREADS gathers of one shared F16 cache into their own outputs, at once (a barrier right
-    before each provider call), ROUNDS times; each must equal the oracle's. With ``io_dtype``
+    before each provider call; ``streams``: each thread on its own), ROUNDS times; each must equal
+    the oracle's. With ``io_dtype``
     (a converting gather) one gather is first made alone: a refusal there is the feature
     ``mixed_io_dtype``'s (UNSUPPORTED); the threads then must all answer OK."""
     kind = cb.core_layout(provider, opts.memory)
     cache = cb.simple_cache(BIG, kind, DType.F16, seed=seed)
     clause = CL_THREADS + ("; R-CONVERT" if io_dtype is not None else "")
-    into = f", F16 cache into {io_dtype.name} outputs" if io_dtype is not None else ""
+    into = (f", F16 cache into {io_dtype.name} outputs" if io_dtype is not None else "") + \
+        (", each thread on a stream of its own" if streams is not None else "")
     mb = 8
     cases = []
     for i in range(THREADS):
@@ -209,7 +220,8 @@ def _concurrent_gather_rounds(provider, opts, *, seed: int, io_dtype: DType | No
         verify_gather(provider, cases[0], opts, clause=clause, feature="mixed_io_dtype")
     for rnd in range(ROUNDS):
         proxy = BarrierProvider(provider, threading.Barrier(THREADS))
-        _run_threads([lambda c=c: verify_gather(proxy, c, opts, clause=clause) for c in cases])
+        _run_threads([lambda c=c, o=o: verify_gather(proxy, c, o, clause=clause)
+                      for c, o in zip(cases, _thread_opts(opts, streams))])
 
 
 @conformance("concurrency.threads.gather", CL_THREADS, REQUIRED, "concurrency", "gather")
@@ -224,6 +236,27 @@ def test_concurrent_converting_gathers(kvx_provider, kvx_call_options, io_dtype)
     """``concurrency.threads.gather`` from an F16 cache into F32 / BF16 outputs: the converting
     path (rows staged and converted) must be as thread-safe as the plain copy."""
     _concurrent_gather_rounds(kvx_provider, kvx_call_options(), seed=320, io_dtype=io_dtype)
+
+
+@conformance("concurrency.threads.streams", CL_THREADS + "; spec 7 (`stream` parameters are opaque CUDA/HIP "
+             "streams)", REQUIRED, "concurrency", ("write", "gather"))
+@pytest.mark.kvx_memory_types("device")  # streams of their own: GPU memory
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_concurrent_calls_on_streams_of_their_own(kvx_provider, kvx_call_options, op):
+    """``concurrency.threads.write_disjoint`` and ``concurrency.threads.gather`` with each thread
+    calling on a stream of its own, as an engine's workers do. A provider whose calls share device
+    scratch memory, kept safe only by the order of one stream (a lock held while a call enqueues
+    its work), lets one thread's work read what another thread's call put there."""
+    import torch
+
+    streams = [torch.cuda.Stream() for _ in range(THREADS)]
+    handles = [s.cuda_stream for s in streams]
+    if op == "write":
+        _concurrent_write_rounds(kvx_provider, kvx_call_options(), DType.F16, seed=80, streams=handles,
+                                 what=", each thread on a stream of its own")
+    else:
+        _concurrent_gather_rounds(kvx_provider, kvx_call_options(), seed=340, streams=handles)
+    torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------- lifetime
