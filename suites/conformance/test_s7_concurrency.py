@@ -6,7 +6,8 @@
   profile fp8), and gathers into separate outputs (converting too: F16 cache into F32 /
   BF16 outputs, feature ``mixed_io_dtype``), the threads released together by a
   barrier right before each provider call (ctypes drops the GIL for the call, so the
-  calls overlap).
+  calls overlap); on device memory the plain writes and gathers again with each thread
+  on a stream of its own (``concurrency.threads.streams``).
 - Nothing is written after return: right after the provider returns, the buffers it
   may write are snapshotted and overwritten with a fresh pattern; 1.2 s later the
   pattern must still be there (then the snapshot is put back and compared with the
