@@ -3,9 +3,9 @@
  *
  * Independent of the reference provider (its own validation and kernels, nothing
  * shared): DEVICE / UNIFIED memory, F16 / BF16 / F32 caches in BLOCK_NHD or BLOCK_HND
- * with any positive strides, IO in the cache dtype, S32 / S64 slots, PACKED block
- * tables. Everything else answers UNSUPPORTED. csrc/testing/CMakeLists.txt builds it
- * twice:
+ * with any positive strides, F16 / BF16 / F32 IO (converted to and from the cache's
+ * dtype, rounding to nearest even), S32 / S64 slots, PACKED block tables. Everything
+ * else answers UNSUPPORTED. csrc/testing/CMakeLists.txt builds it once per variant:
  *
  *   libkvx_testing_cuda_faulting.so   KVX_FAULTING=1: a write with S64 slots and
  *                                     exactly 9 tokens stores through a wild device
@@ -16,6 +16,9 @@
  *                                     kernels on a stream of its own instead of the
  *                                     caller's (waited for before it returns): out of
  *                                     the caller's stream order (R-STREAM)
+ *   libkvx_testing_cuda_own_stream_convert.so KVX_OWN_STREAM=2: the same for the calls
+ *                                     that convert (IO dtype other than the cache's)
+ *                                     only; its plain copies keep the caller's stream
  *   libkvx_testing_cuda_capture_skip.so KVX_FAULTING=0, KVX_SKIP_CAPTURED=1: the twin,
  *                                     answering OK without doing anything while the
  *                                     stream it is given is capturing a CUDA graph
@@ -35,6 +38,8 @@
  * tests/test_thread_streams.py holds the shared-scratch build to `concurrency.threads.streams`.
  */
 #define KVX_BUILD_PROVIDER 1
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
@@ -80,7 +85,7 @@ bool gpu_memory(kvx_memory_type_t m) { return m == KVX_MEMORY_DEVICE || m == KVX
 struct CacheView {
   char* data;
   int64_t sb, st, sh, sd;
-  int esize;
+  kvx_dtype_t dtype;
 };
 
 kvx_status_t check_cache_tensor(const kvx_cache_desc_t* c, const kvx_tensor_desc_t& t, CacheView* out) {
@@ -98,7 +103,7 @@ kvx_status_t check_cache_tensor(const kvx_cache_desc_t* c, const kvx_tensor_desc
   for (int i = 0; i < 4; ++i)
     if (t.shape[i] != want[i] || t.stride[i] <= 0) return INVALID;
   out->data = static_cast<char*>(t.data);
-  out->esize = elem_size(t.dtype);
+  out->dtype = t.dtype;
   out->sb = t.stride[0];
   out->st = nhd ? t.stride[1] : t.stride[2];
   out->sh = nhd ? t.stride[2] : t.stride[1];
@@ -118,10 +123,12 @@ kvx_status_t check_cache(const kvx_cache_desc_t* c, CacheView* k, CacheView* v) 
   return OK;
 }
 
-/* An IO tensor [num_tokens, num_kv_heads, head_dim] in the cache dtype. */
+/* An IO tensor [num_tokens, num_kv_heads, head_dim]: F16, BF16 or F32, converted to and from
+ * the cache's dtype (round to nearest even when narrowing). */
 struct IOView {
   char* data;
   int64_t st, sh, sd;
+  kvx_dtype_t dtype;
 };
 
 kvx_status_t check_io(const kvx_kv_io_desc_t& io, const kvx_cache_desc_t* c, IOView* key, IOView* value) {
@@ -135,7 +142,7 @@ kvx_status_t check_io(const kvx_kv_io_desc_t& io, const kvx_cache_desc_t* c, IOV
     if (t.memory == KVX_MEMORY_HOST) return UNSUPPORTED;
     if (!gpu_memory(t.memory)) return INVALID;
     if (elem_size(t.dtype) == 0 && t.dtype != KVX_DTYPE_F8_E4M3 && t.dtype != KVX_DTYPE_F8_E5M2) return INVALID;
-    if (t.dtype != c->k.dtype) return UNSUPPORTED; /* no conversion */
+    if (elem_size(t.dtype) == 0) return UNSUPPORTED; /* FP8 IO */
     if (t.ndim != 3) return t.ndim == 4 ? UNSUPPORTED : INVALID;
     if (t.shape[0] != (int64_t)io.num_tokens || t.shape[1] != (int64_t)io.num_kv_heads ||
         t.shape[2] != (int64_t)io.head_dim)
@@ -143,7 +150,7 @@ kvx_status_t check_io(const kvx_kv_io_desc_t& io, const kvx_cache_desc_t* c, IOV
     if (io.num_tokens > 0 && t.data == nullptr) return INVALID;
     for (int d = 0; d < 3; ++d)
       if (t.stride[d] <= 0) return INVALID;
-    *out[i] = IOView{static_cast<char*>(t.data), t.stride[0], t.stride[1], t.stride[2]};
+    *out[i] = IOView{static_cast<char*>(t.data), t.stride[0], t.stride[1], t.stride[2], t.dtype};
   }
   return OK;
 }
@@ -163,22 +170,45 @@ int64_t load_index(const std::vector<char>& raw, kvx_dtype_t dt, size_t i) {
   return x;
 }
 
-/* One thread per (row, head, dim) element: copy esize bytes between the cache slot
- * (blk[r], tok[r]) and IO row row[r], into the cache when to_cache. blk[r] < 0 skips row r. */
-__global__ void move_rows(char* cache, int64_t c_sb, int64_t c_st, int64_t c_sh, int64_t c_sd, char* io,
-                          int64_t i_st, int64_t i_sh, int64_t i_sd, const int64_t* blk, const int64_t* tok,
-                          const int64_t* row, uint64_t rows, uint32_t heads, uint32_t dim, int esize, int to_cache) {
+__device__ float load_value(const char* p, kvx_dtype_t t) {
+  if (t == KVX_DTYPE_F16) return __half2float(*reinterpret_cast<const __half*>(p));
+  if (t == KVX_DTYPE_BF16) return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+  return *reinterpret_cast<const float*>(p);
+}
+
+__device__ void store_value(char* p, kvx_dtype_t t, float x) {
+  if (t == KVX_DTYPE_F16) {
+    *reinterpret_cast<__half*>(p) = __float2half_rn(x);
+  } else if (t == KVX_DTYPE_BF16) {
+    *reinterpret_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(x);
+  } else {
+    *reinterpret_cast<float*>(p) = x;
+  }
+}
+
+/* One thread per (row, head, dim) element: move one element between the cache slot (blk[r], tok[r])
+ * and IO row row[r], into the cache when to_cache: its bytes when the dtypes agree, else converted.
+ * blk[r] < 0 skips row r. */
+__global__ void move_rows(char* cache, int64_t c_sb, int64_t c_st, int64_t c_sh, int64_t c_sd, kvx_dtype_t c_dt,
+                          char* io, int64_t i_st, int64_t i_sh, int64_t i_sd, kvx_dtype_t i_dt, const int64_t* blk,
+                          const int64_t* tok, const int64_t* row, uint64_t rows, uint32_t heads, uint32_t dim,
+                          int to_cache) {
   const uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
   if (i >= rows * heads * dim) return;
   const uint64_t r = i / ((uint64_t)heads * dim);
   const uint64_t h = (i / dim) % heads;
   const uint64_t d = i % dim;
   if (blk[r] < 0) return;
-  char* c = cache + (blk[r] * c_sb + tok[r] * c_st + (int64_t)h * c_sh + (int64_t)d * c_sd) * esize;
-  char* x = io + (row[r] * i_st + (int64_t)h * i_sh + (int64_t)d * i_sd) * esize;
+  const int c_size = c_dt == KVX_DTYPE_F32 ? 4 : 2, i_size = i_dt == KVX_DTYPE_F32 ? 4 : 2;
+  char* c = cache + (blk[r] * c_sb + tok[r] * c_st + (int64_t)h * c_sh + (int64_t)d * c_sd) * c_size;
+  char* x = io + (row[r] * i_st + (int64_t)h * i_sh + (int64_t)d * i_sd) * i_size;
   char* to = to_cache ? c : x;
   const char* from = to_cache ? x : c;
-  for (int b = 0; b < esize; ++b) to[b] = from[b];
+  if (c_dt == i_dt) {
+    for (int b = 0; b < c_size; ++b) to[b] = from[b];
+  } else {
+    store_value(to, to_cache ? c_dt : i_dt, load_value(from, to_cache ? i_dt : c_dt));
+  }
 }
 
 /* The injected defect: a store through a pointer no allocation covers. */
@@ -237,8 +267,9 @@ kvx_status_t launch(const CacheView& cv, const IOView& io, const std::vector<int
   const uint64_t n = rows * heads * dim;
   const unsigned threads = 256;
   const unsigned blocks = (unsigned)((n + threads - 1) / threads);
-  move_rows<<<blocks, threads, 0, stream>>>(cv.data, cv.sb, cv.st, cv.sh, cv.sd, io.data, io.st, io.sh, io.sd, dev,
-                                             dev + rows, dev + 2 * rows, rows, heads, dim, cv.esize, to_cache ? 1 : 0);
+  move_rows<<<blocks, threads, 0, stream>>>(cv.data, cv.sb, cv.st, cv.sh, cv.sd, cv.dtype, io.data, io.st, io.sh,
+                                             io.sd, io.dtype, dev, dev + rows, dev + 2 * rows, rows, heads, dim,
+                                             to_cache ? 1 : 0);
   const cudaError_t launched = cudaGetLastError();
   if (KVX_SHARED_SCRATCH) {
     hold.unlock();
@@ -249,20 +280,18 @@ kvx_status_t launch(const CacheView& cv, const IOView& io, const std::vector<int
   return launched == cudaSuccess ? OK : KVX_STATUS_INTERNAL_ERROR;
 }
 
-/* The stream the calls' work goes to: the caller's, or (KVX_OWN_STREAM, the defect) one of this
- * provider's own that does not wait for the caller's stream. */
-cudaStream_t work_stream(void* caller) {
-#if KVX_OWN_STREAM
-  static cudaStream_t own = [] {
-    cudaStream_t s = nullptr;
-    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    return s;
-  }();
-  (void)caller;
-  return own;
-#else
+/* The stream a call's work goes to: the caller's, or (KVX_OWN_STREAM, the defect: 1 every call,
+ * 2 the converting calls) one of this provider's own that does not wait for the caller's stream. */
+cudaStream_t work_stream(void* caller, bool converting) {
+  if (KVX_OWN_STREAM == 1 || (KVX_OWN_STREAM == 2 && converting)) {
+    static cudaStream_t own = [] {
+      cudaStream_t s = nullptr;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      return s;
+    }();
+    return own;
+  }
   return static_cast<cudaStream_t>(caller);
-#endif
 }
 
 /* KVX_SKIP_CAPTURED (the defect): true while `stream` is capturing a graph, when the call then does nothing */
@@ -327,7 +356,7 @@ KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* cache, const kvx_write
     blk[i] = s / cache->block_size;
     tok[i] = s % cache->block_size;
   }
-  cudaStream_t cs = work_stream(stream);
+  cudaStream_t cs = work_stream(stream, key.dtype != k.dtype || value.dtype != v.dtype);
   if (KVX_FAULTING && sm.dtype == KVX_DTYPE_S64 && n == kFaultTokens) {
     wild_store<<<1, 32, 0, cs>>>(n);
     cudaStreamSynchronize(cs);
@@ -379,7 +408,7 @@ KVX_API kvx_status_t kvx_gather_kv(const kvx_cache_desc_t* cache, const kvx_gath
       row.push_back((int64_t)(s * (uint64_t)desc->max_seq_len + t));
     }
   }
-  cudaStream_t cs = work_stream(stream);
+  cudaStream_t cs = work_stream(stream, key.dtype != k.dtype || value.dtype != v.dtype);
   st = launch(k, key, blk, tok, row, cache->num_kv_heads, cache->head_dim, false, cs);
   if (st != OK) return st;
   return launch(v, value, blk, tok, row, cache->num_kv_heads, cache->head_dim, false, cs);

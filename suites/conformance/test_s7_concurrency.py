@@ -392,30 +392,58 @@ def test_stream_order(kvx_provider, kvx_call_options):
     """On one stream, with one wait at the end: a kernel that keeps the stream busy for tens of
     milliseconds, copies that fill the IO rows, the write of those rows, the gather of the same
     slots (the blocks in the reverse order: its first rows are the write's last), and copies of the
-    gathered rows. The copies must hold the rows: a provider whose work leaves the stream's order
-    writes rows the copies had not filled yet, gathers rows the write had not stored yet, or is
-    copied before it has gathered. The harness's check after each call, which waits for the whole
-    device, is held back to the end of each round (it would put the calls in order itself)."""
+    gathered rows. The copies must hold what the same calls give with a wait after each: a provider
+    whose work leaves the stream's order writes rows the copies had not filled yet, gathers rows
+    the write had not stored yet, or is copied before it has gathered. The harness's check after
+    each call, which waits for the whole device, is held back to the end of each round (it would
+    put the calls in order itself). F16 rows into an F16 cache: the plain copy."""
+    _stream_order_rounds(kvx_provider, kvx_call_options(), DType.F16, DType.F16, seed=760)
+
+
+@conformance("stream.order_convert", CL_STREAM_ORDER + "; R-CONVERT", REQUIRED, "concurrency", ("write", "gather"),
+             feature="mixed_io_dtype")
+@pytest.mark.kvx_memory_types("device")
+def test_stream_order_converting(kvx_provider, kvx_call_options):
+    """``stream.order`` for the converting calls, which a provider often serves with kernels of
+    their own: F32 rows written into a BF16 cache (rounded) and gathered back into F32 outputs.
+    Each is first made alone (:func:`verify_write`, :func:`verify_gather`): a refusal there is the
+    feature's (``mixed_io_dtype``, UNSUPPORTED)."""
+    provider, opts = kvx_provider, kvx_call_options()
+    kind = cb.core_layout(provider, opts.memory)
+    cache = cb.simple_cache(cb.GEOM, kind, DType.BF16, seed=770)
+    verify_write(provider, cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, 771), io_dtype=DType.F32, seed=772,
+                                         label="F32 rows into a BF16 cache, made alone"),
+                 opts, clause=CL_STREAM_ORDER, feature="mixed_io_dtype")
+    verify_gather(provider, cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 773), [9, 12], 12, seed=774,
+                                             label="a BF16 cache into F32 outputs, made alone", io_dtype=DType.F32),
+                  opts, clause=CL_STREAM_ORDER, feature="mixed_io_dtype")
+    _stream_order_rounds(provider, opts, DType.BF16, DType.F32, seed=780)
+
+
+def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *, seed: int) -> None:
+    """ORDER_ROUNDS rounds of the stream-order sequence (:func:`test_stream_order`), rows of
+    ``io_dtype`` through a cache of ``cache_dtype``, each against the same calls made with a wait
+    after each (the control: what the provider gives in order)."""
     import torch
 
-    opts = kvx_call_options()
     g, n, sl = ORDER_GEOM, ORDER_TOKENS, ORDER_SEQ_LEN
     bs, heads, dim, nblk = g.block_size, g.num_kv_heads, g.head_dim, ORDER_TOKENS // ORDER_GEOM.block_size
-    kind = cb.core_layout(kvx_provider, opts.memory)
-    lay = d.cache_layout(g, Layout.BLOCK_NHD if kind == "nhd" else Layout.BLOCK_HND, DType.F16)
+    kind = cb.core_layout(provider, opts.memory)
+    lay = d.cache_layout(g, Layout.BLOCK_NHD if kind == "nhd" else Layout.BLOCK_HND, cache_dtype)
     dev = torch.device("cuda")
-    rng = np.random.default_rng(760)
+    tdt = {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.F32: torch.float32}
+    rng = np.random.default_rng(seed)
     blocks = rng.permutation(g.num_blocks)[:nblk].astype(np.int64)
     slots = (blocks[:, None] * bs + np.arange(bs)).reshape(-1)
     # the table reads the blocks in the reverse order: gathered row r is written row (nblk - 1 - r // bs) * bs + r % bs
     table = np.ascontiguousarray(blocks[::-1]).reshape(n // sl, sl // bs)
     bt, lens = d.BlockTable.packed(table), d.SeqLens(np.full(n // sl, sl, np.int64))
-    io_in, io_out, copied = ([torch.zeros(n * heads * dim, dtype=torch.float16, device=dev) for _ in range(2)]
+    io_in, io_out, copied = ([torch.zeros(n * heads * dim, dtype=tdt[io_dtype], device=dev) for _ in range(2)]
                              for _ in range(3))
-    caches = [torch.zeros(lay.span_elements(), dtype=torch.float16, device=dev) for _ in range(2)]
+    caches = [torch.zeros(lay.span_elements(), dtype=tdt[cache_dtype], device=dev) for _ in range(2)]
     meta = [torch.from_numpy(a).to(dev) for a in (slots, bt.encoded_indices(), lens.encoded())]
     cache = d.to_c_cache(g, lay, caches[0].data_ptr(), lay, caches[1].data_ptr(), Memory.DEVICE)
-    io = IOLayout.dense(DType.F16, n, heads, dim)
+    io = IOLayout.dense(io_dtype, n, heads, dim)
     w = header.kvx_write_desc_t.new()
     w.io = d.to_c_io(io, io_in[0].data_ptr(), io, io_in[1].data_ptr(), Memory.DEVICE, n, heads, dim)
     w.slots = d.to_c_slots(SlotMapping(slots), meta[0].data_ptr())
@@ -424,40 +452,56 @@ def test_stream_order(kvx_provider, kvx_call_options):
     gd.io = d.to_c_io(io, io_out[0].data_ptr(), io, io_out[1].data_ptr(), Memory.DEVICE, n, heads, dim)
     gd.block_table = d.to_c_table(bt, meta[1].data_ptr(), 0)
     gd.seq_lens = d.to_c_seq_lens(lens, meta[2].data_ptr())
-    case = (f"{kind.upper()} F16 cache of {g.num_blocks} blocks x {bs} x {heads} x {dim}, {n} tokens to the slots "
-            f"of {nblk} random blocks, gathered as {n // sl} sequences of {sl} (the blocks reversed), "
-            f"{ORDER_ROUNDS} rounds, seed 760")
-    gen = torch.Generator(device=dev).manual_seed(761)
+    case = (f"{kind.upper()} {cache_dtype.name} cache of {g.num_blocks} blocks x {bs} x {heads} x {dim}, {n} "
+            f"{io_dtype.name} tokens to the slots of {nblk} random blocks, gathered as {n // sl} sequences of {sl} "
+            f"(the blocks reversed), {ORDER_ROUNDS} rounds, seed {seed}")
+    gen = torch.Generator(device=dev).manual_seed(seed + 1)
     s = torch.cuda.Stream()
 
-    def rows(x):  # [written row] -> [gathered row]: the blocks reversed
-        return x.view(torch.int16).view(nblk, bs, heads * dim).flip(0).reshape(-1)
-
-    wrong = []
-    for rnd in range(1, ORDER_ROUNDS + 1):
-        src = [torch.randn(n * heads * dim, generator=gen, device=dev).half() for _ in range(2)]
+    def reset() -> None:
         for t in (*io_in, *io_out, *copied, *caches):
             t.zero_()
         torch.cuda.synchronize()
+
+    def statuses(rnd: int, what: str, st_w: int, st_g: int) -> None:
+        check_status(st_w, Status.OK, clause=CL_STREAM_ORDER, case=case, what=f"round {rnd}{what}: write status")
+        check_status(st_g, Status.OK, clause=CL_STREAM_ORDER, case=case, what=f"round {rnd}{what}: gather status")
+
+    def bits(x):
+        return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+    wrong = []
+    for rnd in range(1, ORDER_ROUNDS + 1):
+        src = [torch.randn(n * heads * dim, generator=gen, device=dev).to(tdt[io_dtype]) for _ in range(2)]
+        reset()  # the control: the same calls, a wait after each
+        for a, b in zip(io_in, src):
+            a.copy_(b)
+        torch.cuda.synchronize()
+        st_w = int(provider.write_kv(cache, w, s.cuda_stream))
+        s.synchronize()
+        st_g = int(provider.gather_kv(cache, gd, s.cuda_stream))
+        s.synchronize()
+        statuses(rnd, " (each call waited for)", st_w, st_g)
+        want = [bits(x).clone() for x in io_out]
+        reset()
         with health.one_check("kvx_write_kv / kvx_gather_kv"):
             with torch.cuda.stream(s):
                 torch.cuda._sleep(ORDER_SLEEP_CYCLES)
                 for a, b in zip(io_in, src):
                     a.copy_(b)
-            st_w = kvx_provider.write_kv(cache, w, s.cuda_stream)
-            st_g = kvx_provider.gather_kv(cache, gd, s.cuda_stream)
+            st_w = int(provider.write_kv(cache, w, s.cuda_stream))
+            st_g = int(provider.gather_kv(cache, gd, s.cuda_stream))
             with torch.cuda.stream(s):
                 for a, b in zip(copied, io_out):
                     a.copy_(b)
             s.synchronize()
             torch.cuda.synchronize()
-        check_status(int(st_w), Status.OK, clause=CL_STREAM_ORDER, case=case, what=f"round {rnd}: write status")
-        check_status(int(st_g), Status.OK, clause=CL_STREAM_ORDER, case=case, what=f"round {rnd}: gather status")
+        statuses(rnd, "", st_w, st_g)
         for j, side in enumerate("KV"):
-            want, final = rows(src[j]), io_out[j].view(torch.int16)
-            if torch.equal(copied[j].view(torch.int16), want):
+            final = bits(io_out[j])
+            if torch.equal(bits(copied[j]), want[j]):
                 continue
-            if torch.equal(final, want):
+            if torch.equal(final, want[j]):
                 wrong.append(f"round {rnd}, {side}: the gathered rows were right once the stream's work had "
                              "finished, but the copies queued after the gather did not see them (the gather's work "
                              "ran after the stream moved on)")
@@ -466,13 +510,14 @@ def test_stream_order(kvx_provider, kvx_call_options):
                              "held before the stream's work (the write read its IO rows before the copies queued "
                              "before it filled them, or the gather read the cache before the write stored it)")
             else:
-                bad = int((final.view(n, -1) != want.view(n, -1)).any(dim=1).sum())
-                wrong.append(f"round {rnd}, {side}: {bad} of {n} gathered rows differ from the rows written (work "
-                             "of the two calls or of the copies around them overlapped)")
+                bad = int((final.view(n, -1) != want[j].view(n, -1)).any(dim=1).sum())
+                wrong.append(f"round {rnd}, {side}: {bad} of {n} gathered rows differ from those of the same calls "
+                             "made with a wait after each (work of the two calls or of the copies around them "
+                             "overlapped)")
     if wrong:
         raise ConformanceFailure(
             "calls on one stream ran outside its order",
-            expected="the gather's outputs, copied by work queued after it on the same stream, hold the rows the "
-                     "write stored, which copies queued before the write had put in its IO tensors",
-            got="; ".join(wrong), clause=CL_STREAM_ORDER, case=case, seed=760)
+            expected="the gather's outputs, copied by work queued after it on the same stream, equal to those of the "
+                     "same calls made with a wait after each",
+            got="; ".join(wrong), clause=CL_STREAM_ORDER, case=case, seed=seed)
     note_served_call()
