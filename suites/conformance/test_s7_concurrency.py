@@ -16,7 +16,9 @@
   same result once synchronized.
 - Stream order (device memory): a write and a gather queued on one stream between work of
   that stream (a long kernel, then copies filling the IO rows; after them, copies of the
-  gathered rows), with one wait at the end, take their places in the stream's order.
+  gathered rows), with one wait at the end, take their places in the stream's order: the
+  copies equal what the same calls give with a wait after each (plain copies; converting
+  calls, feature ``mixed_io_dtype``).
 """
 from __future__ import annotations
 
