@@ -70,7 +70,7 @@ constexpr kvx_status_t UNSUPPORTED = KVX_STATUS_UNSUPPORTED;
 constexpr kvx_status_t OUT_OF_RANGE = KVX_STATUS_OUT_OF_RANGE;
 constexpr uint64_t kFaultTokens = 9;
 
-int elem_size(kvx_dtype_t t) {
+__host__ __device__ int elem_size(kvx_dtype_t t) {
   switch (t) {
     case KVX_DTYPE_F16:
     case KVX_DTYPE_BF16: return 2;
@@ -199,7 +199,7 @@ __global__ void move_rows(char* cache, int64_t c_sb, int64_t c_st, int64_t c_sh,
   const uint64_t h = (i / dim) % heads;
   const uint64_t d = i % dim;
   if (blk[r] < 0) return;
-  const int c_size = c_dt == KVX_DTYPE_F32 ? 4 : 2, i_size = i_dt == KVX_DTYPE_F32 ? 4 : 2;
+  const int c_size = elem_size(c_dt), i_size = elem_size(i_dt);
   char* c = cache + (blk[r] * c_sb + tok[r] * c_st + (int64_t)h * c_sh + (int64_t)d * c_sd) * c_size;
   char* x = io + (row[r] * i_st + (int64_t)h * i_sh + (int64_t)d * i_sd) * i_size;
   char* to = to_cache ? c : x;

@@ -20,7 +20,7 @@ import numpy as np
 from ..abi import header as abi
 from ..abi import descriptors as d
 from ..abi.dtypes import bits_view, np_dtype
-from ..abi.header import DType, Memory, TableFormat
+from ..abi.header import DType, Memory
 from ..cases.case import CacheCase, GatherCase, PoolCase, WriteCase
 from .sweep import DTYPES, LAYOUTS, BenchCase
 
