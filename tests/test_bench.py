@@ -344,18 +344,23 @@ def test_refusal_of_a_claimed_feature_or_strict_fails(tmp_path):
 
 
 class _FakeTimer:
-    """Stands in for the device timer on host memory: eager calls run every set; the "graph" holds
-    them (``in_graph=True``: they run at replay), or the calls do their work while the graph is
-    captured and the graph holds nothing (``False``: a provider working on a stream of its own)."""
+    """Stands in for the device timer on host memory: eager calls run every set (a warm-up round,
+    then the last timed round); the "graph" holds them (``in_graph=True``: they run at replay), or
+    the calls do their work while the graph is captured and the graph holds nothing (``False``: a
+    provider working on a stream of its own)."""
 
     def __init__(self, in_graph: bool):
         self.in_graph = in_graph
         self.order: list[str] = []
 
     def plan(self, fn, nsets):
+        for i in range(nsets):
+            fn(i, None)
         return nsets, 0.0
 
-    def events(self, fn, inner):
+    def events(self, fn, inner, before_last=None):
+        if before_last is not None:
+            before_last()
         for i in range(inner):
             fn(i, None)
         self.order.append("events")
@@ -401,7 +406,7 @@ def test_what_is_verified_is_the_graphs_work(case):
         timer = _FakeTimer(in_graph)
         e = _time_device(timer, lambda i, s: pr.call(ref, i, s), pr.nsets,
                          before_replay=lambda: (timer.order.append("poison"), pr.poison(vsets)))
-        assert timer.order == ["events", "capture", "poison", "replay"], timer.order
+        assert timer.order == ["poison", "events", "capture", "poison", "replay"], timer.order
         v = _verified(pr, vsets, e)
         assert v["after"] == "graph replay"
         if in_graph:
@@ -409,3 +414,65 @@ def test_what_is_verified_is_the_graphs_work(case):
         else:
             assert not v["ok"] and v["problems"][0].startswith("after the timed CUDA-graph replays"), \
                 f"{case.id} (seed {seed}): a graph that did nothing must fail the check, got {v}; repro: {REPRO}"
+
+
+@pytest.mark.parametrize("case", [
+    BenchCase("write", "nhd", "f16", tokens=64, memory="host"),
+    BenchCase("gather", "hnd", "bf16", tokens=64, table="packed", seq_len=16, memory="host"),
+], ids=lambda c: c.id)
+def test_repeated_calls_must_do_their_work(case):
+    """The bench's timed calls repeat calls already made, and the results it verifies are zeroed
+    before the timed work that makes them: the last eager round where no graph is timed, the replays
+    where one is. A provider that answers a call it has seen without work (libkvx_testing_host_memo.so)
+    fails both ways, each message naming the timing; the independent correct one verifies."""
+    from kvx_conformance.abi.loader import load_provider
+    from kvx_conformance.abi.native import testing_provider
+    from kvx_conformance.bench.run import _time_device, _verified
+
+    seed = case_seed(case)
+    for variant in ("ok", "memo"):
+        path = testing_provider(f"host_{variant}")
+        if not path.exists():
+            pytest.fail(f"{path} is not built: the package build (csrc/testing) must produce it")
+        prov = load_provider(str(path))
+        for capture, after in ((False, "after the last timed round of eager calls"),
+                               (True, "after the timed CUDA-graph replays")):
+            pr = prepare(case, seed=seed, nsets=2)
+            vsets = (pr.nsets - 1,)
+            # graph=False: no graph timed (unified memory; a refused capture takes the same path)
+            e = _time_device(_FakeTimer(True), lambda i, s: pr.call(prov, i, s), pr.nsets, graph=capture,
+                             before_replay=lambda: pr.poison(vsets))
+            v = _verified(pr, vsets, e)
+            assert v["after"] == ("graph replay" if capture else "eager calls"), v
+            if variant == "ok":
+                assert v["ok"], f"{case.id} (seed {seed}): host_ok after {v['after']}: {v}; repro: {REPRO}"
+            else:
+                assert not v["ok"] and v["problems"][0].startswith(after), \
+                    f"{case.id} (seed {seed}): a provider skipping repeated calls must fail, got {v}; repro: {REPRO}"
+
+
+def test_host_bench_fails_a_provider_that_skips_repeated_calls(tmp_path):
+    """``kvx-conform bench --memory host``: the verified sets' results are zeroed after timing and
+    their calls made once more; the memoizing provider leaves zeros (exit 1, the verification
+    failure named), the correct one verifies (exit 0)."""
+    from kvx_conformance.abi.native import testing_provider
+
+    filters = ["write-nhd-f16-t16-*", "gather-hnd-f16-t512-*-packed-sl256-*"]
+    for variant, rc in (("ok", 0), ("memo", 1)):
+        out = tmp_path / variant
+        cmd = [sys.executable, "-m", "kvx_conformance.cli", "bench", str(testing_provider(f"host_{variant}")),
+               "--preset", "quick", "--memory", "host", "--output-dir", str(out), "--rounds", "3", "--no-peers",
+               *[a for f in filters for a in ("--filter", f)]]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONHASHSEED": "0"})
+        assert p.returncode == rc, f"{variant}: exit {p.returncode}, expected {rc}\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}"
+        doc = json.loads((out / "results.json").read_text())
+        fails = doc["summary"]["verification_failures"]
+        assert doc["summary"]["timed"] == 2, doc["summary"]
+        if variant == "ok":
+            assert not fails, fails
+        else:
+            assert len(fails) == 2, doc["summary"]
+            for rec in doc["cases"]:
+                v = rec["impls"]["provider"]["verified"]
+                assert v["after"] == "a repeat of the timed calls" and not v["ok"], v
+                assert v["problems"][0].startswith("after a repeat of the timed calls"), v

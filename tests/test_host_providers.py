@@ -15,6 +15,9 @@
   compare, but the read-only pages of the call fault, a crash of the test.
 - ``host_harness_detect``: writes only where the environment names a pytest test or worker;
   the harness hides those from every provider call, so it is seen.
+- ``host_memo``: answers a write or gather whose descriptors and slots / table equal one of its
+  last 16 calls' OK without work (a benchmark repeats identical calls): the repeated calls of
+  ``state.repeated_*``, the caller having rewritten the cache or outputs between them, see it.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -218,6 +221,7 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("scribble_input", ["inputs.write.*"], "core"),
     ("touch_desc", ["inputs.write.*"], "core"),
     ("harness_detect", ["write.slots.valid*"], "core"),
+    ("memo", ["state.repeated_*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

@@ -26,6 +26,9 @@
  *                         into a const descriptor that changes no byte)
  *   DEFECT_HARNESS_DETECT a write returns OK and writes nothing unless the environment names a
  *                         pytest test or worker (correct only where it believes it is tested)
+ *   DEFECT_MEMO           a write or gather whose descriptors and slots / table and lengths equal
+ *                         one of the last 16 calls' returns OK without work (a benchmark repeats
+ *                         identical calls; spec 7.2: the API is stateless aside from user buffers)
  */
 #define DEFECT_NONE 0
 #define DEFECT_IGNORE_STRIDES 1
@@ -35,6 +38,7 @@
 #define DEFECT_SCRIBBLE_INPUT 5
 #define DEFECT_TOUCH_DESC 6
 #define DEFECT_HARNESS_DETECT 7
+#define DEFECT_MEMO 8
 #ifndef KVX_HOST_DEFECT
 #define KVX_HOST_DEFECT DEFECT_NONE
 #endif
@@ -366,6 +370,24 @@ static void late_start(late_t* l) {
 
 /* ------------------------------------------------------------------ entry points */
 
+#if KVX_HOST_DEFECT == DEFECT_MEMO
+static uint64_t memo_hash(uint64_t h, const void* p, size_t n) { /* FNV-1a */
+  const unsigned char* b = (const unsigned char*)p;
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+static size_t memo_index_bytes(int t, uint64_t n) { return (size_t)n * (t == KVX_DTYPE_S32 ? 4 : 8); }
+static uint64_t memo_seen[16];
+static unsigned memo_next;
+/* 1 when a call of this key was among the last 16 (the defect: it is answered without work); else remembered. */
+static int memo_hit(uint64_t key) {
+  for (unsigned i = 0; i < 16; ++i)
+    if (memo_seen[i] == key) return 1;
+  memo_seen[memo_next++ % 16] = key;
+  return 0;
+}
+#endif
+
 KVX_API kvx_status_t kvx_get_version(kvx_version_t* v) {
   REQUIRE(v != NULL && v->size >= sizeof(kvx_version_t), INV);
   v->size = sizeof(kvx_version_t);
@@ -438,6 +460,15 @@ KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* c, const kvx_write_des
     if (slot < 0 || slot == w->slots.invalid_slot) continue; /* spec 5.2: a no-op */
     REQUIRE((uint64_t)slot < nslots, OOR);
   }
+#if KVX_HOST_DEFECT == DEFECT_MEMO
+  {
+    uint64_t key = memo_hash(14695981039346656037ull, "w", 1);
+    key = memo_hash(key, c, sizeof *c);
+    key = memo_hash(key, w, sizeof *w);
+    key = memo_hash(key, w->slots.slots, memo_index_bytes(w->slots.dtype, n_tok));
+    if (memo_hit(key)) return KVX_STATUS_OK;
+  }
+#endif
 #if KVX_HOST_DEFECT == DEFECT_LATE_WRITE
   late_t* late = late_new(n_tok, c->num_kv_heads, c->head_dim, ak.es > av.es ? ak.es : av.es);
 #endif
@@ -561,6 +592,17 @@ KVX_API kvx_status_t kvx_gather_kv(const kvx_cache_desc_t* c, const kvx_gather_d
       REQUIRE(id >= 0 && (uint64_t)id < c->num_blocks, OOR);
     }
   }
+#if KVX_HOST_DEFECT == DEFECT_MEMO
+  {
+    uint64_t key = memo_hash(14695981039346656037ull, "g", 1);
+    key = memo_hash(key, c, sizeof *c);
+    key = memo_hash(key, g, sizeof *g);
+    key = memo_hash(key, bt->indices, memo_index_bytes(bt->index_dtype, bt->indices_count));
+    if (ragged) key = memo_hash(key, bt->indptr, memo_index_bytes(bt->indptr_dtype, S + 1));
+    key = memo_hash(key, g->seq_lens.lengths, memo_index_bytes(g->seq_lens.dtype, S));
+    if (memo_hit(key)) return KVX_STATUS_OK;
+  }
+#endif
   for (uint64_t q = 0; q < S; ++q) {
     int64_t len = read_index(g->seq_lens.lengths, g->seq_lens.dtype, q);
     uint64_t n = (uint64_t)len < L ? (uint64_t)len : L;

@@ -132,17 +132,18 @@ def _figures(case: BenchCase, entry: dict, roofline: float | None, floor_s: floa
 
 
 def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0, before_replay=None) -> dict:
-    """Eager (events) then graph timing of ``fn(set, stream)``; ``before_replay()`` runs between
-    the capture and the first replay (the bench poisons the verified results there, so that what
-    it verifies afterwards is the graph's work); if a replay fails after it, every set is called
-    again eagerly."""
+    """Eager (events) then graph timing of ``fn(set, stream)``; ``before_replay()`` runs before the
+    last timed round of eager calls and between the capture and the first replay (the bench poisons
+    the verified results there, so that what it verifies afterwards is timed work: the graph's, or
+    where no graph is timed the last eager round's, repeats of calls already made); if a replay
+    fails after it, every set is called again eagerly."""
     from .timing import CallFailed
 
     out: dict = {}
     try:
         inner, est = timer.plan(fn, nsets)
         out["inner_calls"] = inner
-        out["events"], out["host"] = timer.events(fn, inner)
+        out["events"], out["host"] = timer.events(fn, inner, before_last=before_replay)
     except CallFailed as e:
         return {"error": str(e)}
     if not graph:
@@ -247,16 +248,21 @@ def _device_case(state: dict, case: BenchCase) -> dict:
     return rec
 
 
+#: what a failed check after each kind of timing says first
+_AFTER = {"graph replay": "after the timed CUDA-graph replays (results zeroed once the graph was captured), which "
+                          "must do the work of the eager calls on the stream they are given: ",
+          "eager calls": "after the last timed round of eager calls (results zeroed before it; each of its calls "
+                         "repeats one made before, and a repeated call must do its work again, spec 7.2): "}
+
+
 def _verified(pr, vsets: tuple[int, ...], e: dict) -> dict:
-    """The oracle check of the results the timing left: after a graph's replays (the results
-    poisoned between its capture and its first replay) they are the graph's work, and a failure
-    says so."""
+    """The oracle check of the results the timing left, poisoned before the timed work that made
+    them: after a graph's replays (poisoned between its capture and its first replay) they are the
+    graph's work, else the last eager round's; a failure says which."""
     v = pr.verify(vsets)
     v["after"] = "graph replay" if e.get("graph") or e.get("graph_warm") else "eager calls"
-    if not v["ok"] and v["after"] == "graph replay":
-        v["problems"] = ["after the timed CUDA-graph replays (results zeroed once the graph was captured), which "
-                         "must do the work of the eager calls on the stream they are given: " + v["problems"][0],
-                         *v["problems"][1:]]
+    if not v["ok"]:
+        v["problems"] = [_AFTER[v["after"]] + v["problems"][0], *v["problems"][1:]]
     return v
 
 

@@ -261,12 +261,14 @@ def _same_shapes(cases, *fields: str) -> None:
                 raise ValueError(f"a call sequence reuses the first call's buffers: {f} must keep its size")
 
 
-def run_write_sequence(provider, cases: list[WriteCase], opts: CallOptions | None = None) -> list[Result]:
+def run_write_sequence(provider, cases: list[WriteCase], opts: CallOptions | None = None, *,
+                       reset_cache: bool = False) -> list[Result]:
     """The writes of ``cases`` through one set of buffers and descriptors, as an engine keeps a
     persistent slot mapping and input rows (CUDA graphs): the first case places the cache, the IO
     rows, the slots and the FP8 scale values; before each later call its IO rows, slots and scale
-    values are copied into those same buffers (same pointers). The cache carries over; one Result
-    per call (the cache after it)."""
+    values are copied into those same buffers (same pointers). The cache carries over, or with
+    ``reset_cache`` is given the later case's initial contents again (the caller rewriting it between
+    the calls); one Result per call (the cache after it)."""
     _same_shapes(cases, "key", "value", "slots")
     scales = {"k_scale": lambda c: None if c.k_scale is None else np.array([c.k_scale], np.float32),
               "v_scale": lambda c: None if c.v_scale is None else np.array([c.v_scale], np.float32),
@@ -279,6 +281,13 @@ def run_write_sequence(provider, cases: list[WriteCase], opts: CallOptions | Non
                 raise ValueError(f"a call sequence reuses the first call's buffers: {name} must keep its size")
 
     def refill(arena: _Arena, case: WriteCase) -> None:
+        if reset_cache:
+            arena.refill("k cache", case.cache.k_init)
+            arena.refill("v cache", case.cache.v_init)
+            if case.cache.pool is not None:
+                arena.refill("primary pool", case.cache.pool.primary)
+                if case.cache.pool.secondary is not None:
+                    arena.refill("secondary pool", case.cache.pool.secondary)
         arena.refill("key", case.key)
         if not case.value_is_key:
             arena.refill("value", case.value)

@@ -7,6 +7,10 @@ reuse the caller's buffers, and batches of engine size.
   new contents (``execute.run_write_sequence`` / ``run_gather_sequence``); every call must
   act on what the buffers hold at that call, so a provider that keeps what it decoded from
   a pointer (a cache keyed by address) is seen.
+- A call made again is made again: the same write or gather three times through the same
+  buffers and contents, the caller rewriting the cache's written slots or the gather's outputs
+  between them, must do its work each time; a provider that remembers the calls it has made and
+  skips one it has seen (a benchmark repeats identical calls) leaves the rewritten contents.
 - The cache descriptor is the call's too: memory described as NHD in one call and as HND in the
   next (the same pointers, geometry and dtype) is addressed by each call's own descriptor.
 - FP8 scales are user buffers too (vLLM's ``k_scale`` / ``v_scale`` tensors, rewritten in place
@@ -116,6 +120,46 @@ def test_persistent_block_table_batch(kvx_provider, kvx_call_options):
                                             f"first and last entries unchanged: rows {table[1:4, 0]}..."))
     expected = [oracle.expected_gather(c, opts.memory) for c in cases]
     _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE)
+
+
+CL_REPEAT = ("spec 7.2 (the API is stateless aside from user-provided buffers: a call acts on what its buffers "
+             "hold when it is made, so a call made again does its work again); 7 (kvx_write_kv writes K/V for "
+             "tokens using a slot mapping; kvx_gather_kv gathers K/V); R-STATE")
+
+
+@conformance("state.repeated_write", CL_REPEAT, REQUIRED, "core", "write")
+def test_repeated_write(kvx_provider, kvx_call_options):
+    """The same write three times through the same buffers and descriptors (the same pointers, slots
+    and rows), the caller putting the cache back to what it held before the first call between them
+    (an engine re-running a step; a benchmark repeating one call): every call stores the rows again.
+    A provider that remembers the calls it has made (descriptors and slots) and answers OK without
+    work for one it has seen leaves the restored contents in the slots."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=370)
+    slots = cb.spread_slots(G, 24, 371).tolist()
+    slots[3] = -1  # an invalid slot, a no-op (5.2)
+    first = cb.write_case(cache, slots, seed=372)
+    cases = [cb.replace(first, label=f"call {i + 1} of {CALLS}, the same write (slots {slots[:6]}...)"
+                                      + (", the cache given its contents before call 1 again first" if i else ""))
+             for i in range(CALLS)]
+    expected = [oracle.expected_write(c, opts.memory) for c in cases]
+    _judge_sequence(run_write_sequence(kvx_provider, cases, opts, reset_cache=True), expected, cases, CL_REPEAT)
+
+
+@conformance("state.repeated_gather", CL_REPEAT, REQUIRED, "core", "gather")
+def test_repeated_gather(kvx_provider, kvx_call_options):
+    """The same PACKED gather three times through the same buffers and descriptors (the same table,
+    lengths and outputs), the caller overwriting the outputs between them: every call gathers the
+    rows again. A provider that skips a call it has seen leaves the overwritten outputs."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=373)
+    table = cb.distinct_table(G, 3, 4, 374)
+    first = cb.packed_gather(cache, table, [32, 11, 20], 32, seed=375)
+    cases = [cb.replace(first, label=f"call {i + 1} of {CALLS}, the same gather (rows {table[:, 0]}...)"
+                                      + (", the outputs overwritten first" if i else ""))
+             for i in range(CALLS)]
+    expected = [oracle.expected_gather(c, opts.memory) for c in cases]
+    _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_REPEAT)
 
 
 CL_STATE_DESC = ("spec 7.2 (the API is stateless aside from user-provided buffers); 4.2 (the layout and strides "
