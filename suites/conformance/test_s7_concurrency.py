@@ -18,7 +18,7 @@
   that stream (a long kernel, then copies filling the IO rows; after them, copies of the
   gathered rows), with one wait at the end, take their places in the stream's order: the
   copies equal what the same calls give with a wait after each (plain copies; converting
-  calls, feature ``mixed_io_dtype``).
+  calls, feature ``mixed_io_dtype``; quantizing FP8 writes and their gathers, feature ``fp8``).
 """
 from __future__ import annotations
 
@@ -383,6 +383,39 @@ ORDER_GEOM = Geometry(num_blocks=2048, block_size=16, num_kv_heads=8, head_dim=1
 ORDER_TOKENS, ORDER_SEQ_LEN = 16384, 256
 #: clock cycles of the kernel that keeps the stream busy before the IO rows are filled (about 50 ms)
 ORDER_SLEEP_CYCLES = 100_000_000
+#: stream.order_fp8's PER_TENSOR scale: N(0, 1) rows stay far inside E4M3's range (+-448)
+ORDER_FP8_SCALE = 0.5
+#: the hold through public torch calls where torch has no ``torch.cuda._sleep``: seconds of matrix products
+ORDER_HOLD_S = 0.05
+_HOLD: dict = {}
+
+
+def hold_stream(torch, stream) -> None:
+    """Queue tens of milliseconds of device work on ``stream`` (the current torch stream is set to
+    it): ``torch.cuda._sleep`` of ORDER_SLEEP_CYCLES clock cycles, or where a torch lacks that
+    private function, a chain of 2048 x 2048 matrix products, as many as one timed product says
+    fill ORDER_HOLD_S (timed once per process)."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(ORDER_SLEEP_CYCLES)
+        return
+    if "a" not in _HOLD:
+        a = torch.randn(2048, 2048, device="cuda")
+        b = torch.empty_like(a)
+        torch.mm(a, a, out=b)  # warm
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        for _ in range(8):
+            torch.mm(a, a, out=b)
+        t1.record()
+        t1.synchronize()
+        _HOLD.update(a=a, b=b, n=max(1, int(ORDER_HOLD_S / max(t0.elapsed_time(t1) / 8e3, 1e-6))))
+        torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        for _ in range(_HOLD["n"]):
+            torch.mm(_HOLD["a"], _HOLD["a"], out=_HOLD["b"])
+
+
 #: rounds, each with rows of its own: the first also meets a provider's one-time set-up (loading its
 #: kernels, creating its streams), which can outlast the busy kernel and hide the defect
 ORDER_ROUNDS = 2
@@ -422,10 +455,37 @@ def test_stream_order_converting(kvx_provider, kvx_call_options):
     _stream_order_rounds(provider, opts, DType.BF16, DType.F32, seed=780)
 
 
-def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *, seed: int) -> None:
+@conformance("stream.order_fp8", CL_STREAM_ORDER + "; R-FP8", REQUIRED, "concurrency", ("write", "gather"),
+             feature="fp8")
+@pytest.mark.kvx_memory_types("device")
+def test_stream_order_fp8(kvx_provider, kvx_call_options):
+    """``stream.order`` for the FP8 calls, which a provider serves with quantizing kernels of their
+    own: F16 rows quantized into an E4M3 cache by a PER_TENSOR scale descriptor (its value in device
+    memory, as engines keep ``k_scale``), gathered back as E4M3 bytes. Each is first made alone
+    (:func:`verify_write`, :func:`verify_gather`): a refusal there is the feature's (``fp8``)."""
+    provider, opts = kvx_provider, kvx_call_options()
+    kind = cb.core_layout(provider, opts.memory)
+    cache = cb.simple_cache(cb.GEOM, kind, DType.F8_E4M3, seed=790)
+    spec = cb.scale_spec([ORDER_FP8_SCALE], ScaleGranularity.PER_TENSOR)
+    verify_write(provider, cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, 791), io_dtype=DType.F16, seed=792,
+                                         k_scale_desc=spec, v_scale_desc=spec,
+                                         label=f"F16 rows into an E4M3 cache, PER_TENSOR scale {ORDER_FP8_SCALE}, "
+                                               "made alone"),
+                 opts, clause=CL_STREAM_ORDER, feature="fp8")
+    verify_gather(provider, cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 793), [9, 12], 12, seed=794,
+                                             label="an E4M3 cache into E4M3 outputs, made alone"),
+                  opts, clause=CL_STREAM_ORDER, feature="fp8")
+    _stream_order_rounds(provider, opts, DType.F8_E4M3, DType.F16, seed=795, out_dtype=DType.F8_E4M3,
+                         scale=ORDER_FP8_SCALE)
+
+
+def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *, seed: int,
+                         out_dtype: DType | None = None, scale: float | None = None) -> None:
     """ORDER_ROUNDS rounds of the stream-order sequence (:func:`test_stream_order`), rows of
-    ``io_dtype`` through a cache of ``cache_dtype``, each against the same calls made with a wait
-    after each (the control: what the provider gives in order)."""
+    ``io_dtype`` through a cache of ``cache_dtype`` gathered into outputs of ``out_dtype`` (default
+    ``io_dtype``), each against the same calls made with a wait after each (the control: what the
+    provider gives in order). ``scale``: the FP8 writes' PER_TENSOR scale descriptors (the value in
+    device memory)."""
     import torch
 
     g, n, sl = ORDER_GEOM, ORDER_TOKENS, ORDER_SEQ_LEN
@@ -433,15 +493,17 @@ def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *,
     kind = cb.core_layout(provider, opts.memory)
     lay = d.cache_layout(g, Layout.BLOCK_NHD if kind == "nhd" else Layout.BLOCK_HND, cache_dtype)
     dev = torch.device("cuda")
-    tdt = {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.F32: torch.float32}
+    out_dtype = out_dtype or io_dtype
+    tdt = {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.F32: torch.float32,
+           DType.F8_E4M3: torch.uint8, DType.F8_E5M2: torch.uint8}  # FP8 bytes as they are
     rng = np.random.default_rng(seed)
     blocks = rng.permutation(g.num_blocks)[:nblk].astype(np.int64)
     slots = (blocks[:, None] * bs + np.arange(bs)).reshape(-1)
     # the table reads the blocks in the reverse order: gathered row r is written row (nblk - 1 - r // bs) * bs + r % bs
     table = np.ascontiguousarray(blocks[::-1]).reshape(n // sl, sl // bs)
     bt, lens = d.BlockTable.packed(table), d.SeqLens(np.full(n // sl, sl, np.int64))
-    io_in, io_out, copied = ([torch.zeros(n * heads * dim, dtype=tdt[io_dtype], device=dev) for _ in range(2)]
-                             for _ in range(3))
+    io_in, io_out, copied = ([torch.zeros(n * heads * dim, dtype=tdt[dt], device=dev) for _ in range(2)]
+                             for dt in (io_dtype, out_dtype, out_dtype))
     caches = [torch.zeros(lay.span_elements(), dtype=tdt[cache_dtype], device=dev) for _ in range(2)]
     meta = [torch.from_numpy(a).to(dev) for a in (slots, bt.encoded_indices(), lens.encoded())]
     cache = d.to_c_cache(g, lay, caches[0].data_ptr(), lay, caches[1].data_ptr(), Memory.DEVICE)
@@ -449,14 +511,19 @@ def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *,
     w = header.kvx_write_desc_t.new()
     w.io = d.to_c_io(io, io_in[0].data_ptr(), io, io_in[1].data_ptr(), Memory.DEVICE, n, heads, dim)
     w.slots = d.to_c_slots(SlotMapping(slots), meta[0].data_ptr())
-    w.k_scale_desc, w.v_scale_desc = d.to_c_scale(None, 0), d.to_c_scale(None, 0)
+    spec = None if scale is None else cb.scale_spec([scale], ScaleGranularity.PER_TENSOR)
+    scales = torch.from_numpy(spec.buffer()).to(dev) if spec is not None else None
+    w.k_scale_desc = w.v_scale_desc = d.to_c_scale(spec, scales.data_ptr() if spec is not None else 0)
     gd = header.kvx_gather_desc_t.new(max_seq_len=sl)
-    gd.io = d.to_c_io(io, io_out[0].data_ptr(), io, io_out[1].data_ptr(), Memory.DEVICE, n, heads, dim)
+    out = IOLayout.dense(out_dtype, n, heads, dim)
+    gd.io = d.to_c_io(out, io_out[0].data_ptr(), out, io_out[1].data_ptr(), Memory.DEVICE, n, heads, dim)
     gd.block_table = d.to_c_table(bt, meta[1].data_ptr(), 0)
     gd.seq_lens = d.to_c_seq_lens(lens, meta[2].data_ptr())
     case = (f"{kind.upper()} {cache_dtype.name} cache of {g.num_blocks} blocks x {bs} x {heads} x {dim}, {n} "
-            f"{io_dtype.name} tokens to the slots of {nblk} random blocks, gathered as {n // sl} sequences of {sl} "
-            f"(the blocks reversed), {ORDER_ROUNDS} rounds, seed {seed}")
+            f"{io_dtype.name} tokens to the slots of {nblk} random blocks"
+            + (f" (PER_TENSOR scale {scale})" if scale is not None else "")
+            + f", gathered as {n // sl} sequences of {sl} into {out_dtype.name} outputs (the blocks reversed), "
+              f"{ORDER_ROUNDS} rounds, seed {seed}")
     gen = torch.Generator(device=dev).manual_seed(seed + 1)
     s = torch.cuda.Stream()
 
@@ -470,7 +537,7 @@ def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *,
         check_status(st_g, Status.OK, clause=CL_STREAM_ORDER, case=case, what=f"round {rnd}{what}: gather status")
 
     def bits(x):
-        return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+        return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()])
 
     wrong = []
     for rnd in range(1, ORDER_ROUNDS + 1):
@@ -488,7 +555,7 @@ def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *,
         reset()
         with health.one_check("kvx_write_kv / kvx_gather_kv"):
             with torch.cuda.stream(s):
-                torch.cuda._sleep(ORDER_SLEEP_CYCLES)
+                hold_stream(torch, s)
                 for a, b in zip(io_in, src):
                     a.copy_(b)
             st_w = int(provider.write_kv(cache, w, s.cuda_stream))

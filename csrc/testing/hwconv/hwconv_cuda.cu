@@ -9,7 +9,8 @@
  * encoding (0x7F for both formats). Same-dtype moves copy the bits.
  * Data-dependent errors (slots, lengths, block ids) are skipped per element and the
  * call answers OK (R-DEVICE-STATUS): nothing out of bounds is touched and the host
- * never synchronizes on the stream.
+ * never synchronizes on the stream. Built once more as
+ * libkvx_testing_hwconv_cuda_own_stream_fp8.so with a defect (KVX_HW_OWN_STREAM_FP8, below).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -145,13 +146,36 @@ kvx_status_t launched() {
   return cudaGetLastError() == cudaSuccess ? KVX_STATUS_OK : KVX_STATUS_INTERNAL_ERROR;
 }
 
+#ifndef KVX_HW_OWN_STREAM_FP8
+#define KVX_HW_OWN_STREAM_FP8 0
+#endif
+
+inline bool fp8(int dt) { return dt == KVX_DTYPE_F8_E4M3 || dt == KVX_DTYPE_F8_E5M2; }
+
 }  // namespace
 
+/* The defect of libkvx_testing_hwconv_cuda_own_stream_fp8.so (KVX_HW_OWN_STREAM_FP8=1): the
+ * quantizing writes (an FP8 cache side, IO of another dtype) run on a stream of this provider's
+ * own, waited for before the call returns, instead of the caller's: they do not wait for the work
+ * queued before the call (R-STREAM). Every other call keeps the caller's stream. */
 extern "C" kvx_status_t hw_backend_write(const hw_write_plan* p, void* stream) {
   const unsigned long long n = (unsigned long long)p->num_tokens * p->num_kv_heads * p->head_dim;
   if (n == 0) return KVX_STATUS_OK;
-  write_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(*p);
-  return launched();
+  cudaStream_t s = (cudaStream_t)stream;
+  const bool own = KVX_HW_OWN_STREAM_FP8 && ((fp8(p->k.dtype) && p->key.dtype != p->k.dtype) ||
+                                             (fp8(p->v.dtype) && p->value.dtype != p->v.dtype));
+  if (own) {
+    static cudaStream_t mine = [] {
+      cudaStream_t x = nullptr;
+      cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking);
+      return x;
+    }();
+    s = mine;
+  }
+  write_kernel<<<grid_for(n), 256, 0, s>>>(*p);
+  kvx_status_t st = launched();
+  if (own) cudaStreamSynchronize(s);
+  return st;
 }
 
 extern "C" kvx_status_t hw_backend_gather(const hw_gather_plan* p, void* stream) {
