@@ -248,22 +248,31 @@ def _device_case(state: dict, case: BenchCase) -> dict:
     return rec
 
 
-#: what a failed check after each kind of timing says first
-_AFTER = {"graph replay": "after the timed CUDA-graph replays (results zeroed once the graph was captured), which "
-                          "must do the work of the eager calls on the stream they are given: ",
-          "eager calls": "after the last timed round of eager calls (results zeroed before it; each of its calls "
-                         "repeats one made before, and a repeated call must do its work again, spec 7.2): "}
+#: ``verified.after``: which calls made the checked results, each zeroed first; what a failed check says first
+VERIFIED_AFTER = {
+    "graph replay": "after the timed CUDA-graph replays (results zeroed once the graph was captured), which must do "
+                    "the work of the eager calls on the stream they are given: ",
+    "eager calls": "after the last timed round of eager calls (results zeroed before it; each of its calls repeats "
+                   "one made before, and a repeated call must do its work again, spec 7.2): ",
+    "a repeat of the timed calls": "after a repeat of the timed calls (results zeroed before it; a repeated call must "
+                                   "do its work again, spec 7.2): ",
+}
+
+
+def label_verified(v: dict, after: str) -> dict:
+    """``v`` (:meth:`Prepared.verify`) with ``after`` (a key of VERIFIED_AFTER) recorded and named
+    in its first problem."""
+    v["after"] = after
+    if not v["ok"]:
+        v["problems"] = [VERIFIED_AFTER[after] + v["problems"][0], *v["problems"][1:]]
+    return v
 
 
 def _verified(pr, vsets: tuple[int, ...], e: dict) -> dict:
     """The oracle check of the results the timing left, poisoned before the timed work that made
     them: after a graph's replays (poisoned between its capture and its first replay) they are the
     graph's work, else the last eager round's; a failure says which."""
-    v = pr.verify(vsets)
-    v["after"] = "graph replay" if e.get("graph") or e.get("graph_warm") else "eager calls"
-    if not v["ok"]:
-        v["problems"] = [_AFTER[v["after"]] + v["problems"][0], *v["problems"][1:]]
-    return v
+    return label_verified(pr.verify(vsets), "graph replay" if e.get("graph") or e.get("graph_warm") else "eager calls")
 
 
 def l2_resident(rec: dict) -> bool:
