@@ -19,6 +19,9 @@
  *   libkvx_testing_cuda_own_stream_convert.so KVX_OWN_STREAM=2: the same for the calls
  *                                     that convert (IO dtype other than the cache's)
  *                                     only; its plain copies keep the caller's stream
+ *   libkvx_testing_cuda_own_stream_small.so KVX_OWN_STREAM=3: the same for the calls of at
+ *                                     most 256 rows only (a decode-sized fast path off the
+ *                                     caller's stream); its large calls keep it
  *   libkvx_testing_cuda_capture_skip.so KVX_FAULTING=0, KVX_SKIP_CAPTURED=1: the twin,
  *                                     answering OK without doing anything while the
  *                                     stream it is given is capturing a CUDA graph
@@ -280,10 +283,14 @@ kvx_status_t launch(const CacheView& cv, const IOView& io, const std::vector<int
   return launched == cudaSuccess ? OK : KVX_STATUS_INTERNAL_ERROR;
 }
 
+/* KVX_OWN_STREAM=3: calls of at most this many rows (a decode-sized fast path) */
+constexpr uint64_t kSmallRows = 256;
+
 /* The stream a call's work goes to: the caller's, or (KVX_OWN_STREAM, the defect: 1 every call,
- * 2 the converting calls) one of this provider's own that does not wait for the caller's stream. */
-cudaStream_t work_stream(void* caller, bool converting) {
-  if (KVX_OWN_STREAM == 1 || (KVX_OWN_STREAM == 2 && converting)) {
+ * 2 the converting calls, 3 the calls of at most kSmallRows rows) one of this provider's own that
+ * does not wait for the caller's stream. */
+cudaStream_t work_stream(void* caller, bool converting, uint64_t rows) {
+  if (KVX_OWN_STREAM == 1 || (KVX_OWN_STREAM == 2 && converting) || (KVX_OWN_STREAM == 3 && rows <= kSmallRows)) {
     static cudaStream_t own = [] {
       cudaStream_t s = nullptr;
       cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -356,7 +363,7 @@ KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* cache, const kvx_write
     blk[i] = s / cache->block_size;
     tok[i] = s % cache->block_size;
   }
-  cudaStream_t cs = work_stream(stream, key.dtype != k.dtype || value.dtype != v.dtype);
+  cudaStream_t cs = work_stream(stream, key.dtype != k.dtype || value.dtype != v.dtype, n);
   if (KVX_FAULTING && sm.dtype == KVX_DTYPE_S64 && n == kFaultTokens) {
     wild_store<<<1, 32, 0, cs>>>(n);
     cudaStreamSynchronize(cs);
@@ -408,7 +415,7 @@ KVX_API kvx_status_t kvx_gather_kv(const kvx_cache_desc_t* cache, const kvx_gath
       row.push_back((int64_t)(s * (uint64_t)desc->max_seq_len + t));
     }
   }
-  cudaStream_t cs = work_stream(stream, key.dtype != k.dtype || value.dtype != v.dtype);
+  cudaStream_t cs = work_stream(stream, key.dtype != k.dtype || value.dtype != v.dtype, blk.size());
   st = launch(k, key, blk, tok, row, cache->num_kv_heads, cache->head_dim, false, cs);
   if (st != OK) return st;
   return launch(v, value, blk, tok, row, cache->num_kv_heads, cache->head_dim, false, cs);

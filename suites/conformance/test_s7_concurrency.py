@@ -17,8 +17,9 @@
 - Stream order (device memory): a write and a gather queued on one stream between work of
   that stream (a long kernel, then copies filling the IO rows; after them, copies of the
   gathered rows), with one wait at the end, take their places in the stream's order: the
-  copies equal what the same calls give with a wait after each (plain copies; converting
-  calls, feature ``mixed_io_dtype``; quantizing FP8 writes and their gathers, feature ``fp8``).
+  copies equal what the same calls give with a wait after each (plain copies of 16384 tokens
+  and of a decode step's 64; converting calls, feature ``mixed_io_dtype``; quantizing FP8 writes
+  and their gathers, feature ``fp8``).
 """
 from __future__ import annotations
 
@@ -381,6 +382,8 @@ CL_STREAM_ORDER = ("spec 7 (`stream` parameters are opaque CUDA/HIP streams: a c
 #: stream.order: a call large enough to take many waves of any GPU (K and V of 16384 tokens, 64 MiB)
 ORDER_GEOM = Geometry(num_blocks=2048, block_size=16, num_kv_heads=8, head_dim=128)
 ORDER_TOKENS, ORDER_SEQ_LEN = 16384, 256
+#: stream.order_decode: a decode step's call (4 blocks of 16 tokens, one sequence)
+ORDER_DECODE_TOKENS = 64
 #: clock cycles of the kernel that keeps the stream busy before the IO rows are filled (about 50 ms)
 ORDER_SLEEP_CYCLES = 100_000_000
 #: stream.order_fp8's PER_TENSOR scale: N(0, 1) rows stay far inside E4M3's range (+-448)
@@ -435,6 +438,16 @@ def test_stream_order(kvx_provider, kvx_call_options):
     _stream_order_rounds(kvx_provider, kvx_call_options(), DType.F16, DType.F16, seed=760)
 
 
+@conformance("stream.order_decode", CL_STREAM_ORDER, REQUIRED, "concurrency", ("write", "gather"))
+@pytest.mark.kvx_memory_types("device")
+def test_stream_order_decode(kvx_provider, kvx_call_options):
+    """``stream.order`` with calls of a decode step's size, which a provider often serves with
+    kernels (or a fast path) of their own: a write of ORDER_DECODE_TOKENS F16 rows and the gather of
+    them as one sequence."""
+    _stream_order_rounds(kvx_provider, kvx_call_options(), DType.F16, DType.F16, seed=765,
+                         tokens=ORDER_DECODE_TOKENS, seq_len=ORDER_DECODE_TOKENS)
+
+
 @conformance("stream.order_convert", CL_STREAM_ORDER + "; R-CONVERT", REQUIRED, "concurrency", ("write", "gather"),
              feature="mixed_io_dtype")
 @pytest.mark.kvx_memory_types("device")
@@ -480,16 +493,17 @@ def test_stream_order_fp8(kvx_provider, kvx_call_options):
 
 
 def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *, seed: int,
-                         out_dtype: DType | None = None, scale: float | None = None) -> None:
-    """ORDER_ROUNDS rounds of the stream-order sequence (:func:`test_stream_order`), rows of
-    ``io_dtype`` through a cache of ``cache_dtype`` gathered into outputs of ``out_dtype`` (default
-    ``io_dtype``), each against the same calls made with a wait after each (the control: what the
-    provider gives in order). ``scale``: the FP8 writes' PER_TENSOR scale descriptors (the value in
-    device memory)."""
+                         out_dtype: DType | None = None, scale: float | None = None,
+                         tokens: int = ORDER_TOKENS, seq_len: int = ORDER_SEQ_LEN) -> None:
+    """ORDER_ROUNDS rounds of the stream-order sequence (:func:`test_stream_order`), ``tokens`` rows
+    of ``io_dtype`` through a cache of ``cache_dtype`` gathered as sequences of ``seq_len`` into
+    outputs of ``out_dtype`` (default ``io_dtype``), each against the same calls made with a wait
+    after each (the control: what the provider gives in order). ``scale``: the FP8 writes'
+    PER_TENSOR scale descriptors (the value in device memory)."""
     import torch
 
-    g, n, sl = ORDER_GEOM, ORDER_TOKENS, ORDER_SEQ_LEN
-    bs, heads, dim, nblk = g.block_size, g.num_kv_heads, g.head_dim, ORDER_TOKENS // ORDER_GEOM.block_size
+    g, n, sl = ORDER_GEOM, tokens, seq_len
+    bs, heads, dim, nblk = g.block_size, g.num_kv_heads, g.head_dim, tokens // ORDER_GEOM.block_size
     kind = cb.core_layout(provider, opts.memory)
     lay = d.cache_layout(g, Layout.BLOCK_NHD if kind == "nhd" else Layout.BLOCK_HND, cache_dtype)
     dev = torch.device("cuda")
