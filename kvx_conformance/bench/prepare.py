@@ -215,10 +215,12 @@ class Prepared:
 
     def poison(self, sets: tuple[int, ...]) -> None:
         """Zero what :meth:`verify` of ``sets`` reads back: the cache a write fills, or the outputs
-        of those sets' gathers. Done between the graph's capture and its timed replays, it makes the
-        verdict speak for the work the graph holds: a provider whose captured calls do less than
-        its eager ones (work on a stream of its own, done while the graph was captured, or none
-        while the stream is capturing) leaves zeros."""
+        of those sets' gathers. Done before the timed work whose results are checked (between the
+        graph's capture and its replays, before the last eager round, or before a repeat of the
+        timed calls: run.VERIFIED_AFTER), it makes the verdict speak for that work: a provider
+        whose captured calls do less than its eager ones (work on a stream of its own, done while
+        the graph was captured, or none while the stream is capturing), or that skips a call it
+        has seen, leaves zeros."""
         if self.case.op == "write":
             targets = [self.arrays[k] for k in self.WRITTEN if k in self.arrays]
         else:

@@ -150,10 +150,11 @@ def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0, bef
         out["graph"] = None
         out["graph_error"] = "not attempted (unified memory)"
         return out
-    poisoned = []
+    poisoned = False
 
     def poison() -> None:
-        poisoned.append(True)
+        nonlocal poisoned
+        poisoned = True
         before_replay()
 
     hook = poison if before_replay is not None else None

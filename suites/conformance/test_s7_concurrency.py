@@ -456,16 +456,8 @@ def test_stream_order_converting(kvx_provider, kvx_call_options):
     their own: F32 rows written into a BF16 cache (rounded) and gathered back into F32 outputs.
     Each is first made alone (:func:`verify_write`, :func:`verify_gather`): a refusal there is the
     feature's (``mixed_io_dtype``, UNSUPPORTED)."""
-    provider, opts = kvx_provider, kvx_call_options()
-    kind = cb.core_layout(provider, opts.memory)
-    cache = cb.simple_cache(cb.GEOM, kind, DType.BF16, seed=770)
-    verify_write(provider, cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, 771), io_dtype=DType.F32, seed=772,
-                                         label="F32 rows into a BF16 cache, made alone"),
-                 opts, clause=CL_STREAM_ORDER, feature="mixed_io_dtype")
-    verify_gather(provider, cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 773), [9, 12], 12, seed=774,
-                                             label="a BF16 cache into F32 outputs, made alone", io_dtype=DType.F32),
-                  opts, clause=CL_STREAM_ORDER, feature="mixed_io_dtype")
-    _stream_order_rounds(provider, opts, DType.BF16, DType.F32, seed=780)
+    _alone_then_rounds(kvx_provider, kvx_call_options(), DType.BF16, DType.F32, DType.F32, feature="mixed_io_dtype",
+                       seed=770, round_seed=780)
 
 
 @conformance("stream.order_fp8", CL_STREAM_ORDER + "; R-FP8", REQUIRED, "concurrency", ("write", "gather"),
@@ -476,20 +468,31 @@ def test_stream_order_fp8(kvx_provider, kvx_call_options):
     own: F16 rows quantized into an E4M3 cache by a PER_TENSOR scale descriptor (its value in device
     memory, as engines keep ``k_scale``), gathered back as E4M3 bytes. Each is first made alone
     (:func:`verify_write`, :func:`verify_gather`): a refusal there is the feature's (``fp8``)."""
-    provider, opts = kvx_provider, kvx_call_options()
-    kind = cb.core_layout(provider, opts.memory)
-    cache = cb.simple_cache(cb.GEOM, kind, DType.F8_E4M3, seed=790)
-    spec = cb.scale_spec([ORDER_FP8_SCALE], ScaleGranularity.PER_TENSOR)
-    verify_write(provider, cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, 791), io_dtype=DType.F16, seed=792,
-                                         k_scale_desc=spec, v_scale_desc=spec,
-                                         label=f"F16 rows into an E4M3 cache, PER_TENSOR scale {ORDER_FP8_SCALE}, "
+    _alone_then_rounds(kvx_provider, kvx_call_options(), DType.F8_E4M3, DType.F16, DType.F8_E4M3, feature="fp8",
+                       seed=790, round_seed=795, scale=ORDER_FP8_SCALE)
+
+
+def _alone_then_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, out_dtype: DType, *, feature: str,
+                       seed: int, round_seed: int, scale: float | None = None) -> None:
+    """A stream-order check of calls a provider may refuse (``feature``): a write of ``io_dtype``
+    rows into a ``cache_dtype`` cache (``scale``: PER_TENSOR scale descriptors) and a gather into
+    ``out_dtype`` outputs, each first made alone through :func:`verify_write` / :func:`verify_gather`
+    (a refusal there is the feature's, UNSUPPORTED; a wrong result a failure of its own), then the
+    rounds of :func:`_stream_order_rounds`."""
+    cache = cb.simple_cache(cb.GEOM, cb.core_layout(provider, opts.memory), cache_dtype, seed=seed)
+    spec = cb.scale_spec([scale], ScaleGranularity.PER_TENSOR) if scale is not None else None
+    scaled = f", PER_TENSOR scale {scale}" if scale is not None else ""
+    verify_write(provider, cb.write_case(cache, cb.spread_slots(cb.GEOM, 10, seed + 1), io_dtype=io_dtype,
+                                         seed=seed + 2, k_scale_desc=spec, v_scale_desc=spec,
+                                         label=f"{io_dtype.name} rows into a {cache_dtype.name} cache{scaled}, "
                                                "made alone"),
-                 opts, clause=CL_STREAM_ORDER, feature="fp8")
-    verify_gather(provider, cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, 793), [9, 12], 12, seed=794,
-                                             label="an E4M3 cache into E4M3 outputs, made alone"),
-                  opts, clause=CL_STREAM_ORDER, feature="fp8")
-    _stream_order_rounds(provider, opts, DType.F8_E4M3, DType.F16, seed=795, out_dtype=DType.F8_E4M3,
-                         scale=ORDER_FP8_SCALE)
+                 opts, clause=CL_STREAM_ORDER, feature=feature)
+    verify_gather(provider, cb.packed_gather(cache, cb.distinct_table(cb.GEOM, 2, 3, seed + 3), [9, 12], 12,
+                                             seed=seed + 4, io_dtype=out_dtype if out_dtype != cache_dtype else None,
+                                             label=f"a {cache_dtype.name} cache into {out_dtype.name} outputs, "
+                                                   "made alone"),
+                  opts, clause=CL_STREAM_ORDER, feature=feature)
+    _stream_order_rounds(provider, opts, cache_dtype, io_dtype, seed=round_seed, out_dtype=out_dtype, scale=scale)
 
 
 def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *, seed: int,
