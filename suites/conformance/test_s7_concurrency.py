@@ -19,7 +19,8 @@
   gathered rows), with one wait at the end, take their places in the stream's order: the
   copies equal what the same calls give with a wait after each (plain copies of 16384 tokens
   and of a decode step's 64; converting calls, feature ``mixed_io_dtype``; quantizing FP8 writes
-  and their gathers, feature ``fp8``).
+  and their gathers, feature ``fp8``; writes into an FP4 cache of each format and their
+  dequantizing gathers, feature ``fp4``).
 """
 from __future__ import annotations
 
@@ -33,11 +34,19 @@ import pytest
 
 from kvx_conformance.abi import buffers, descriptors as d, header, health
 from kvx_conformance.abi.descriptors import Geometry, IOLayout, SlotMapping
-from kvx_conformance.abi.header import DType, Layout, Memory, ScaleGranularity, Status
+from kvx_conformance.abi.header import DType, Fp4Format, Layout, Memory, ScaleGranularity, Status
+from kvx_conformance.abi.loader import status_name
 from kvx_conformance.cases import build as cb
+from kvx_conformance.cases import fp4 as fx
 from kvx_conformance.cases.case import WriteCase
 from kvx_conformance.cases.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
-from kvx_conformance.results.outcomes import REQUIRED, ConformanceFailure, conformance, note_served_call
+from kvx_conformance.results.outcomes import (
+    REQUIRED,
+    ConformanceFailure,
+    Unsupported,
+    conformance,
+    note_served_call,
+)
 
 CL_THREADS = "spec 7.2 (thread-safe on disjoint cache regions); R-THREADS"
 CL_LIFETIME = "spec 7.2 (implementations MUST NOT retain pointers after return); R-LIFETIME"
@@ -472,6 +481,44 @@ def test_stream_order_fp8(kvx_provider, kvx_call_options):
                        seed=790, round_seed=795, scale=ORDER_FP8_SCALE)
 
 
+@conformance("stream.order_fp4", CL_STREAM_ORDER + "; KVX 1.2 FP4 extension (docs/fp4.md)", REQUIRED, "concurrency",
+             ("write", "gather"), feature="fp4")
+@pytest.mark.kvx_memory_types("device")
+@pytest.mark.parametrize("fmt", [pytest.param(f, id=fx.FORMAT_NAMES[f])
+                                 for f in (Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP)])
+def test_stream_order_fp4(kvx_provider, kvx_call_options, fmt):
+    """``stream.order`` for the FP4 calls, which a provider serves with kernels of their own: F16
+    rows quantized into an FP4 cache of the format (its scale pool beside it, in the provider's
+    core layout), dequantized back into F16 outputs. The control is the same calls with a wait
+    after each, so the check holds the provider to its own results, not to the oracle's (the FP4
+    suite judges those). Each is first made alone, small: a refusal there is the feature's
+    (``fp4``; a provider of ABI minor below 2 has no FP4 extension)."""
+    opts = kvx_call_options()
+    provider, name = kvx_provider, fx.FORMAT_NAMES[fmt]
+    if fx.provider_minor(provider) < 2:
+        raise Unsupported(f"provider reports ABI minor {fx.provider_minor(provider)} (< 2): no FP4 extension",
+                          feature="fp4")
+    layout = Layout.BLOCK_NHD if cb.core_layout(provider, opts.memory) == "nhd" else Layout.BLOCK_HND
+    seed = 800 + int(fmt)
+    rng = np.random.default_rng(seed)
+    small = fx.new_cache(fmt, 12, 4, 2, 64, layout)
+    rows = rng.standard_normal((10, 2, 64)).astype(np.float16)
+    slots = rng.permutation(48)[:10]
+    for what, res in (
+            ("write of 10 F16 rows, made alone",
+             lambda: fx.run_write(provider, small, rows, -rows, slots, memory=opts.memory)),
+            ("gather of 2 sequences of 8 into F16 outputs, made alone",
+             lambda: fx.run_gather(provider, small, np.array([[0, 1], [5, 6]]), [8, 8], 8, DType.F16,
+                                   memory=opts.memory))):
+        st = res().status
+        if st in (Status.UNSUPPORTED, Status.INVALID_ARGUMENT):  # spec 8: "unsupported field"
+            raise Unsupported(f"{name} {what}: {status_name(st)}", feature=("fp4",) + fx.layout_feature(),
+                              refused_with=status_name(st))
+        check_status(st, Status.OK, clause=CL_STREAM_ORDER, case=f"{name} cache of 12 blocks x 4 x 2 x 64 "
+                     f"({layout.name}), {what}", what=f"{what}: status")
+    _stream_order_rounds(provider, opts, DType.F4_E2M1, DType.F16, seed=seed + 10, fp4=fmt)
+
+
 def _alone_then_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, out_dtype: DType, *, feature: str,
                        seed: int, round_seed: int, scale: float | None = None) -> None:
     """A stream-order check of calls a provider may refuse (``feature``): a write of ``io_dtype``
@@ -495,14 +542,32 @@ def _alone_then_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, out_
     _stream_order_rounds(provider, opts, cache_dtype, io_dtype, seed=round_seed, out_dtype=out_dtype, scale=scale)
 
 
+class _DeviceArena:
+    """Where :func:`kvx_conformance.cases.fp4.cache_struct` places an FP4 cache's buffers for the
+    stream-order rounds: each a torch tensor of bytes in device memory, kept (``tensors``) so that
+    the rounds can zero them on the device."""
+
+    memory = Memory.DEVICE
+
+    def __init__(self, torch):
+        self.torch, self.tensors = torch, {}
+
+    def put(self, name: str, array: np.ndarray) -> int:
+        t = self.torch.from_numpy(np.ascontiguousarray(array).view(np.uint8).reshape(-1)).to("cuda")
+        self.tensors[name] = t
+        return t.data_ptr()
+
+
 def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *, seed: int,
                          out_dtype: DType | None = None, scale: float | None = None,
-                         tokens: int = ORDER_TOKENS, seq_len: int = ORDER_SEQ_LEN) -> None:
+                         tokens: int = ORDER_TOKENS, seq_len: int = ORDER_SEQ_LEN,
+                         fp4: Fp4Format | None = None) -> None:
     """ORDER_ROUNDS rounds of the stream-order sequence (:func:`test_stream_order`), ``tokens`` rows
     of ``io_dtype`` through a cache of ``cache_dtype`` gathered as sequences of ``seq_len`` into
     outputs of ``out_dtype`` (default ``io_dtype``), each against the same calls made with a wait
     after each (the control: what the provider gives in order). ``scale``: the FP8 writes'
-    PER_TENSOR scale descriptors (the value in device memory)."""
+    PER_TENSOR scale descriptors (the value in device memory). ``fp4``: the cache is a KVX 1.2 FP4
+    cache of that format (``cache_dtype`` F4_E2M1), its codes and scale pools in device memory."""
     import torch
 
     g, n, sl = ORDER_GEOM, tokens, seq_len
@@ -521,22 +586,29 @@ def _stream_order_rounds(provider, opts, cache_dtype: DType, io_dtype: DType, *,
     bt, lens = d.BlockTable.packed(table), d.SeqLens(np.full(n // sl, sl, np.int64))
     io_in, io_out, copied = ([torch.zeros(n * heads * dim, dtype=tdt[dt], device=dev) for _ in range(2)]
                              for dt in (io_dtype, out_dtype, out_dtype))
-    caches = [torch.zeros(lay.span_elements(), dtype=tdt[cache_dtype], device=dev) for _ in range(2)]
     meta = [torch.from_numpy(a).to(dev) for a in (slots, bt.encoded_indices(), lens.encoded())]
-    cache = d.to_c_cache(g, lay, caches[0].data_ptr(), lay, caches[1].data_ptr(), Memory.DEVICE)
+    if fp4 is None:
+        caches = [torch.zeros(lay.span_elements(), dtype=tdt[cache_dtype], device=dev) for _ in range(2)]
+        cache = d.to_c_cache(g, lay, caches[0].data_ptr(), lay, caches[1].data_ptr(), Memory.DEVICE)
+        w, gd = header.kvx_write_desc_t.new(), header.kvx_gather_desc_t.new(max_seq_len=sl)
+        cache_name = cache_dtype.name
+    else:
+        arena = _DeviceArena(torch)
+        cache = fx.cache_struct(fx.new_cache(fp4, g.num_blocks, bs, heads, dim, lay.layout), arena)
+        caches = list(arena.tensors.values())  # codes and scale pools, K and V
+        w, gd = header.kvx_write_desc_v1_2_t.new(), header.kvx_gather_desc_v1_2_t.new(max_seq_len=sl)
+        cache_name = f"{fx.FORMAT_NAMES[fp4].upper()} (F4_E2M1 codes and their scale pool)"
     io = IOLayout.dense(io_dtype, n, heads, dim)
-    w = header.kvx_write_desc_t.new()
     w.io = d.to_c_io(io, io_in[0].data_ptr(), io, io_in[1].data_ptr(), Memory.DEVICE, n, heads, dim)
     w.slots = d.to_c_slots(SlotMapping(slots), meta[0].data_ptr())
     spec = None if scale is None else cb.scale_spec([scale], ScaleGranularity.PER_TENSOR)
     scales = torch.from_numpy(spec.buffer()).to(dev) if spec is not None else None
     w.k_scale_desc = w.v_scale_desc = d.to_c_scale(spec, scales.data_ptr() if spec is not None else 0)
-    gd = header.kvx_gather_desc_t.new(max_seq_len=sl)
     out = IOLayout.dense(out_dtype, n, heads, dim)
     gd.io = d.to_c_io(out, io_out[0].data_ptr(), out, io_out[1].data_ptr(), Memory.DEVICE, n, heads, dim)
     gd.block_table = d.to_c_table(bt, meta[1].data_ptr(), 0)
     gd.seq_lens = d.to_c_seq_lens(lens, meta[2].data_ptr())
-    case = (f"{kind.upper()} {cache_dtype.name} cache of {g.num_blocks} blocks x {bs} x {heads} x {dim}, {n} "
+    case = (f"{kind.upper()} {cache_name} cache of {g.num_blocks} blocks x {bs} x {heads} x {dim}, {n} "
             f"{io_dtype.name} tokens to the slots of {nblk} random blocks"
             + (f" (PER_TENSOR scale {scale})" if scale is not None else "")
             + f", gathered as {n // sl} sequences of {sl} into {out_dtype.name} outputs (the blocks reversed), "
