@@ -310,7 +310,9 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
   /* Decode-sized writes and PACKED gathers: the one-chunk-per-thread kernels
    * (move_kernels.cuh, launch_decode): every load known at entry issued at once. */
   p.decode = 0;
-  if (KVX_CUDA_DECODE && fast && (!packed || rows <= (uint64_t)KVX_CUDA_DECODE_PACKED_MAX_ROWS) && !p.fuse &&
+  const uint64_t packed_max = p.kind == KIND_WRITE ? (uint64_t)KVX_CUDA_DECODE_PACKED_MAX_ROWS
+                                                  : (uint64_t)KVX_CUDA_DECODE_PACKED_GATHER_MAX_ROWS;
+  if (KVX_CUDA_DECODE && fast && (!packed || rows <= packed_max) && !p.fuse &&
       !p.bytewise &&
       rows <= (uint64_t)KVX_CUDA_DECODE_MAX_ROWS && (uint64_t)H * chunks * n * rows <= 0x7F000000ull &&
       (p.kind == KIND_WRITE || (p.kind == KIND_PACKED && p.fd_bw.div == 1)))

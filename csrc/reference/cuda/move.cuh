@@ -102,9 +102,18 @@ constexpr int kThreads = 256;
 #define KVX_CUDA_DECODE_THREADS 256 /* decode kernels: threads per block */
 #endif
 #ifndef KVX_CUDA_DECODE_PACKED_MAX_ROWS
-#define KVX_CUDA_DECODE_PACKED_MAX_ROWS 64 /* HND_PACKED calls of at most this many rows take the decode kernels \
+#define KVX_CUDA_DECODE_PACKED_MAX_ROWS 64 /* HND_PACKED writes of at most this many rows take the decode kernels \
                                               too (0: the tile kernels); at 256 rows the tiles won (prefill writes \
-                                              3.1 against 3.8 us, F32 gathers warm 3.1 against 3.6 us) */
+                                              3.1 against 3.8 us) */
+#endif
+#ifndef KVX_CUDA_DECODE_PACKED_GATHER_MAX_ROWS
+#define KVX_CUDA_DECODE_PACKED_GATHER_MAX_ROWS 256 /* the same for HND_PACKED gathers, whose decode kernel pairs \
+                                                     rows (KVX_CUDA_DECODE_PAIR; H200, 256 rows: F32 3.85 against \
+                                                     the tiles' 4.03-4.11 us cold, 2.63-2.67 against 3.44 warm) */
+#endif
+#ifndef KVX_CUDA_DECODE_PAIR
+#define KVX_CUDA_DECODE_PAIR 1 /* decode gathers from HND_PACKED caches: lanes alternate two rows (decode_item; \
+                                  0: unpaired, 0.1-0.2 us slower at 16 and 64 rows, 0.4 us warm at 256 rows) */
 #endif
 #ifndef KVX_CUDA_PDL
 #define KVX_CUDA_PDL 1 /* programmatic dependent launch (compute capability 9.0 or more): each kernel's \
