@@ -790,7 +790,6 @@ struct DecodeParams {
   uint32_t total;      /* rows x njobs x H x C (pair: rows rounded up to even) */
   uint32_t rows;       /* the call's rows */
   uint32_t row_begin;
-  int pair;            /* HND_PACKED: lanes alternate two rows, each chunk of a pair one sector (decode_item) */
   uint32_t c_chunk, io_chunk; /* bytes per chunk on each side (within a group on the cache side) */
   uint32_t max_seq_len, max_blocks, num_blocks;
   uint32_t default_nan;
@@ -799,15 +798,16 @@ struct DecodeParams {
 };
 
 /* the job of chunk u: (io row, job, head, chunk); false for the phantom row after an odd count of
- * paired rows. Paired (p.pair, HND_PACKED caches, whose pack group of consecutive tokens is one
+ * paired rows. PAIR (gathers from HND_PACKED caches, whose pack group of consecutive tokens is one
  * run): fd_row counts the chunks of two rows and lanes alternate the two, so that two lanes read
  * one 32-byte sector of the cache (the same chunk of two neighbouring tokens of a block) and 16
  * write one 256-byte run of an IO row; unpaired, 32 lanes read 32 half sectors. */
+template <bool PAIR>
 __device__ __forceinline__ bool decode_item(const DecodeParams& p, uint32_t u, uint32_t& row, uint32_t& j, uint32_t& h,
                                             uint32_t& c) {
   uint32_t r = fdiv(u, p.fd_row);
   uint32_t q = u - r * p.fd_row.div;
-  if (p.pair) {
+  if constexpr (PAIR) {
     r = 2 * r + (q & 1u);
     q >>= 1;
     if (r >= p.rows) return false;
@@ -831,7 +831,7 @@ __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_write(con
   const uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
   if (u >= p.total) return;
   uint32_t row, j, h, c;
-  if (!decode_item(p, u, row, j, h, c)) return;
+  if (!decode_item<false>(p, u, row, j, h, c)) return;
   const DecodeJob jb = j ? p.job[1] : p.job[0];
   /* three independent loads, then one wait */
   const long long slot = p.wide ? __ldg((const long long*)p.meta + row) : (long long)__ldg((const int*)p.meta + row);
@@ -855,13 +855,13 @@ __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_write(con
   st_vec<typename Op::OutVec>(dst, Op::run(v, s, r, p.default_nan));
 }
 
-template <class Op>
+template <class Op, bool PAIR>
 __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_gather(const __grid_constant__ DecodeParams p) {
   dependent_entry();
   const uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
   if (u >= p.total) return;
   uint32_t row, j, h, c;
-  if (!decode_item(p, u, row, j, h, c)) return;
+  if (!decode_item<PAIR>(p, u, row, j, h, c)) return;
   const DecodeJob jb = j ? p.job[1] : p.job[0];
   const uint32_t s = fdiv(row, p.fd_msl); /* beam width 1 (PACKED) */
   const uint32_t t = row - s * p.max_seq_len;
@@ -908,12 +908,14 @@ cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
   d.c_chunk = p.vec * (uint32_t)p.job[0].cache_esize;
   d.io_chunk = p.vec * (uint32_t)p.job[0].io_esize;
   const unsigned long long per_row = (unsigned long long)p.njobs * H * C;
-  /* gathers from HND_PACKED: more than one pack group per head row (choose_path). Writes stay unpaired
-   * (paired: prefill writes of 16 rows 0.1 us faster cold, random-slot and FP8 writes 0.02-0.03 us
-   * slower warm; docs/cuda-reference.md, "Twenty-second round") */
-  d.pair = KVX_CUDA_DECODE_PAIR && gather && p.job[0].grp.div < C && p.row_count > 1;
-  const unsigned long long total = d.pair ? 2 * per_row * ((p.row_count + 1) / 2) : per_row * p.row_count;
-  d.fd_row = make_fastdiv((uint32_t)(d.pair ? 2 * per_row : per_row));
+  /* gathers from HND_PACKED (more than one pack group per head row: choose_path) whose sequences have an
+   * even max_seq_len, so that a pair of rows is two tokens of one sequence (with sequences of one token,
+   * pairs only cost: +0.05 us at 4 rows). Writes stay unpaired (paired: prefill writes of 16 rows 0.1 us
+   * faster cold, random-slot and FP8 writes 0.02-0.03 us slower warm; docs/cuda-reference.md,
+   * "Twenty-second round") */
+  const bool pair = KVX_CUDA_DECODE_PAIR && gather && p.job[0].grp.div < C && p.row_count > 1 && p.max_seq_len % 2 == 0;
+  const unsigned long long total = pair ? 2 * per_row * ((p.row_count + 1) / 2) : per_row * p.row_count;
+  d.fd_row = make_fastdiv((uint32_t)(pair ? 2 * per_row : per_row));
   d.rows = p.row_count;
   d.fd_hc = make_fastdiv(H * C);
   d.fd_c = p.fd_c;
@@ -941,7 +943,8 @@ cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
   const unsigned long long grid = (total + threads - 1) / threads;
   if (gather) {
     if constexpr (Op::kScaled) return cudaErrorInvalidValue; /* FP8 destinations exist on write only */
-    else return launch_kernel(move_decode_gather<Op>, (unsigned)grid, (unsigned)threads, 0, stream, d);
+    else if (pair) return launch_kernel(move_decode_gather<Op, true>, (unsigned)grid, (unsigned)threads, 0, stream, d);
+    else return launch_kernel(move_decode_gather<Op, false>, (unsigned)grid, (unsigned)threads, 0, stream, d);
   }
   return launch_kernel(move_decode_write<Op>, (unsigned)grid, (unsigned)threads, 0, stream, d);
 }
