@@ -18,6 +18,10 @@
 - ``host_memo``: answers a write or gather whose descriptors and slots / table equal one of its
   last 16 calls' OK without work (a benchmark repeats identical calls): the repeated calls of
   ``state.repeated_*``, the caller having rewritten the cache or outputs between them, see it.
+- ``fp4_memo`` (csrc/testing/kvx_fp4_front.c, FRONT_MEMO): the bundled reference behind a front that
+  answers an FP4 call on host memory it has seen (descriptors, slots or table and first row bytes
+  hashed) OK without work: ``fp4.state.repeated_*`` see it, and a full default run fails exactly
+  those six checks.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -67,7 +71,7 @@ def _kvx() -> list[str]:
 
 
 def _lib(variant: str) -> str:
-    path = native.testing_provider(variant if variant in ("indep", "contra") else f"host_{variant}")
+    path = native.testing_provider(variant if variant in ("indep", "contra", "fp4_memo") else f"host_{variant}")
     if not path.exists():
         pytest.fail(f"{path} is not built: the package build (csrc/testing) must produce it")
     return str(path)
@@ -222,6 +226,7 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("touch_desc", ["inputs.write.*"], "core"),
     ("harness_detect", ["write.slots.valid*"], "core"),
     ("memo", ["state.repeated_*"], "core"),
+    ("fp4_memo", ["fp4.state.repeated_*"], "fp4"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

@@ -494,6 +494,34 @@ def run_write(provider, cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slo
               cache_size: int | None = None, overrides: dict | None = None, stream=None) -> Fp4Result:
     """Write ``key``/``value`` (``[n, H, D]`` F32/F16/BF16, or packed codes ``[n, H, D/2]`` with
     ``raw_scales=(k_scales, v_scales)``) at ``slots``; returns the cache as left by the call."""
+    arena, c, d = _place_write(provider, cache, key, value, slots, memory, invalid_slot, slot_dtype, raw_scales,
+                               cache_size, overrides)
+    st = provider.write_kv(c, d, stream)
+    buffers.synchronize(Memory(memory))
+    return Fp4Result(int(st), _read_cache(cache, arena), {}, arena.violations(), arena.input_changes())
+
+
+def run_write_repeated(provider, cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slots, *, memory=Memory.HOST,
+                       times: int = 3) -> list[Fp4Result]:
+    """The same write ``times`` times through one set of buffers and descriptors (the same pointers,
+    slots and rows), the cache's codes and scale pools given their contents before the first call
+    again between the calls (the caller rewriting them); one result per call (the cache after it)."""
+    arena, c, d = _place_write(provider, cache, key, value, slots, memory, -1, DType.S64, None, None, None)
+    out = []
+    for i in range(times):
+        if i:
+            for side in ("k", "v"):
+                arena.refill(f"{side} cache", cache.code_storage(side))
+                arena.refill(f"{side} scale pool", cache.scale_storage(side))
+        st = provider.write_kv(c, d, None)
+        buffers.synchronize(Memory(memory))
+        out.append(Fp4Result(int(st), _read_cache(cache, arena), {}, arena.violations(), arena.input_changes()))
+    return out
+
+
+def _place_write(provider, cache: Fp4Cache, key, value, slots, memory, invalid_slot, slot_dtype, raw_scales,
+                 cache_size, overrides):
+    """The buffers and 1.2 structs of a write: (arena, cache struct, write desc)."""
     _record_call(provider, memory, cache)
     arena = _Arena(Memory(memory), READONLY_WRITE)
     c = cache_struct(cache, arena, cache_size)
@@ -516,9 +544,7 @@ def run_write(provider, cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slo
         d.fp4 = _io_scales(cache.fmt, memory, arena.put("key scales", ks), arena.put("value scales", vs), n, H,
                            D // cache.B)
     _apply(c, d, overrides)
-    st = provider.write_kv(c, d, stream)
-    buffers.synchronize(Memory(memory))
-    return Fp4Result(int(st), _read_cache(cache, arena), {}, arena.violations(), arena.input_changes())
+    return arena, c, d
 
 
 def run_validate(provider, cache: Fp4Cache, *, memory=Memory.HOST, cache_size: int | None = None,
@@ -543,6 +569,34 @@ def run_gather(provider, cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_l
     PACKED (``indptr`` None): ``table`` is ``[S, max_blocks_per_seq]``. RAGGED: ``table`` is
     the flat indices, ``indptr`` the ``S + 1`` offsets (``max_blocks_per_seq`` required).
     Indices in ``index_dtype`` (S32 or S64), indptr in ``indptr_dtype``."""
+    arena, c, d, init, rows = _place_gather(provider, cache, table, seq_lens, max_seq_len, out_dtype, memory,
+                                            cache_size, overrides, index_dtype, indptr, indptr_dtype,
+                                            max_blocks_per_seq)
+    st = provider.gather_kv(c, d, stream)
+    buffers.synchronize(Memory(memory))
+    return _gather_result(st, arena, init, rows, out_dtype)
+
+
+def run_gather_repeated(provider, cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_len: int, out_dtype: DType,
+                        *, memory=Memory.HOST, times: int = 3) -> list[Fp4Result]:
+    """The same PACKED gather ``times`` times through one set of buffers and descriptors, the
+    outputs given their initial (poison) contents again between the calls; one result per call."""
+    arena, c, d, init, rows = _place_gather(provider, cache, table, seq_lens, max_seq_len, out_dtype, memory, None,
+                                            None, DType.S32, None, DType.S32, None)
+    out = []
+    for i in range(times):
+        if i and rows:
+            arena.refill("out key", init["k"])
+            arena.refill("out value", init["v"])
+        st = provider.gather_kv(c, d, None)
+        buffers.synchronize(Memory(memory))
+        out.append(_gather_result(st, arena, init, rows, out_dtype))
+    return out
+
+
+def _place_gather(provider, cache: Fp4Cache, table, seq_lens, max_seq_len: int, out_dtype: DType, memory, cache_size,
+                  overrides, index_dtype, indptr, indptr_dtype, max_blocks_per_seq):
+    """The buffers and 1.2 structs of a gather: (arena, cache struct, gather desc, initial outputs, rows)."""
     _record_call(provider, memory, cache)
     arena = _Arena(Memory(memory), READONLY_GATHER)
     c = cache_struct(cache, arena, cache_size)
@@ -578,8 +632,10 @@ def run_gather(provider, cache: Fp4Cache, table: np.ndarray, seq_lens, max_seq_l
         d.fp4 = _io_scales(cache.fmt, memory, arena.put("out key scales", init["k_scales"]),
                            arena.put("out value scales", init["v_scales"]), rows, H, J)
     _apply(c, d, overrides)
-    st = provider.gather_kv(c, d, stream)
-    buffers.synchronize(Memory(memory))
+    return arena, c, d, init, rows
+
+
+def _gather_result(st, arena: _Arena, init: dict, rows: int, out_dtype: DType) -> Fp4Result:
     out = {}
     if rows:
         out = {"k": arena.get("out key", init["k"]), "v": arena.get("out value", init["v"])}

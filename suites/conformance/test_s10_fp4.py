@@ -227,6 +227,92 @@ def test_gather_dequantize(kvx_provider, kvx_call_options, fmt, out, layout):
     _gather(kvx_provider, kvx_call_options(), fmt, out, layout, 60 + int(fmt) + 3 * int(out), "compatible")
 
 
+CL_REPEAT = CL + "; spec 7.2 (the API is stateless aside from user-provided buffers); R-STATE"
+REPEAT_CALLS = 3
+
+
+def _judge_repeats(results, what: str, reset: str, differs, seed: int, case: str) -> None:
+    """Calls 2.. of a repeated call (:func:`fx.run_write_repeated` / ``run_gather_repeated``) must
+    leave what call 1 left: ``differs(first, later)`` names the first difference, or ''."""
+    first = results[0]
+    _status(first.status, Status.OK, f"{what}, call 1 of {len(results)}", CL_REPEAT, seed, case)
+    _check_guards(first, CL_REPEAT, seed, case)
+    for i, res in enumerate(results[1:], start=2):
+        if res.status != Status.OK:
+            raise ConformanceFailure(f"{what}, call {i} of {len(results)}: unexpected status", expected="OK",
+                                     got=status_name(res.status), clause=CL_REPEAT, case=case, seed=seed)
+        _check_guards(res, CL_REPEAT, seed, case)
+        diff = differs(first, res)
+        if diff:
+            raise ConformanceFailure(
+                f"{what}: call {i} of {len(results)}, the same call through the same buffers, left other "
+                "results than call 1",
+                expected=f"what call 1 left, the caller having {reset} before call {i}",
+                got=diff, clause=CL_REPEAT, case=case, seed=seed)
+
+
+@conformance("fp4.state.repeated_write", CL_REPEAT, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_repeated_write(kvx_provider, kvx_call_options, fmt):
+    """``state.repeated_write`` for the FP4 calls, which a provider serves with kernels (and maybe
+    a cache of plans) of their own: the same quantizing write three times through the same buffers
+    and descriptors, the caller putting the codes and scale pools back to what they held before the
+    first call between them. Every call must store the rows again; a provider that answers OK
+    without work for a call it has seen leaves the restored contents. The calls are held to call 1,
+    the FP4 suite's other checks hold call 1 to the oracle."""
+    _need_fp4(kvx_provider)
+    opts, seed = kvx_call_options(), 150 + int(fmt)
+    layout = _core(kvx_provider, kvx_call_options)
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+    key, value = _data(seed, 20, cache.B, edges=False)
+    slots = np.random.default_rng(seed + 1).permutation(NB * BS)[:20].astype(np.int64)
+    k_io, v_io = key.astype(np.float16), value.astype(np.float16)
+    results = fx.run_write_repeated(kvx_provider, cache, k_io, v_io, slots, memory=opts.memory, times=REPEAT_CALLS)
+
+    def differs(a, b) -> str:
+        for side in ("k", "v"):
+            for part, x, y in (("codes", a.cache.code_storage(side), b.cache.code_storage(side)),
+                               ("scale pool", a.cache.scale_storage(side), b.cache.scale_storage(side))):
+                bad = int(np.count_nonzero(x != y))
+                if bad:
+                    return f"{side.upper()} {part}: {bad} of {x.size} bytes differ from call 1's"
+        return ""
+
+    _judge_repeats(results, "FP4 write", "put the codes and scale pools back as they were before call 1,",
+                   differs, seed, _case(fmt, DType.F16, layout, seed, f", 20 tokens to slots {slots[:6].tolist()}..., "
+                                                                      f"{REPEAT_CALLS} calls"))
+
+
+@conformance("fp4.state.repeated_gather", CL_REPEAT, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_repeated_gather(kvx_provider, kvx_call_options, fmt):
+    """``state.repeated_gather`` for the FP4 calls: the same dequantizing gather three times through
+    the same buffers and descriptors, the caller overwriting the outputs between them. Every call
+    must gather the rows again; a provider that skips a call it has seen leaves the overwritten
+    outputs."""
+    _need_fp4(kvx_provider)
+    opts, seed = kvx_call_options(), 160 + int(fmt)
+    layout = _core(kvx_provider, kvx_call_options)
+    cache, blocks = _filled_cache(fmt, layout, seed)
+    table = np.array([blocks[:3], blocks[3:6]], np.int32)
+    lens, msl = [11, 7], 12
+    results = fx.run_gather_repeated(kvx_provider, cache, table, lens, msl, DType.F16, memory=opts.memory,
+                                     times=REPEAT_CALLS)
+
+    def differs(a, b) -> str:
+        for side in ("k", "v"):
+            x, y = a.out[side].view(np.uint16), b.out[side].view(np.uint16)
+            bad = int(np.count_nonzero((x != y).reshape(x.shape[0], -1).any(axis=1)))
+            if bad:
+                return f"{side.upper()} outputs: {bad} of {x.shape[0]} rows differ from call 1's"
+        return ""
+
+    _judge_repeats(results, "FP4 gather", "overwritten the outputs", differs, seed,
+                   _case(fmt, DType.F16, layout, seed, f", gather table {table.tolist()} seq_lens {lens} "
+                                                       f"max_seq_len {msl}, {REPEAT_CALLS} calls"))
+
+
 @conformance("fp4.gather.raw", CL + " (F4_E2M1 IO copies codes and scales)", REQUIRED, "fp4", "gather", feature="fp4")
 @pytest.mark.parametrize("fmt", FMTS)
 def test_gather_raw(kvx_provider, kvx_call_options, fmt):
