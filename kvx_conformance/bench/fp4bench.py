@@ -8,8 +8,11 @@ bytes actually moved, K and V: IO elements read (write) or written (gather) plus
 codes and scale bytes written (write) or read (gather), plus the slots / table. The
 roofline is the bench's (:func:`kvx_conformance.bench.timing.device_copy_roofline`): the best
 of several device-to-device copies of 1 GiB in the same run (``copy_``, ``cudaMemcpyAsync``, a
-vectorized copy kernel), counting bytes read plus bytes written. After timing, every call's output is checked against the numpy
-oracle on a sample of tokens (all heads and dims).
+vectorized copy kernel), counting bytes read plus bytes written. After timing, each call's results
+(the cache's codes and scales, the gather's outputs) are zeroed and the call is made once more,
+then checked against the numpy oracle on a sample of tokens (all heads and dims): every timed call
+repeats an earlier one, so a provider that answers a call it has seen without work leaves zeros
+there, and the check fails it (docs/spec-readings.md, R-STATE).
 """
 from __future__ import annotations
 
@@ -108,6 +111,10 @@ def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = BLO
             st = prov.write_kv(c, w, None)
             assert st == 0, f"write status {st}"
             ms_w = _median_ms(torch, lambda: prov.write_kv(c, w, None))
+            for t in (*codes, *scales):  # the results zeroed, the timed call made once more, then checked
+                t.zero_()
+            st = prov.write_kv(c, w, None)
+            assert st == 0, f"write status {st} (the call made again after timing)"
             bytes_w = 2 * tokens * H * (D * esz + D // 2 + D // B) + tokens * 8
             # verify the write on a sample of tokens
             xs = x[:, sample].float().cpu().numpy()
@@ -131,6 +138,9 @@ def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = BLO
             st = prov.gather_kv(c, gd, None)
             assert st == 0, f"gather status {st}"
             ms_g = _median_ms(torch, lambda: prov.gather_kv(c, gd, None))
+            o.zero_()  # as for the write: zeroed, made once more, then checked
+            st = prov.gather_kv(c, gd, None)
+            assert st == 0, f"gather status {st} (the call made again after timing)"
             bytes_g = 2 * tokens * H * (D * esz + D // 2 + D // B) + table.numel() * 4
             # verify the gather on the same sample rows: decode of the cache's codes
             rows = torch.from_numpy(sample).cuda()
@@ -146,7 +156,8 @@ def run(provider_path: str, tokens: int, H: int = 8, D: int = 128, bs: int = BLO
             row = {"format": fx.FORMAT_NAMES[fmt], "io": io.name, "write_ms": ms_w, "write_gbs": bytes_w / ms_w / 1e6,
                    "write_pct": 100 * bytes_w / ms_w / 1e6 / out["roofline_gbs"], "gather_ms": ms_g,
                    "gather_gbs": bytes_g / ms_g / 1e6, "gather_pct": 100 * bytes_g / ms_g / 1e6 / out["roofline_gbs"],
-                   "bytes_write": bytes_w, "bytes_gather": bytes_g, "mismatches": bad}
+                   "bytes_write": bytes_w, "bytes_gather": bytes_g, "mismatches": bad,
+                   "verified_after": "a repeat of the timed calls"}
             out["rows"].append(row)
             print(f"{row['format']:10s} {io.name:5s} write {ms_w:7.3f} ms {row['write_gbs']:7.1f} GB/s "
                   f"({row['write_pct']:5.1f}%)  gather {ms_g:7.3f} ms {row['gather_gbs']:7.1f} GB/s "
