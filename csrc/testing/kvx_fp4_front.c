@@ -95,6 +95,19 @@ static void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
   pthread_once(&stream_once, create_stream);
   return ref.own ? (void*)ref.own : stream;
 }
+
+/* The memo (FRONT_MEMO): none here. */
+static int memo_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
+  (void)cache;
+  (void)desc;
+  return 0;
+}
+
+static int memo_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc) {
+  (void)cache;
+  (void)desc;
+  return 0;
+}
 #else
 static void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
   (void)cache;
@@ -130,38 +143,32 @@ static size_t key_bytes(const kvx_kv_io_desc_t* io) {
   const size_t n = (size_t)io->num_tokens * io->num_kv_heads * io->head_dim / 2;
   return io->key.data ? (n < 256 ? n : 256) : 0;
 }
-#endif
 
-/* Whether the front answers this FP4 call without forwarding it (FRONT_MEMO, host memory). */
-static int memo_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
-#if KVX_FRONT_DEFECT == FRONT_MEMO
+/* The hash of an FP4 call on host memory, its cache struct and call descriptor bytes to begin with
+ * (0: a call the memo leaves alone). */
+static uint64_t call_hash(const kvx_cache_desc_t* cache, const void* desc, size_t desc_size) {
   if (!fp4_call(cache) || !desc || cache->k.memory != KVX_MEMORY_HOST) return 0;
-  uint64_t h = fnv(0xcbf29ce484222325ull, cache, cache->size);
-  h = fnv(h, desc, desc->size);
+  const uint64_t h = fnv(fnv(0xcbf29ce484222325ull, cache, cache->size), desc, desc_size);
+  return h ? h : 1;
+}
+
+/* Whether the front answers this FP4 call without forwarding it: its slots and first key bytes
+ * (a write) or its table and lengths (a gather) hashed with its structs, seen among the last 16. */
+static int memo_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
+  uint64_t h = call_hash(cache, desc, desc ? desc->size : 0);
+  if (!h) return 0;
   h = fnv(h, desc->slots.slots, (size_t)desc->slots.token_count * index_bytes(desc->slots.dtype));
-  h = fnv(h, desc->io.key.data, key_bytes(&desc->io));
-  return seen(h ^ 1);
-#else
-  (void)cache;
-  (void)desc;
-  return 0;
-#endif
+  return seen(fnv(h, desc->io.key.data, key_bytes(&desc->io)) ^ 1);
 }
 
 static int memo_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc) {
-#if KVX_FRONT_DEFECT == FRONT_MEMO
-  if (!fp4_call(cache) || !desc || cache->k.memory != KVX_MEMORY_HOST) return 0;
-  uint64_t h = fnv(0xcbf29ce484222325ull, cache, cache->size);
-  h = fnv(h, desc, desc->size);
-  h = fnv(h, desc->block_table.indices, (size_t)desc->block_table.indices_count * index_bytes(desc->block_table.index_dtype));
-  h = fnv(h, desc->seq_lens.lengths, (size_t)desc->seq_lens.seq_count * index_bytes(desc->seq_lens.dtype));
-  return seen(h ^ 2);
-#else
-  (void)cache;
-  (void)desc;
-  return 0;
-#endif
+  uint64_t h = call_hash(cache, desc, desc ? desc->size : 0);
+  if (!h) return 0;
+  const kvx_block_table_t* t = &desc->block_table;
+  h = fnv(h, t->indices, (size_t)t->indices_count * index_bytes(t->index_dtype));
+  return seen(fnv(h, desc->seq_lens.lengths, (size_t)desc->seq_lens.seq_count * index_bytes(desc->seq_lens.dtype)) ^ 2);
 }
+#endif
 
 KVX_API kvx_status_t kvx_get_version(kvx_version_t* version) {
   return ready() ? ref.version(version) : KVX_STATUS_INTERNAL_ERROR;

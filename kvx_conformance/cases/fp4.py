@@ -506,7 +506,8 @@ def run_write_repeated(provider, cache: Fp4Cache, key: np.ndarray, value: np.nda
     """The same write ``times`` times through one set of buffers and descriptors (the same pointers,
     slots and rows), the cache's codes and scale pools given their contents before the first call
     again between the calls (the caller rewriting them); one result per call (the cache after it)."""
-    arena, c, d = _place_write(provider, cache, key, value, slots, memory, -1, DType.S64, None, None, None)
+    arena, c, d = _place_write(provider, cache, key, value, slots, memory, invalid_slot=-1, slot_dtype=DType.S64,
+                               raw_scales=None, cache_size=None, overrides=None)
     out = []
     for i in range(times):
         if i:
@@ -581,8 +582,9 @@ def run_gather_repeated(provider, cache: Fp4Cache, table: np.ndarray, seq_lens, 
                         *, memory=Memory.HOST, times: int = 3) -> list[Fp4Result]:
     """The same PACKED gather ``times`` times through one set of buffers and descriptors, the
     outputs given their initial (poison) contents again between the calls; one result per call."""
-    arena, c, d, init, rows = _place_gather(provider, cache, table, seq_lens, max_seq_len, out_dtype, memory, None,
-                                            None, DType.S32, None, DType.S32, None)
+    arena, c, d, init, rows = _place_gather(provider, cache, table, seq_lens, max_seq_len, out_dtype, memory,
+                                            cache_size=None, overrides=None, index_dtype=DType.S32, indptr=None,
+                                            indptr_dtype=DType.S32, max_blocks_per_seq=None)
     out = []
     for i in range(times):
         if i and rows:
