@@ -244,7 +244,7 @@ def test_late_writer_is_named_and_nothing_is_blamed_on_other_entry_points(tmp_pa
 def gpu_reason(*variants: str) -> str | None:
     """Why a GPU test of the small CUDA test providers ``libkvx_testing_cuda_<variant>.so``
     (csrc/testing/kvx_faulting.cu; a variant named ``hwconv_*``: ``libkvx_testing_hwconv_*.so``,
-    csrc/testing/hwconv; ``fp4_own_stream``: csrc/testing/kvx_fp4_front.c) cannot run here, or None."""
+    csrc/testing/hwconv; ``fp4_own_stream``: csrc/testing/kvx_defect_front.c) cannot run here, or None."""
     try:
         import torch
     except ImportError:

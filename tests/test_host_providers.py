@@ -18,10 +18,26 @@
 - ``host_memo``: answers a write or gather whose descriptors and slots / table equal one of its
   last 16 calls' OK without work (a benchmark repeats identical calls): the repeated calls of
   ``state.repeated_*``, the caller having rewritten the cache or outputs between them, see it.
-- ``fp4_memo`` (csrc/testing/kvx_fp4_front.c, FRONT_MEMO): the bundled reference behind a front that
+- ``fp4_memo`` (csrc/testing/kvx_defect_front.c, FRONT_MEMO): the bundled reference behind a front that
   answers an FP4 call on host memory it has seen (descriptors, slots or table and first row bytes
   hashed) OK without work: ``fp4.state.repeated_*`` see it, and a full default run fails exactly
   those six checks.
+- ``front_ragged_scratch`` / ``front_ragged_overread`` / ``front_hnd_sentinel`` (the same front,
+  FRONT_RAGGED_SCRATCH / FRONT_RAGGED_OVERREAD / FRONT_HND_SENTINEL): RAGGED gathers through one
+  array of block ids every call shares (spec 7.2 threads), RAGGED tables read four elements at a
+  time past their counts (R-DATA, R-INPUTS), HND writes of more than 24 tokens that write tokens
+  whose slot is a non-negative ``invalid_slot`` (spec 5.2). Each breaks its MUST only in calls the
+  suite once never made (RAGGED gathers from threads, a RAGGED table at an inaccessible page, a
+  batch-sized write into a layout other than the core one), so each certified: now
+  ``concurrency.threads.gather_ragged``, ``inputs.read_within_bounds_ragged`` and
+  ``write.prefill_batch_sentinel[hnd-*]`` see it.
+- ``front_fp8_batch_nosat`` / ``front_custom_shape`` / ``front_kvo_batch_secondary`` (FRONT_FP8_BATCH_NOSAT,
+  FRONT_CUSTOM_SHAPE, FRONT_KVO_BATCH_SECONDARY): E5M2 writes of more than 24 tokens stored unsaturated
+  (R-FP8), a CUSTOM tensor's shape never checked (spec 4.2, 7.1), the secondary-pool bit dropped in
+  KV_OFFSETS gathers of 16 or more rows (spec 5.1): each certified, since every E5M2 quantizing write
+  held at most 24 tokens, no shape test used CUSTOM and every secondary-pool gather at most 4 rows;
+  now ``fp8.write.batch[e5m2-*]``, ``validate.shape_mismatch[custom-*]`` and
+  ``gather.kv_offsets.secondary_pool_batch`` see it.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -71,7 +87,8 @@ def _kvx() -> list[str]:
 
 
 def _lib(variant: str) -> str:
-    path = native.testing_provider(variant if variant in ("indep", "contra", "fp4_memo") else f"host_{variant}")
+    front = variant.startswith(("fp4_", "front_"))  # the bundled reference behind a front (kvx_defect_front.c)
+    path = native.testing_provider(variant if front or variant in ("indep", "contra") else f"host_{variant}")
     if not path.exists():
         pytest.fail(f"{path} is not built: the package build (csrc/testing) must produce it")
     return str(path)
@@ -227,6 +244,12 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("harness_detect", ["write.slots.valid*"], "core"),
     ("memo", ["state.repeated_*"], "core"),
     ("fp4_memo", ["fp4.state.repeated_*"], "fp4"),
+    ("front_ragged_scratch", ["concurrency.threads.gather_ragged"], "concurrency"),
+    ("front_ragged_overread", ["inputs.read_within_bounds_ragged*"], "tables"),
+    ("front_hnd_sentinel", ["write.prefill_batch_sentinel*"], "core"),
+    ("front_fp8_batch_nosat", ["fp8.write.batch*"], "fp8"),
+    ("front_custom_shape", ["validate.shape_mismatch*"], "core"),
+    ("front_kvo_batch_secondary", ["gather.kv_offsets.secondary_pool_batch*"], "tables"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

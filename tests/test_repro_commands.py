@@ -125,7 +125,7 @@ def test_every_failure_reproduces_alone_from_another_directory(tmp_path):
     with absolute paths, in the console, results.json, junit.xml and report.html alike; run verbatim
     from another directory, an explicit test's and a generated test's repro give the same failure
     (the generated one the same drawn case) of that test alone, and the run's report stays.
-    ``write.prefill_batch`` was ``-k test_prefill_sized_write``, which also selects the two
+    ``write.prefill_batch[nhd]`` was ``-k test_prefill_sized_write``, which also selects the
     ``write.prefill_batch_sentinel`` tests."""
     here, there = tmp_path / "here", tmp_path / "there"
     here.mkdir()
@@ -133,14 +133,14 @@ def test_every_failure_reproduces_alone_from_another_directory(tmp_path):
     (here / "claims.json").write_text(json.dumps({"provider": "v into k", "features": ["ragged"]}))
     lib = os.path.relpath(_lib("v_into_k"), here)
     suite = os.path.relpath(ROOT / "suites" / "conformance", here)
-    ids = ["write.slots.valid[*", "write.prefill_batch", "generated.core.write", "validate.valid.nhd[f16]"]
+    ids = ["write.slots.valid[*", "write.prefill_batch[nhd]", "generated.core.write", "validate.valid.nhd[f16]"]
     p = _kvx("run", lib, "--claims", "claims.json", "--suite", suite, "--quick", "--seed", "5", "-n", "1",
              "--reruns", "0", "--progress", "none", *[a for i in ids for a in ("--id", i)], cwd=here)
     assert p.returncode == loader.EXIT_NOT_CERTIFIED, _explain(p)
     out = here / "kvx-report"
     doc = json.loads((out / "results.json").read_text())
     bad = [t for t in doc["tests"] if t["outcome"] != "pass"]
-    assert {t["id"] for t in bad} == {"write.slots.valid[s32]", "write.slots.valid[s64]", "write.prefill_batch",
+    assert {t["id"] for t in bad} == {"write.slots.valid[s32]", "write.slots.valid[s64]", "write.prefill_batch[nhd]",
                                      "generated.core.write"}, [(t["id"], t["outcome"]) for t in bad]
     junit = (out / "junit.xml").read_text()
     report = html.unescape((out / "report.html").read_text())
@@ -160,7 +160,7 @@ def test_every_failure_reproduces_alone_from_another_directory(tmp_path):
         assert html.escape(t["repro"], quote=False) in junit or t["repro"] in html.unescape(junit), \
             "junit.xml carries the same command"
     env = dict(os.environ, PATH=f"{KVX.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    for tid in ("write.prefill_batch", "generated.core.write"):
+    for tid in ("write.prefill_batch[nhd]", "generated.core.write"):
         t = next(x for x in bad if x["id"] == tid)
         r = subprocess.run(t["repro"], shell=True, cwd=there, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == loader.EXIT_NOT_CERTIFIED, _explain(r)

@@ -41,6 +41,9 @@ COMBINED = {
         "K and V that differ, written / gathered through F32 IO: mixed_layouts with mixed_io_dtype "
         "(excused unless both are claimed)",
     r"layout\.padded_rows\[.*hnd_packed.*\]": "padding of an HND_PACKED cache needs HND_PACKED",
+    r"(write\.prefill_batch(_sentinel)?|gather\.decode_batch|concurrency\.threads\.layouts)\[.*hnd_packed.*\]":
+        "the engine-sized batches and the thread tests run in each cache layout: their HND_PACKED case is that "
+        "layout's (hnd_packed), excused as the case's own optional feature unless claimed",
     r"gather\.packed\.output_4d_sequence_stride": "a 4-D output with its own sequence stride is a 4-D output "
                                                    "(gather_4d) with non-dense strides (io_strides)",
 }

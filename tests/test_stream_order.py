@@ -6,7 +6,7 @@ own (KVX_OWN_STREAM=2) fails the converting check alone, the build with only its
 there (KVX_OWN_STREAM=3) the decode-sized check alone; the independent hwconv device provider with only
 its quantizing FP8 writes on a stream of its own (csrc/testing/hwconv, KVX_HW_OWN_STREAM_FP8) fails the FP8
 check alone; the bundled reference behind a front that puts its FP4 calls' work on a stream of its own
-(csrc/testing/kvx_fp4_front.c, FRONT_OWN_STREAM) fails the FP4 check alone, for each format; the twins, which work on
+(csrc/testing/kvx_defect_front.c, FRONT_OWN_STREAM) fails the FP4 check alone, for each format; the twins, which work on
 the caller's stream, and the bundled reference pass every check they serve. Skips without a CUDA GPU (CI); run on the device machine."""
 from __future__ import annotations
 

@@ -49,6 +49,24 @@ def geometries(draw, pow2_block: bool = False) -> Geometry:
     )
 
 
+#: engine-sized cases (``batch``): at most this many elements in a cache tensor, IO rows or outputs
+BATCH_ELEMENTS = 1 << 19
+#: ... and at least this many tokens a write (the other generated writes hold at most 24)
+BATCH_MIN_TOKENS = 25
+
+
+@st.composite
+def batch_geometries(draw, pow2_block: bool = False) -> Geometry:
+    """Engine-sized caches: blocks of 1 to 128 tokens, 1 to 8 heads of 1 to 256 dims, at least 64
+    slots, at most ``BATCH_ELEMENTS`` elements a tensor."""
+    bs = draw(st.sampled_from((1, 2, 4, 8, 16, 32, 64, 128) if pow2_block else (1, 2, 3, 4, 5, 8, 16, 32, 64, 128)))
+    heads = draw(st.integers(1, 8))
+    dim = draw(st.sampled_from((1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    least = -(-64 // bs)
+    most = max(least, BATCH_ELEMENTS // (heads * dim) // bs)
+    return Geometry(num_blocks=draw(st.integers(least, most)), block_size=bs, num_kv_heads=heads, head_dim=dim)
+
+
 def _profile(core: bool, profile: gen.Profile | None = None) -> gen.Profile:
     if profile is not None:
         return profile
@@ -56,18 +74,24 @@ def _profile(core: bool, profile: gen.Profile | None = None) -> gen.Profile:
 
 
 @st.composite
-def write_cases(draw, core: bool = False, profile: gen.Profile | None = None) -> Drawn:
+def write_cases(draw, core: bool = False, profile: gen.Profile | None = None, batch: bool = False) -> Drawn:
     """A valid ``kvx_write_kv`` case (``core``: the readings' minimum features only;
-    ``profile``: only what it allows, e.g. ``generators.profile_for(features)``)."""
+    ``profile``: only what it allows, e.g. ``generators.profile_for(features)``; ``batch``: an
+    engine-sized one, ``BATCH_MIN_TOKENS`` to 4096 tokens into a :func:`batch_geometries` cache)."""
     prof = _profile(core, profile)
-    geom = draw(geometries())
+    geom = draw(batch_geometries() if batch else geometries())
+    if batch:
+        most = min(geom.num_slots + 4, 4096, BATCH_ELEMENTS // (geom.num_kv_heads * geom.head_dim))
+        tokens = st.integers(BATCH_MIN_TOKENS, max(BATCH_MIN_TOKENS, most))
+    else:
+        tokens = st.integers(0, min(geom.num_slots + 4, 24))
     kw = dict(
         geom=geom,
         k_dtype=draw(st.sampled_from(prof.cache_dtypes)),
         k_kind=draw(st.sampled_from(prof.layout_kinds)),
         v_kind=draw(st.sampled_from(prof.layout_kinds)),
         io_kind=draw(st.sampled_from(prof.io_kinds)),
-        num_tokens=draw(st.integers(0, min(geom.num_slots + 4, 24))),
+        num_tokens=draw(tokens),
         slot_dtype=draw(st.sampled_from(INDEX_DTYPES)),
         value_mode=draw(st.sampled_from(gen.VALUE_MODES)),
         scales=draw(st.sampled_from(prof.scales)),
@@ -90,21 +114,29 @@ def write_cases(draw, core: bool = False, profile: gen.Profile | None = None) ->
 
 
 @st.composite
-def gather_cases(draw, core: bool = False, profile: gen.Profile | None = None) -> Drawn:
+def gather_cases(draw, core: bool = False, profile: gen.Profile | None = None, batch: bool = False) -> Drawn:
     """A valid ``kvx_gather_kv`` case over PACKED, RAGGED and KV_OFFSETS tables
-    (``profile``: only what it allows)."""
+    (``profile``: only what it allows; ``batch``: an engine-sized one, 5 to 320 sequences of up
+    to 256 tokens from a :func:`batch_geometries` cache, at most ``BATCH_ELEMENTS`` output
+    elements)."""
     prof = _profile(core, profile)
     fmt = draw(st.sampled_from(prof.formats))
     kvo = fmt == TableFormat.KV_OFFSETS
-    geom = draw(geometries(pow2_block=kvo))
+    geom = draw(batch_geometries(pow2_block=kvo) if batch else geometries(pow2_block=kvo))
+    if batch:
+        seqs = draw(st.integers(5, 320))
+        rows = max(1, BATCH_ELEMENTS // (geom.num_kv_heads * geom.head_dim) // (seqs * 3))  # beams <= 3
+        msl = draw(st.integers(1, max(1, min(256, rows))))
+    else:
+        seqs, msl = draw(st.integers(0, 4)), draw(st.integers(0, 20))
     kw = dict(
         fmt=fmt, geom=geom,
         k_kind=draw(st.sampled_from(prof.layout_kinds)),
         v_kind=draw(st.sampled_from(prof.layout_kinds)),
         io_kind=draw(st.sampled_from(prof.io_kinds)),
         four_d=draw(st.booleans()) if prof.four_d else False,
-        seq_count=draw(st.integers(0, 4)),
-        max_seq_len=draw(st.integers(0, 20)),
+        seq_count=seqs,
+        max_seq_len=msl,
     )
     if not prof.mixed_kv:
         kw["v_kind"] = kw["k_kind"]

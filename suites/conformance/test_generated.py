@@ -38,8 +38,11 @@ CL_VALID = "spec 4-7 (hypothesis-generated valid calls); R-CACHE, R-IO, R-WRITE,
 CL_INVALID = "spec 6, 7.1 (hypothesis-generated single-rule violations)"
 
 
-def _settings(rc):
+def _settings(rc, share: int = 1):
+    """The run's hypothesis settings; ``share`` > 1: that fraction of its examples (at least 3), for
+    the engine-sized cases."""
     n = getattr(rc, "hypothesis_max_examples", None) or getattr(rc, "hypothesis_examples", None) or 100
+    n = int(n) if share == 1 else max(3, int(n) // share)
     run_seed = getattr(rc, "seed", None)
     s = settings(max_examples=int(n), derandomize=run_seed is None, database=None, deadline=None, print_blob=False,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -85,10 +88,10 @@ def _call(provider, drawn: strat.Drawn, opts, *, clause, feature, **kw):
     return verify_validate(provider, case, opts, clause=clause, feature=feature, **kw)
 
 
-def _valid_test(strategy, provider, opts, rc, claims):
+def _valid_test(strategy, provider, opts, rc, claims, share: int = 1):
     core = cb.core_layout(provider, opts.memory)
 
-    @_settings(rc)
+    @_settings(rc, share)
     @given(drawn=strategy)
     def inner(drawn):
         # a zero-token call is a no-op only at the recommended level (R-WRITE, R-GATHER):
@@ -116,6 +119,31 @@ def test_generated_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_cla
 def test_generated_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
     prof = gen.profile_for(kvx_generator_features)
     _valid_test(strat.gather_cases(profile=prof), kvx_provider, kvx_call_options(), kvx_run_config, kvx_claims)
+
+
+CL_BATCH = CL_VALID + " - engine-sized: writes of 25 to 4096 tokens, gathers of 5 to 320 sequences"
+#: the engine-sized tests draw half the run's examples (50 in a certification run, 5 with --quick)
+BATCH_SHARE = 2
+
+
+@conformance("generated.batch.write", CL_BATCH, REQUIRED, "generated", "write", seeded=True)
+def test_generated_batch_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
+    """``generated.valid.write`` at engine size: 25 to 4096 tokens into caches of 64 slots or more, blocks of
+    1 to 128 tokens, 1 to 8 heads of 1 to 256 dims, in every layout, dtype and scale kind the provider
+    serves. Every explicit test of an optional feature writes a few tokens, and the other generated
+    writes at most 24: a path taken past some size in one layout or dtype alone is met here."""
+    prof = gen.profile_for(kvx_generator_features)
+    _valid_test(strat.write_cases(profile=prof, batch=True), kvx_provider, kvx_call_options(), kvx_run_config,
+                kvx_claims, BATCH_SHARE)
+
+
+@conformance("generated.batch.gather", CL_BATCH, REQUIRED, "generated", "gather", seeded=True)
+def test_generated_batch_gather(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
+    """``generated.valid.gather`` at engine size: 5 to 320 sequences of up to 256 tokens through PACKED,
+    RAGGED and KV_OFFSETS tables (beams, secondary pools) of every layout and dtype the provider serves."""
+    prof = gen.profile_for(kvx_generator_features)
+    _valid_test(strat.gather_cases(profile=prof, batch=True), kvx_provider, kvx_call_options(), kvx_run_config,
+                kvx_claims, BATCH_SHARE)
 
 
 def _required_profile(provider, opts):

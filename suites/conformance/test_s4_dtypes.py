@@ -694,6 +694,37 @@ def test_fp8_saturation_io_dtypes(kvx_provider, kvx_call_options, dtype, io_dtyp
     verify_write(kvx_provider, cb.replace(case, key=key, value=value), opts, clause=CL_FP8_SAT_IO, feature="fp8")
 
 
+FP8_BATCH = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
+CL_FP8_BATCH = CL_FP8_SAT_IO + " - in a prefill-sized write"
+
+
+@conformance("fp8.write.batch", CL_FP8_BATCH, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("io_dtype", [DType.F32, DType.F16, DType.BF16], ids=["io_f32", "io_f16", "io_bf16"])
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_batch(kvx_provider, kvx_call_options, dtype, io_dtype):
+    """4096 tokens quantized into an FP8 cache in one write (a PER_TENSOR K scale, PER_HEAD V scales), a
+    few -1 slots: random normal values, and on every seventh element a value at or past the largest
+    finite FP8 value, inf or NaN. Every other quantizing write holds at most 24 tokens (the E4M3 thread
+    test 128), so a bulk path taken past some token count that rounds or saturates otherwise (stores
+    inf for ``|x / scale|`` past the largest finite value) was never reached."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(FP8_BATCH, cb.core_layout(kvx_provider, opts.memory), dtype, seed=34)
+    slots = cb.spread_slots(FP8_BATCH, 4096, 35).tolist()
+    for i in (0, 999, 2048, 4095):
+        slots[i] = -1
+    case = cb.write_case(cache, slots, io_dtype=io_dtype, seed=36, k_scale_desc=cb.scale_spec([0.5]),
+                         v_scale_desc=cb.scale_spec([2.0, 0.75], ScaleGranularity.PER_HEAD),
+                         label=f"4096-token {NAMES[io_dtype]} -> {NAMES[dtype]} write, scales, values at and past "
+                               f"the largest finite value, inf, NaN")
+    vals = np.array(SAT_IO_VALUES, np.float32)
+    vals = np.concatenate([vals, -vals]).astype(np_dtype(io_dtype))
+    rng = cb.rng_for(37)
+    key, value = case.key.copy(), case.value.copy()
+    key[3::7] = np.resize(rng.permutation(vals), key[3::7].size)
+    value[5::7] = np.resize(rng.permutation(vals), value[5::7].size)
+    verify_write(kvx_provider, cb.replace(case, key=key, value=value), opts, clause=CL_FP8_BATCH, feature="fp8")
+
+
 @conformance("fp8.write.raw_bytes", "spec 4.3; R-CONVERT (FP8 IO of the cache's dtype copies raw bytes)", REQUIRED,
              "fp8", "write", feature="fp8")
 @pytest.mark.parametrize("dtype", FP8_PARAMS)

@@ -551,6 +551,30 @@ def test_kv_offsets_secondary(kvx_provider, kvx_call_options, beams):
     verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="secondary_pool")
 
 
+KV_BATCH = Geometry(num_blocks=64, block_size=16, num_kv_heads=2, head_dim=32)
+
+
+@conformance("gather.kv_offsets.secondary_pool_batch", CL_KVOFF + " - in a decode-sized batch", REQUIRED, "tables",
+             "gather", feature="secondary_pool")
+@pytest.mark.parametrize("beams", [1, 2])
+def test_kv_offsets_secondary_batch(kvx_provider, kvx_call_options, beams):
+    """``gather.kv_offsets.secondary_pool`` in a batch of 160 sequences (0 to 64 tokens, 16-token blocks),
+    about a third of the K and V entries in the secondary pool: the other secondary-pool gathers hold
+    at most 4 (sequence, beam) rows, so a batch kernel taken past some row count that reads every
+    entry from the primary pool (bit 31 dropped) was never reached."""
+    opts = kvx_call_options()
+    c = cb.kv_offsets_cache(KV_BATCH, DType.F16, primary_blocks=96, secondary_blocks=40, seed=75)
+    t = cb.layout(KV_BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16)
+    cache = cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(76), DType.F16, t.span_elements()),
+                       v_init=cb.finite_values(cb.rng_for(77), DType.F16, t.span_elements()))
+    seqs, mb = 160, 4
+    off = _offsets(seqs, beams, mb, 78 + beams, primary=96, secondary=40)
+    lens = cb.rng_for(80 + beams).integers(0, mb * KV_BATCH.block_size + 1, size=seqs).tolist()
+    case = cb.kv_offsets_gather(cache, off, lens, mb * KV_BATCH.block_size, seed=82,
+                                label=f"{seqs} sequences x {beams} beams, primary and secondary pools")
+    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="secondary_pool")
+
+
 @conformance("gather.kv_offsets.null_index_unused", "spec 5.1; kvx-abi-1.1; R-DATA (null index of an unused block)",
              REQUIRED, "tables", "gather", feature="kv_offsets")
 def test_kv_offsets_null_unused(kvx_provider, kvx_call_options):

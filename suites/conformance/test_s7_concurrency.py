@@ -140,20 +140,26 @@ def _thread_opts(opts, streams: list[int] | None) -> list:
     return [opts if streams is None else dataclasses.replace(opts, stream=streams[i]) for i in range(THREADS)]
 
 
+def _big_cache(kind: str, dtype: DType, seed: int):
+    """A cache of BIG in layout ``kind`` (HND_PACKED: 16 bytes of F16, 8 elements, a pack)."""
+    return cb.simple_cache(BIG, kind, dtype, seed=seed, **({"pack": 8} if kind == "hnd_packed" else {}))
+
+
 def _concurrent_write_rounds(provider, opts, cache_dtype: DType, *, io_dtype: DType | None = None, seed: int = 0,
-                             feature: str | None = None, what: str = "", slot_dtype: DType = DType.S64,
-                             streams: list[int] | None = None, **scales) -> None:
+                             feature: str | tuple | None = None, what: str = "", slot_dtype: DType = DType.S64,
+                             streams: list[int] | None = None, kind: str | None = None, **scales) -> None:
     """4 rounds: ``THREADS`` threads write disjoint slots (every slot of BIG once) of one shared
-    cache at once (``streams``: each thread on its own); the cache must equal the oracle's serial
-    result. With ``feature``, one part is first written alone through :func:`verify_write`: a
-    refusal there is the feature's (UNSUPPORTED), a wrong result a failure of its own; the threads
-    then must all answer OK."""
+    cache (layout ``kind``, None: the provider's core one) at once (``streams``: each thread on its
+    own); the cache must equal the oracle's serial result. With ``feature`` (a name, or ``()`` for
+    the features the case itself uses), one part is first written alone through
+    :func:`verify_write`: a refusal there is the feature's (UNSUPPORTED), a wrong result a failure
+    of its own; the threads then must all answer OK."""
     from kvx_conformance import reference_impl
     from kvx_conformance.cases.execute import run_write
 
-    kind = cb.core_layout(provider, opts.memory)
+    kind = kind or cb.core_layout(provider, opts.memory)
     for rnd in range(4):
-        cache = cb.simple_cache(BIG, kind, cache_dtype, seed=100 + seed + rnd)
+        cache = _big_cache(kind, cache_dtype, 100 + seed + rnd)
         slots = cb.rng_for(seed + rnd).permutation(BIG.num_slots)  # disjoint by construction
         whole = cb.write_case(cache, slots, io_dtype=io_dtype, seed=200 + seed + rnd, slot_dtype=slot_dtype,
                               label=f"round {rnd}: {THREADS} threads, disjoint slots{what}", **scales)
@@ -209,28 +215,46 @@ def test_concurrent_fp8_writes(kvx_provider, kvx_call_options, io_dtype):
                              v_scale_desc=cb.scale_spec([2.5, 0.11, 1.3, 0.6], ScaleGranularity.PER_HEAD))
 
 
+#: the optional feature of each table format of the concurrent gathers (PACKED: none)
+TABLE_FEATURES = {"packed": None, "ragged": "ragged", "kv_offsets": "kv_offsets"}
+
+
 def _concurrent_gather_rounds(provider, opts, *, seed: int, io_dtype: DType | None = None,
-                              streams: list[int] | None = None) -> None:
-    """THREADS gathers of one shared F16 cache into their own outputs, at once (a barrier right
-    before each provider call; ``streams``: each thread on its own), ROUNDS times; each must equal
-    the oracle's. With ``io_dtype``
-    (a converting gather) one gather is first made alone: a refusal there is the feature
-    ``mixed_io_dtype``'s (UNSUPPORTED); the threads then must all answer OK."""
-    kind = cb.core_layout(provider, opts.memory)
-    cache = cb.simple_cache(BIG, kind, DType.F16, seed=seed)
+                              streams: list[int] | None = None, table: str = "packed",
+                              kind: str | None = None) -> None:
+    """THREADS gathers of one shared F16 cache (layout ``kind``, None: the provider's core one)
+    into their own outputs, at once (a barrier right before each provider call; ``streams``: each
+    thread on its own), ROUNDS times, through ``table`` block tables (PACKED, RAGGED or
+    KV_OFFSETS, each thread its own); each must equal the oracle's. With ``io_dtype`` (a
+    converting gather), a table format that is an optional feature or a layout other than the core
+    one, one gather is first made alone: a refusal there is the feature's (UNSUPPORTED); the
+    threads then must all answer OK."""
+    cache = _big_cache(kind or cb.core_layout(provider, opts.memory), DType.F16, seed)
     clause = CL_THREADS + ("; R-CONVERT" if io_dtype is not None else "")
     into = (f", F16 cache into {io_dtype.name} outputs" if io_dtype is not None else "") + \
-        (", each thread on a stream of its own" if streams is not None else "")
+        (", each thread on a stream of its own" if streams is not None else "") + \
+        (f", {table.upper()} tables" if table != "packed" else "") + (f", {kind.upper()} cache" if kind else "")
     mb = 8
+    if table == "kv_offsets":  # the blocks come from a primary pool of BIG's blocks
+        pool = cb.kv_offsets_cache(BIG, DType.F16, primary_blocks=BIG.num_blocks, seed=seed + 1)
+        cache = cb.replace(pool, k=cache.k, v=cache.v, k_init=cache.k_init, v_init=cache.v_init)
     cases = []
     for i in range(THREADS):
         rng = cb.rng_for(seed + 100 + i)
         lens = rng.integers(mb * BIG.block_size // 2, mb * BIG.block_size + 1, size=6)
-        kw = {"io_dtype": io_dtype} if io_dtype is not None else {}
-        cases.append(cb.packed_gather(cache, cb.distinct_table(BIG, 6, mb, seed + 200 + i), lens, mb * BIG.block_size,
-                                      seed=seed + 300 + i, label=f"thread {i} of {THREADS}{into}", **kw))
-    if io_dtype is not None:
-        verify_gather(provider, cases[0], opts, clause=clause, feature="mixed_io_dtype")
+        kw = dict(seed=seed + 300 + i, label=f"thread {i} of {THREADS}{into}",
+                  **({"io_dtype": io_dtype} if io_dtype is not None else {}))
+        ids = cb.distinct_table(BIG, 6, mb, seed + 200 + i)
+        if table == "kv_offsets":
+            off = np.stack([ids, cb.distinct_table(BIG, 6, mb, seed + 250 + i)], axis=1)[:, None]  # [seq, beam, K|V, block]
+            cases.append(cb.kv_offsets_gather(cache, off, lens, mb * BIG.block_size, **kw))
+        elif table == "ragged":
+            cases.append(cb.ragged_gather(cache, ids, lens, mb * BIG.block_size, **kw))
+        else:
+            cases.append(cb.packed_gather(cache, ids, lens, mb * BIG.block_size, **kw))
+    feature = tuple(f for f in ("mixed_io_dtype" if io_dtype is not None else None, TABLE_FEATURES[table]) if f)
+    if feature or kind is not None:
+        verify_gather(provider, cases[0], opts, clause=clause, feature=feature)
     for rnd in range(ROUNDS):
         proxy = BarrierProvider(provider, threading.Barrier(THREADS))
         _run_threads([lambda c=c, o=o: verify_gather(proxy, c, o, clause=clause)
@@ -240,6 +264,40 @@ def _concurrent_gather_rounds(provider, opts, *, seed: int, io_dtype: DType | No
 @conformance("concurrency.threads.gather", CL_THREADS, REQUIRED, "concurrency", "gather")
 def test_concurrent_gathers(kvx_provider, kvx_call_options):
     _concurrent_gather_rounds(kvx_provider, kvx_call_options(), seed=300)
+
+
+@conformance("concurrency.threads.gather_ragged", CL_THREADS + "; spec 5.1 (RAGGED)", REQUIRED, "concurrency",
+             "gather", feature="ragged")
+def test_concurrent_ragged_gathers(kvx_provider, kvx_call_options):
+    """``concurrency.threads.gather`` through RAGGED tables (S32 ids, one per token): a provider that
+    widens or rearranges a RAGGED table's ids into scratch memory its calls share (to reuse a PACKED
+    kernel) gathers one thread's rows through another thread's ids."""
+    _concurrent_gather_rounds(kvx_provider, kvx_call_options(), seed=340, table="ragged")
+
+
+@conformance("concurrency.threads.gather_kv_offsets", CL_THREADS + "; spec 5.1 (KV_OFFSETS)", REQUIRED, "concurrency",
+             "gather", feature="kv_offsets")
+def test_concurrent_kv_offsets_gathers(kvx_provider, kvx_call_options):
+    """``concurrency.threads.gather`` through KV_OFFSETS tables (K and V offsets of their own into a
+    primary pool): the same for a provider that converts the offsets into scratch memory."""
+    _concurrent_gather_rounds(kvx_provider, kvx_call_options(), seed=360, table="kv_offsets")
+
+
+@conformance("concurrency.threads.layouts", CL_THREADS + "; spec 4.2 (cache layouts)", REQUIRED, "concurrency",
+             ("write", "gather"))
+@pytest.mark.parametrize("kind", ["nhd", "hnd", "hnd_packed"])
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_concurrent_calls_per_layout(kvx_provider, kvx_call_options, op, kind):
+    """``concurrency.threads.write_disjoint`` and ``concurrency.threads.gather`` in each cache layout,
+    a layout other than the provider's core one refusable (R-REFUSAL): the other thread tests use the
+    core layout, so a kernel of another layout with scratch memory its calls share was never run
+    from two threads at once."""
+    opts = kvx_call_options()
+    if op == "write":
+        _concurrent_write_rounds(kvx_provider, opts, DType.F16, seed=80, feature=(), kind=kind,
+                                 what=f", {kind.upper()} cache")
+    else:
+        _concurrent_gather_rounds(kvx_provider, opts, seed=380, kind=kind)
 
 
 @conformance("concurrency.threads.gather_convert", CL_THREADS + "; R-CONVERT", REQUIRED, "concurrency", "gather",

@@ -208,3 +208,63 @@ def test_inputs_read_within_bounds(kvx_provider, kvx_call_options, which):
     else:
         verify_gather(kvx_provider, case, opts, clause=CL_BOUNDS)
     del placed  # alive until the call and its checks are done
+
+
+#: (table input, pointer field, index dtype) of the RAGGED gather placed at an inaccessible page
+RAGGED_BOUNDS = {
+    "indices_s32": ("indices", "desc.block_table.indices", DType.S32),
+    "indices_s64": ("indices", "desc.block_table.indices", DType.S64),
+    "indptr_s32": ("indptr", "desc.block_table.indptr", DType.S32),
+    "indptr_s64": ("indptr", "desc.block_table.indptr", DType.S64),
+    "seq_lens_s64": ("seq_lens", "desc.seq_lens.lengths", DType.S64),
+}
+
+
+def _bounded_gather(provider, opts, case, data, field: str, name: str, feature: str) -> None:
+    """``case`` with its ``field`` pointing at a copy of ``data`` that ends at an inaccessible page."""
+    placed = buffers.EndsAtInaccessiblePage(data)
+    case = cb.replace(case, c_overrides={**case.c_overrides, field: placed.ptr},
+                      label=f"{case.label}, {name} ending at an inaccessible page ({placed.nbytes} bytes at "
+                            f"0x{placed.ptr:x}, {field})")
+    verify_gather(provider, case, opts, clause=CL_BOUNDS, feature=feature)
+    del placed  # alive until the call and its checks are done
+
+
+@conformance("inputs.read_within_bounds_ragged", CL_BOUNDS + "; R-DATA (RAGGED: never reads past indices_count)",
+             REQUIRED, "tables", "gather", feature="ragged")
+@pytest.mark.kvx_memory_types("host")  # the inaccessible page is a host page
+@pytest.mark.parametrize("which", list(RAGGED_BOUNDS))
+def test_inputs_read_within_bounds_ragged(kvx_provider, kvx_call_options, which):
+    """``inputs.read_within_bounds`` for a RAGGED gather: 4 sequences (5 indptr entries, 29 ids: counts no
+    vector width divides), one of its indices, indptr or lengths ending at an inaccessible page. A
+    provider that loads a RAGGED table's ids or offsets several at a time with no tail loop crashes
+    here; every other RAGGED gather's table lies in readable guard bytes."""
+    name, field, index_dtype = RAGGED_BOUNDS[which]
+    opts = kvx_call_options()
+    case = cb.ragged_gather(_cache(kvx_provider, opts.memory, 335), cb.distinct_table(G, 4, 3, 336), [9, 12, 5, 3],
+                            12, seed=337, index_dtype=index_dtype, indptr_dtype=index_dtype, lens_dtype=index_dtype,
+                            label="4-sequence RAGGED gather")
+    data = {"indices": case.table.encoded_indices(), "indptr": case.table.encoded_indptr(),
+            "seq_lens": case.seq_lens.encoded()}[name]
+    _bounded_gather(kvx_provider, opts, case, data, field, name, "ragged")
+
+
+@conformance("inputs.read_within_bounds_kv_offsets", CL_BOUNDS, REQUIRED, "tables", "gather", feature="kv_offsets")
+@pytest.mark.kvx_memory_types("host")  # the inaccessible page is a host page
+@pytest.mark.parametrize("which", ["offsets", "seq_lens"])
+def test_inputs_read_within_bounds_kv_offsets(kvx_provider, kvx_call_options, which):
+    """``inputs.read_within_bounds`` for a KV_OFFSETS gather: 3 sequences of 3 blocks (18 S32 offsets, K and
+    V), its offsets or its 3 lengths ending at an inaccessible page."""
+    opts = kvx_call_options()
+    c = cb.kv_offsets_cache(G, DType.F16, primary_blocks=6, seed=338)
+    t = cb.layout(G, cb.core_layout(kvx_provider, opts.memory), DType.F16)
+    cache = cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(339), DType.F16, t.span_elements()),
+                       v_init=cb.finite_values(cb.rng_for(340), DType.F16, t.span_elements()))
+    off = cb.rng_for(341).integers(0, 6, size=(3, 1, 2, 3))
+    case = cb.kv_offsets_gather(cache, off, [12, 7, 9], 12, seed=342, label="3-sequence KV_OFFSETS gather")
+    if which == "offsets":
+        _bounded_gather(kvx_provider, opts, case, case.table.encoded_indices(), "desc.block_table.indices",
+                        "offsets", "kv_offsets")
+    else:
+        _bounded_gather(kvx_provider, opts, case, case.seq_lens.encoded(), "desc.seq_lens.lengths", "seq_lens",
+                        "kv_offsets")

@@ -318,17 +318,31 @@ def test_persistent_scales(kvx_provider, kvx_call_options, dtype, granularity):
 # ---------------------------------------------------------------------------- engine-sized batches
 
 BATCH = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
+#: the cache layouts of the engine-sized batches: each in every layout a provider may serve, the
+#: core one required, the others refusable (R-REFUSAL). The other tests of a layout other than the
+#: provider's core one write at most 24 tokens and gather at most a few sequences, so a bulk path
+#: taken past some size in that layout alone (a kernel per layout and size) was never reached.
+BATCH_LAYOUTS = pytest.mark.parametrize("kind", ["nhd", "hnd", "hnd_packed"])
+
+
+def _batch_cache(kind: str, seed: int):
+    """An F16 cache of BATCH in layout ``kind`` (HND_PACKED: 8 elements, 16 bytes, a pack)."""
+    return cb.simple_cache(BATCH, kind, DType.F16, seed=seed, **({"pack": 8} if kind == "hnd_packed" else {}))
 
 
 @conformance("write.prefill_batch", CL_BATCH, REQUIRED, "core", "write")
-def test_prefill_sized_write(kvx_provider, kvx_call_options):
-    """4096 tokens in one write (a prefill chunk), random distinct slots and a few invalid ones."""
+@BATCH_LAYOUTS
+def test_prefill_sized_write(kvx_provider, kvx_call_options, kind):
+    """4096 tokens in one write (a prefill chunk), random distinct slots and a few invalid ones, in
+    each cache layout (a refusal of a layout other than the provider's core one is the layout's)."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=360)
+    cache = _batch_cache(kind, 360)
     slots = cb.spread_slots(BATCH, 4096, 361).tolist()
     for i in (0, 1023, 1024, 2047, 4095):
         slots[i] = -1
-    verify_write(kvx_provider, cb.write_case(cache, slots, seed=362, label="4096-token write"), opts, clause=CL_BATCH)
+    # feature (): a refusal is excused by the case's own optional features, its layout unless the core one
+    verify_write(kvx_provider, cb.write_case(cache, slots, seed=362, label=f"4096-token write, {kind.upper()} cache"),
+                 opts, clause=CL_BATCH, feature=())
 
 
 CL_BATCH_NOOP = ("spec 5.2 (implementations MUST treat invalid_slot as a no-op write), 7 (invalid slots, "
@@ -339,21 +353,24 @@ BATCH_SENTINEL = 777
 
 @conformance("write.prefill_batch_sentinel", CL_BATCH_NOOP, REQUIRED, "core", "write")
 @pytest.mark.parametrize("slot_dtype", [DType.S32, DType.S64], ids=["s32", "s64"])
-def test_prefill_sized_write_sentinel(kvx_provider, kvx_call_options, slot_dtype):
+@BATCH_LAYOUTS
+def test_prefill_sized_write_sentinel(kvx_provider, kvx_call_options, kind, slot_dtype):
     """``write.prefill_batch`` whose padding tokens carry a non-negative ``invalid_slot`` (777, a valid
     slot that no other token writes), a few others -1: all are no-ops however many tokens the call
-    holds. ``write.slots.invalid_slot_sentinel`` writes 7 to 10 tokens; a bulk path taken past some
-    token count that skips negative slots only (vLLM pads with -1) writes slot 777."""
+    holds, in each cache layout. ``write.slots.invalid_slot_sentinel`` writes 7 to 10 tokens in the
+    core layout; a bulk path taken past some token count, or in one layout, that skips negative
+    slots only (vLLM pads with -1) writes slot 777."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=365)
+    cache = _batch_cache(kind, 365)
     slots = cb.spread_slots(BATCH, 4096, 366, exclude={BATCH_SENTINEL}).tolist()
     for i in (5, 1500, 2047, 2048, 3000, 4095):
         slots[i] = BATCH_SENTINEL
     for i in (0, 1024):
         slots[i] = -1
     case = cb.write_case(cache, slots, slot_dtype=slot_dtype, invalid_slot=BATCH_SENTINEL, seed=367,
-                         label=f"4096-token write, invalid_slot={BATCH_SENTINEL} on 6 tokens, -1 on 2")
-    verify_write(kvx_provider, case, opts, clause=CL_BATCH_NOOP)
+                         label=f"4096-token write, {kind.upper()} cache, invalid_slot={BATCH_SENTINEL} on 6 tokens, "
+                               f"-1 on 2")
+    verify_write(kvx_provider, case, opts, clause=CL_BATCH_NOOP, feature=())
 
 
 BIG_BATCH = Geometry(num_blocks=4112, block_size=16, num_kv_heads=1, head_dim=8)  # 65792 slots, 1 MiB per tensor
@@ -373,11 +390,11 @@ def test_prefill_write_past_65535_tokens(kvx_provider, kvx_call_options):
                  clause=CL_BIG_BATCH)
 
 
-def _decode_batch(kvx_provider, opts, seed: int):
-    """A decode batch of 320 sequences of 0 to 64 tokens over BATCH in the provider's core layout:
-    (cache, a table of 4 random block ids a sequence, lengths, max_seq_len); ``seed`` for the
-    cache, ``seed + 1`` for the table and lengths."""
-    cache = cb.simple_cache(BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=seed)
+def _decode_batch(kvx_provider, opts, seed: int, kind: str | None = None):
+    """A decode batch of 320 sequences of 0 to 64 tokens over BATCH in layout ``kind`` (None: the
+    provider's core layout): (cache, a table of 4 random block ids a sequence, lengths,
+    max_seq_len); ``seed`` for the cache, ``seed + 1`` for the table and lengths."""
+    cache = _batch_cache(kind or cb.core_layout(kvx_provider, opts.memory), seed)
     rng = cb.rng_for(seed + 1)
     seqs, mb = 320, 4
     table = rng.integers(0, BATCH.num_blocks, size=(seqs, mb))
@@ -386,12 +403,14 @@ def _decode_batch(kvx_provider, opts, seed: int):
 
 
 @conformance("gather.decode_batch", CL_BATCH, REQUIRED, "core", "gather")
-def test_decode_sized_gather(kvx_provider, kvx_call_options):
-    """320 sequences in one PACKED gather (a decode batch), lengths 0 to 64 tokens."""
+@BATCH_LAYOUTS
+def test_decode_sized_gather(kvx_provider, kvx_call_options, kind):
+    """320 sequences in one PACKED gather (a decode batch), lengths 0 to 64 tokens, from each cache
+    layout (a refusal of a layout other than the provider's core one is the layout's)."""
     opts = kvx_call_options()
-    cache, table, lens, msl = _decode_batch(kvx_provider, opts, 370)
-    case = cb.packed_gather(cache, table, lens, msl, seed=372, label="320-sequence gather")
-    verify_gather(kvx_provider, case, opts, clause=CL_BATCH)
+    cache, table, lens, msl = _decode_batch(kvx_provider, opts, 370, kind)
+    case = cb.packed_gather(cache, table, lens, msl, seed=372, label=f"320-sequence gather, {kind.upper()} cache")
+    verify_gather(kvx_provider, case, opts, clause=CL_BATCH, feature=())
 
 
 CL_BATCH_WIDE = CL_BATCH + ", 5.3 / 6.5 (seq_lens dtype S32 or S64), 7.1 (S32 or S64 indices); R-WIDE-IDS"

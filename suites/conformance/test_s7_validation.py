@@ -139,14 +139,16 @@ SHAPE_PARAMS = (
     [pytest.param("nhd", "k", i, id=f"nhd-k-dim{i}") for i in range(4)]
     + [pytest.param("hnd", "k", i, id=f"hnd-k-dim{i}") for i in range(4)]
     + [pytest.param("hnd_packed", "k", i, id=f"hnd_packed-k-dim{i}") for i in range(5)]
-    + [pytest.param(kind, "v", 1, id=f"{kind}-v-dim1") for kind in ("nhd", "hnd", "hnd_packed")]
+    + [pytest.param("custom", "k", i, id=f"custom-k-dim{i}") for i in range(4)]
+    + [pytest.param(kind, "v", 1, id=f"{kind}-v-dim1") for kind in ("nhd", "hnd", "hnd_packed", "custom")]
 )
 
 
 @conformance("validate.shape_mismatch", CL_SHAPE, REQUIRED, "core", "validate")
 @pytest.mark.parametrize("kind,side,dim", SHAPE_PARAMS)
 def test_shape_mismatch(kvx_provider, kvx_call_options, kind, side, dim):
-    """One extent off by one (NHD/HND/HND_PACKED, spec 9). For HND_PACKED dim 4 (pack)
+    """One extent off by one (NHD/HND/HND_PACKED, spec 9; CUSTOM, whose shape is the logical
+    ``[num_blocks, block_size, num_kv_heads, head_dim]``, R-CUSTOM). For HND_PACKED dim 4 (pack)
     the pack 4 still divides head_dim 8 but shape[2] then disagrees."""
     opts = kvx_call_options()
     base = cb.simple_cache(G, kind, DType.F16, seed=4)

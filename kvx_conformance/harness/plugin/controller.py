@@ -343,6 +343,9 @@ class _Controller:
                 msg += ("; a call's input buffers and descriptors are read-only while it runs on host memory "
                         "(R-INPUTS: spec 7.2, kvx_abi.h const) and each descriptor ends at an unmapped page (R-SIZE), "
                         "so a store into an input, or a read past a descriptor's size, ends the worker inside the call")
+                if "read_within_bounds" in nodeid:
+                    msg += ("; here one input ends where an inaccessible page begins, so a read past the elements "
+                            "its descriptor counts (several loaded at a time with no tail loop) ends it too (R-INPUTS)")
             res = {"when": "call", "outcome": Outcome.CRASH.value, "message": msg, "detail": frames,
                    "duration": elapsed, "crash": crash}
         if wid in self.tainted:

@@ -1,0 +1,420 @@
+/*
+ * kvx_defect_front.c -- defective providers for kvx-conform's own tests: a thin front over the
+ * bundled reference provider (libkvx_reference.so, loaded from this library's own folder) that
+ * forwards every call unchanged but the calls its one defect is about. Each defect breaks a MUST
+ * (or a required reading) that only some calls reach, so that a suite which never makes such a
+ * call certifies it. csrc/testing/CMakeLists.txt builds it once per defect (KVX_FRONT_DEFECT):
+ *
+ *   libkvx_testing_fp4_own_stream.so  FRONT_OWN_STREAM (built when nvcc is found): the device work
+ *       of an FP4 call goes to a non-blocking stream of the front's own instead of the caller's,
+ *       with no wait on either. The write may read its rows before the caller's stream has filled
+ *       them, the gather may read the cache before the write has stored it, and work queued after
+ *       the gather may read its outputs before they are there (R-STREAM): `stream.order_fp4`
+ *       (suites/conformance/test_s7_concurrency.py) must see it; every other check passes, since
+ *       the harness waits for the whole device after each call (tests/test_stream_order.py).
+ *   libkvx_testing_fp4_memo.so  FRONT_MEMO: an FP4 call on host memory whose descriptors, slots or
+ *       table and first row bytes hash like one of the last 16 FP4 calls' answers OK without work
+ *       (a provider caching its calls: spec 7.2, R-STATE). `fp4.state.repeated_write` and
+ *       `fp4.state.repeated_gather` (suites/conformance/test_s10_fp4.py) must see it
+ *       (tests/test_host_providers.py).
+ *   libkvx_testing_front_ragged_scratch.so  FRONT_RAGGED_SCRATCH: a RAGGED gather on host memory
+ *       first widens its block ids into one static S64 array that every call shares, then gathers
+ *       through it (spec 7.2: thread-safe on disjoint cache regions; R-THREADS). Serial calls are
+ *       exact; two RAGGED gathers at once read each other's ids. It waits 2 ms between filling the
+ *       array and reading it, so that calls released together by the suite's barrier overlap there
+ *       on any machine: `concurrency.threads.gather_ragged` must see it.
+ *   libkvx_testing_front_ragged_overread.so  FRONT_RAGGED_OVERREAD: a RAGGED gather on host memory
+ *       reads its indptr and indices four elements at a time with no tail loop, up to three
+ *       elements past `indptr_count` / `indices_count` (R-DATA: never reads past indices_count;
+ *       R-INPUTS). The values read past the end are never used, so every result is exact:
+ *       `inputs.read_within_bounds_ragged` (suites/conformance/test_s7_inputs.py) must see it.
+ *   libkvx_testing_front_hnd_sentinel.so  FRONT_HND_SENTINEL: a write of more than 24 tokens into
+ *       BLOCK_HND K and V caches skips negative slots only, so tokens whose slot equals a
+ *       non-negative `invalid_slot` are written (spec 5.2, 7: invalid_slot MUST be a no-op). NHD
+ *       writes and small writes are exact: `write.prefill_batch_sentinel[hnd-*]`
+ *       (suites/conformance/test_s7_state.py) must see it.
+ *   libkvx_testing_front_fp8_batch_nosat.so  FRONT_FP8_BATCH_NOSAT: a quantizing write of more than 24
+ *       tokens into an E5M2 cache on host memory stores inf where the reference stored the largest
+ *       finite value (+-57344), as a conversion without saturation does (R-FP8: clamped to +-57344,
+ *       +-inf saturate too): `fp8.write.batch[e5m2-*]` (suites/conformance/test_s4_dtypes.py).
+ *   libkvx_testing_front_custom_shape.so  FRONT_CUSTOM_SHAPE: a BLOCK_CUSTOM tensor's shape is never
+ *       checked (each positive entry replaced by the cache descriptor's value before forwarding), so a
+ *       CUSTOM shape that disagrees with the descriptor validates OK (spec 4.2, 7, 7.1; R-CUSTOM):
+ *       `validate.shape_mismatch[custom-*]` (suites/conformance/test_s7_validation.py).
+ *   libkvx_testing_front_kvo_batch_secondary.so  FRONT_KVO_BATCH_SECONDARY: a KV_OFFSETS gather on host
+ *       memory of 16 or more (sequence, beam) rows reads every entry from the primary pool, bit 31
+ *       dropped (spec 5.1 KVCacheIndex; R-GATHER): `gather.kv_offsets.secondary_pool_batch`
+ *       (suites/conformance/test_s5_gather_tables.py).
+ */
+#define KVX_BUILD_PROVIDER 1
+#define _GNU_SOURCE 1
+#define FRONT_OWN_STREAM 1
+#define FRONT_MEMO 2
+#define FRONT_RAGGED_SCRATCH 3
+#define FRONT_RAGGED_OVERREAD 4
+#define FRONT_HND_SENTINEL 5
+#define FRONT_FP8_BATCH_NOSAT 6
+#define FRONT_CUSTOM_SHAPE 7
+#define FRONT_KVO_BATCH_SECONDARY 8
+#ifndef KVX_FRONT_DEFECT
+#define KVX_FRONT_DEFECT FRONT_OWN_STREAM
+#endif
+#if KVX_FRONT_DEFECT == FRONT_OWN_STREAM
+#include <cuda_runtime_api.h>
+#endif
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvx/kvx_abi.h"
+
+typedef kvx_status_t (*version_fn)(kvx_version_t*);
+typedef kvx_status_t (*validate_fn)(const kvx_cache_desc_t*);
+typedef kvx_status_t (*write_fn)(const kvx_cache_desc_t*, const kvx_write_desc_t*, void*);
+typedef kvx_status_t (*gather_fn)(const kvx_cache_desc_t*, const kvx_gather_desc_t*, void*);
+
+static struct {
+  version_fn version;
+  validate_fn validate;
+  write_fn write;
+  gather_fn gather;
+#if KVX_FRONT_DEFECT == FRONT_OWN_STREAM
+  cudaStream_t own;
+#endif
+} ref;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void load(void) {
+  Dl_info info;
+  char path[4096];
+  if (!dladdr((void*)&load, &info) || !info.dli_fname) return;
+  const char* slash = strrchr(info.dli_fname, '/');
+  const int dir = slash ? (int)(slash - info.dli_fname) : 1;
+  if (snprintf(path, sizeof path, "%.*s/libkvx_reference.so", dir, slash ? info.dli_fname : ".") >= (int)sizeof path)
+    return;
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return;
+  ref.version = (version_fn)dlsym(h, "kvx_get_version");
+  ref.validate = (validate_fn)dlsym(h, "kvx_validate_cache_desc");
+  ref.write = (write_fn)dlsym(h, "kvx_write_kv");
+  ref.gather = (gather_fn)dlsym(h, "kvx_gather_kv");
+}
+
+static int ready(void) {
+  pthread_once(&once, load);
+  return ref.version && ref.validate && ref.write && ref.gather;
+}
+
+/* An FP4 call: a KVX 1.2 cache whose FP4 extension names a format. */
+static inline int fp4_call(const kvx_cache_desc_t* cache) {
+  const size_t need = offsetof(kvx_cache_desc_t, fp4) + offsetof(kvx_fp4_cache_ext_t, format) +
+                      sizeof(kvx_fp4_format_t);
+  return cache && cache->size >= need && cache->fp4.format != KVX_FP4_NONE;
+}
+
+#if KVX_FRONT_DEFECT == FRONT_OWN_STREAM
+static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
+
+static void create_stream(void) {
+  if (cudaStreamCreateWithFlags(&ref.own, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    ref.own = NULL;
+  }
+}
+
+/* The stream of a call's work: the caller's, or for an FP4 cache the front's own. */
+static void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
+  if (!fp4_call(cache)) return stream;
+  pthread_once(&stream_once, create_stream);
+  return ref.own ? (void*)ref.own : stream;
+}
+
+/* The memo (FRONT_MEMO): none here. */
+static int memo_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
+  (void)cache;
+  (void)desc;
+  return 0;
+}
+
+static int memo_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc) {
+  (void)cache;
+  (void)desc;
+  return 0;
+}
+#else
+static void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
+  (void)cache;
+  return stream;
+}
+#endif
+
+#if KVX_FRONT_DEFECT == FRONT_MEMO
+/* The memo: FNV-1a hashes of the last 16 FP4 calls on host memory. */
+static pthread_mutex_t memo_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t memo[16];
+static unsigned memo_n;
+
+static uint64_t fnv(uint64_t h, const void* p, size_t n) {
+  const unsigned char* b = (const unsigned char*)p;
+  for (size_t i = 0; p && i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static size_t index_bytes(kvx_dtype_t dt) { return dt == KVX_DTYPE_S64 ? 8 : 4; }
+
+/* Whether this call (its hash `h`) is one of the last 16; else it is remembered. */
+static int seen(uint64_t h) {
+  pthread_mutex_lock(&memo_mu);
+  int hit = 0;
+  for (unsigned i = 0; i < 16 && i < memo_n; ++i) hit |= memo[i] == h;
+  if (!hit) memo[memo_n++ % 16] = h;
+  pthread_mutex_unlock(&memo_mu);
+  return hit;
+}
+
+/* The first bytes of the key rows: at least this many exist in any valid call's key tensor (a raw
+ * FP4 row of one head holds head_dim / 2 bytes). */
+static size_t key_bytes(const kvx_kv_io_desc_t* io) {
+  const size_t n = (size_t)io->num_tokens * io->num_kv_heads * io->head_dim / 2;
+  return io->key.data ? (n < 256 ? n : 256) : 0;
+}
+
+/* The hash of an FP4 call on host memory, its cache struct and call descriptor bytes to begin with
+ * (0: a call the memo leaves alone). */
+static uint64_t call_hash(const kvx_cache_desc_t* cache, const void* desc, size_t desc_size) {
+  if (!fp4_call(cache) || !desc || cache->k.memory != KVX_MEMORY_HOST) return 0;
+  const uint64_t h = fnv(fnv(0xcbf29ce484222325ull, cache, cache->size), desc, desc_size);
+  return h ? h : 1;
+}
+
+/* Whether the front answers this FP4 call without forwarding it: its slots and first key bytes
+ * (a write) or its table and lengths (a gather) hashed with its structs, seen among the last 16. */
+static int memo_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
+  uint64_t h = call_hash(cache, desc, desc ? desc->size : 0);
+  if (!h) return 0;
+  h = fnv(h, desc->slots.slots, (size_t)desc->slots.token_count * index_bytes(desc->slots.dtype));
+  return seen(fnv(h, desc->io.key.data, key_bytes(&desc->io)) ^ 1);
+}
+
+static int memo_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc) {
+  uint64_t h = call_hash(cache, desc, desc ? desc->size : 0);
+  if (!h) return 0;
+  const kvx_block_table_t* t = &desc->block_table;
+  h = fnv(h, t->indices, (size_t)t->indices_count * index_bytes(t->index_dtype));
+  return seen(fnv(h, desc->seq_lens.lengths, (size_t)desc->seq_lens.seq_count * index_bytes(desc->seq_lens.dtype)) ^ 2);
+}
+#elif KVX_FRONT_DEFECT != FRONT_OWN_STREAM
+/* No memo but FRONT_MEMO's. */
+static int memo_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
+  (void)cache;
+  (void)desc;
+  return 0;
+}
+
+static int memo_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc) {
+  (void)cache;
+  (void)desc;
+  return 0;
+}
+#endif
+
+/* A call descriptor the front may copy and read: its own and nested sizes are at least this
+ * header's (a front of ABI 1.2 reads nothing past them). */
+static inline int gather_plain(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* d) {
+  return cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC && d &&
+         (d->size == KVX_V1_1_SIZEOF_GATHER_DESC || d->size == sizeof(kvx_gather_desc_t)) &&
+         d->block_table.size >= sizeof(kvx_block_table_t) && d->seq_lens.size >= sizeof(kvx_seq_lens_t) &&
+         cache->k.memory == KVX_MEMORY_HOST;
+}
+
+static inline int write_plain(const kvx_cache_desc_t* cache, const kvx_write_desc_t* d) {
+  return cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC && d &&
+         (d->size == KVX_V1_1_SIZEOF_WRITE_DESC || d->size == sizeof(kvx_write_desc_t)) &&
+         d->slots.size >= sizeof(kvx_slot_mapping_t) && d->io.size >= sizeof(kvx_kv_io_desc_t);
+}
+
+static inline int64_t index_at(const void* p, kvx_dtype_t dt, size_t i) {
+  return dt == KVX_DTYPE_S64 ? ((const int64_t*)p)[i] : (int64_t)((const int32_t*)p)[i];
+}
+
+/* A RAGGED table of S32 / S64 indices and indptr whose counts agree (the calls the RAGGED defects change). */
+static inline int ragged_ok(const kvx_block_table_t* t) {
+  const int idx = t->index_dtype == KVX_DTYPE_S32 || t->index_dtype == KVX_DTYPE_S64;
+  const int ptr = t->indptr_dtype == KVX_DTYPE_S32 || t->indptr_dtype == KVX_DTYPE_S64;
+  return t->format == KVX_BLOCK_TABLE_RAGGED && idx && ptr && t->indptr && t->indices &&
+         t->indptr_count == t->seq_count + 1 && t->indices_count > 0;
+}
+
+#if KVX_FRONT_DEFECT == FRONT_RAGGED_SCRATCH
+#define SCRATCH_IDS 65536
+static int64_t scratch_ids[SCRATCH_IDS]; /* shared by every call: the defect */
+
+/* The call through the shared array: its ids widened into it, then (after the wait that makes
+ * calls released together overlap) the reference's gather reading them there. */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  if (!gather_plain(cache, desc) || !ragged_ok(t) || t->indices_count > SCRATCH_IDS)
+    return ref.gather(cache, desc, stream);
+  for (uint32_t i = 0; i < t->indices_count; ++i) scratch_ids[i] = index_at(t->indices, t->index_dtype, i);
+  const struct timespec wait = {0, 2000000};
+  nanosleep(&wait, NULL);
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.block_table.indices = scratch_ids;
+  local.block_table.index_dtype = KVX_DTYPE_S64;
+  return ref.gather(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_RAGGED_OVERREAD
+/* The sum of n indices read four at a time, the last four always whole (the read past the end). */
+static int64_t sum_by_fours(const void* p, kvx_dtype_t dt, uint32_t n) {
+  const size_t es = dt == KVX_DTYPE_S64 ? 8 : 4;
+  int64_t acc = 0;
+  for (uint32_t i = 0; i < n; i += 4) {
+    unsigned char four[32];
+    memcpy(four, (const unsigned char*)p + (size_t)i * es, 4 * es);
+    for (uint32_t j = 0; j < 4 && i + j < n; ++j) acc += index_at(four, dt, j);
+  }
+  return acc;
+}
+
+static volatile int64_t sink;
+
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  if (gather_plain(cache, desc) && ragged_ok(t))
+    sink = sum_by_fours(t->indptr, t->indptr_dtype, t->indptr_count) +
+           sum_by_fours(t->indices, t->index_dtype, t->indices_count);
+  return ref.gather(cache, desc, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_KVO_BATCH_SECONDARY
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  if (!gather_plain(cache, desc) || t->format != KVX_BLOCK_TABLE_KV_OFFSETS || t->index_dtype != KVX_DTYPE_S32 ||
+      !t->indices || t->indices_count == 0 || (uint64_t)t->seq_count * t->beam_width < 16 ||
+      (uint64_t)t->indices_count != (uint64_t)t->seq_count * t->beam_width * 2 * t->max_blocks_per_seq)
+    return ref.gather(cache, desc, stream);
+  uint32_t* ids = (uint32_t*)malloc((size_t)t->indices_count * 4);
+  if (!ids) return KVX_STATUS_INTERNAL_ERROR;
+  memcpy(ids, t->indices, (size_t)t->indices_count * 4);
+  for (uint32_t i = 0; i < t->indices_count; ++i)
+    if (ids[i] != 0xFFFFFFFFu) ids[i] &= 0x7FFFFFFFu; /* the defect: every entry from the primary pool */
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.block_table.indices = ids;
+  const kvx_status_t st = ref.gather(cache, &local, stream);
+  free(ids);
+  return st;
+}
+#else
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  return ref.gather(cache, desc, stream_for(cache, stream));
+}
+#endif
+
+#if KVX_FRONT_DEFECT == FRONT_HND_SENTINEL
+/* More than 24 tokens into HND K and V caches: only negative slots skipped (invalid_slot -1). */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (write_plain(cache, desc) && cache->k.layout == KVX_LAYOUT_BLOCK_HND && cache->v.layout == KVX_LAYOUT_BLOCK_HND &&
+      desc->slots.invalid_slot >= 0 && desc->io.num_tokens > 24) {
+    kvx_write_desc_t local;
+    memset(&local, 0, sizeof local);
+    memcpy(&local, desc, desc->size);
+    local.slots.invalid_slot = -1;
+    return ref.write(cache, &local, stream);
+  }
+  return ref.write(cache, desc, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_BATCH_NOSAT
+/* The byte offset of element (block, token, head, dim) of a 1-byte NHD / HND cache tensor, or -1. */
+static int64_t fp8_offset(const kvx_tensor_desc_t* t, int64_t b, int64_t tok, int64_t h, int64_t d) {
+  const int64_t* st = t->stride;
+  if (t->layout == KVX_LAYOUT_BLOCK_NHD) return b * st[0] + tok * st[1] + h * st[2] + d * st[3];
+  if (t->layout == KVX_LAYOUT_BLOCK_HND) return b * st[0] + h * st[1] + tok * st[2] + d * st[3];
+  return -1;
+}
+
+/* The written tokens' saturated E5M2 bytes (+-57344) turned into +-inf. */
+static void unsaturate(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, const kvx_tensor_desc_t* t,
+                       const kvx_tensor_desc_t* io) {
+  if (t->dtype != KVX_DTYPE_F8_E5M2 || io->dtype == KVX_DTYPE_F8_E5M2 || !t->data) return;
+  const int64_t cap = (int64_t)cache->num_blocks * cache->block_size;
+  for (uint32_t i = 0; i < desc->io.num_tokens; ++i) {
+    const int64_t slot = index_at(desc->slots.slots, desc->slots.dtype, i);
+    if (slot < 0 || slot == desc->slots.invalid_slot || slot >= cap) continue;
+    for (int64_t h = 0; h < cache->num_kv_heads; ++h)
+      for (int64_t d = 0; d < cache->head_dim; ++d) {
+        const int64_t off = fp8_offset(t, slot / cache->block_size, slot % cache->block_size, h, d);
+        unsigned char* p = (unsigned char*)t->data + off;
+        if (off >= 0 && (*p & 0x7Fu) == 0x7Bu) *p = (unsigned char)((*p & 0x80u) | 0x7Cu);
+      }
+  }
+}
+
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const kvx_status_t st = ref.write(cache, desc, stream);
+  if (st == KVX_STATUS_OK && write_plain(cache, desc) && cache->k.memory == KVX_MEMORY_HOST && desc->slots.slots &&
+      (desc->slots.dtype == KVX_DTYPE_S32 || desc->slots.dtype == KVX_DTYPE_S64) && desc->io.num_tokens > 24) {
+    unsaturate(cache, desc, &cache->k, &desc->io.key);
+    unsaturate(cache, desc, &cache->v, &desc->io.value);
+  }
+  return st;
+}
+#else
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  return ref.write(cache, desc, stream_for(cache, stream));
+}
+#endif
+
+#if KVX_FRONT_DEFECT == FRONT_CUSTOM_SHAPE
+/* The caller's cache, or a copy whose CUSTOM tensors' positive shape entries are the descriptor's. */
+static const kvx_cache_desc_t* cache_for(const kvx_cache_desc_t* cache, kvx_cache_desc_t* local) {
+  if (!cache || cache->size < KVX_V1_1_SIZEOF_CACHE_DESC || cache->size > sizeof *local ||
+      (cache->k.layout != KVX_LAYOUT_BLOCK_CUSTOM && cache->v.layout != KVX_LAYOUT_BLOCK_CUSTOM))
+    return cache;
+  memset(local, 0, sizeof *local);
+  memcpy(local, cache, cache->size);
+  const int64_t want[4] = {cache->num_blocks, cache->block_size, cache->num_kv_heads, cache->head_dim};
+  kvx_tensor_desc_t* sides[2] = {&local->k, &local->v};
+  for (int s = 0; s < 2; ++s)
+    if (sides[s]->size >= sizeof(kvx_tensor_desc_t) && sides[s]->layout == KVX_LAYOUT_BLOCK_CUSTOM &&
+        sides[s]->ndim == 4)
+      for (int i = 0; i < 4; ++i)
+        if (sides[s]->shape[i] > 0 && want[i] > 0) sides[s]->shape[i] = want[i]; /* the defect */
+  return local;
+}
+#else
+static const kvx_cache_desc_t* cache_for(const kvx_cache_desc_t* cache, kvx_cache_desc_t* local) {
+  (void)local;
+  return cache;
+}
+#endif
+
+KVX_API kvx_status_t kvx_get_version(kvx_version_t* version) {
+  return ready() ? ref.version(version) : KVX_STATUS_INTERNAL_ERROR;
+}
+
+KVX_API kvx_status_t kvx_validate_cache_desc(const kvx_cache_desc_t* cache) {
+  kvx_cache_desc_t local;
+  return ready() ? ref.validate(cache_for(cache, &local)) : KVX_STATUS_INTERNAL_ERROR;
+}
+
+KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!ready()) return KVX_STATUS_INTERNAL_ERROR;
+  kvx_cache_desc_t local;
+  cache = cache_for(cache, &local);
+  return memo_write(cache, desc) ? KVX_STATUS_OK : write_defect(cache, desc, stream);
+}
+
+KVX_API kvx_status_t kvx_gather_kv(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!ready()) return KVX_STATUS_INTERNAL_ERROR;
+  kvx_cache_desc_t local;
+  cache = cache_for(cache, &local);
+  return memo_gather(cache, desc) ? KVX_STATUS_OK : gather_defect(cache, desc, stream);
+}
