@@ -133,19 +133,6 @@ static void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
   pthread_once(&stream_once, create_stream);
   return ref.own ? (void*)ref.own : stream;
 }
-
-/* The memo (FRONT_MEMO): none here. */
-static int memo_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
-  (void)cache;
-  (void)desc;
-  return 0;
-}
-
-static int memo_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc) {
-  (void)cache;
-  (void)desc;
-  return 0;
-}
 #else
 static void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
   (void)cache;
@@ -208,7 +195,7 @@ static int memo_gather(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* d
   h = fnv(h, t->indices, (size_t)t->indices_count * index_bytes(t->index_dtype));
   return seen(fnv(h, desc->seq_lens.lengths, (size_t)desc->seq_lens.seq_count * index_bytes(desc->seq_lens.dtype)) ^ 2);
 }
-#elif KVX_FRONT_DEFECT != FRONT_OWN_STREAM
+#else
 /* No memo but FRONT_MEMO's. */
 static int memo_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
   (void)cache;

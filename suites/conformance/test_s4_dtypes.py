@@ -685,13 +685,20 @@ def test_fp8_saturation_io_dtypes(kvx_provider, kvx_call_options, dtype, io_dtyp
     case = cb.write_case(cache, cb.spread_slots(G, 10, 31), io_dtype=io_dtype, seed=32,
                          label=f"{NAMES[io_dtype]} -> {NAMES[dtype]} cache, no scale, values at and past the "
                                f"largest finite value")
+    case = _with_sat_values(case, io_dtype, 33, slice(0, None, 2), slice(1, None, 2), permute_key=False)
+    verify_write(kvx_provider, case, opts, clause=CL_FP8_SAT_IO, feature="fp8")
+
+
+def _with_sat_values(case, io_dtype: DType, seed: int, key_at: slice, value_at: slice, permute_key: bool = True):
+    """``case`` with ``SAT_IO_VALUES`` and their negatives (in ``io_dtype``) at the elements ``key_at`` of its
+    key rows and ``value_at`` of its value rows, repeated, in an order drawn from ``seed``."""
     vals = np.array(SAT_IO_VALUES, np.float32)
     vals = np.concatenate([vals, -vals]).astype(np_dtype(io_dtype))
-    rng = cb.rng_for(33)
+    rng = cb.rng_for(seed)
     key, value = case.key.copy(), case.value.copy()
-    key[::2] = np.resize(vals, key[::2].size)
-    value[1::2] = np.resize(rng.permutation(vals), value[1::2].size)
-    verify_write(kvx_provider, cb.replace(case, key=key, value=value), opts, clause=CL_FP8_SAT_IO, feature="fp8")
+    key[key_at] = np.resize(rng.permutation(vals) if permute_key else vals, key[key_at].size)
+    value[value_at] = np.resize(rng.permutation(vals), value[value_at].size)
+    return cb.replace(case, key=key, value=value)
 
 
 FP8_BATCH = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
@@ -716,13 +723,8 @@ def test_fp8_write_batch(kvx_provider, kvx_call_options, dtype, io_dtype):
                          v_scale_desc=cb.scale_spec([2.0, 0.75], ScaleGranularity.PER_HEAD),
                          label=f"4096-token {NAMES[io_dtype]} -> {NAMES[dtype]} write, scales, values at and past "
                                f"the largest finite value, inf, NaN")
-    vals = np.array(SAT_IO_VALUES, np.float32)
-    vals = np.concatenate([vals, -vals]).astype(np_dtype(io_dtype))
-    rng = cb.rng_for(37)
-    key, value = case.key.copy(), case.value.copy()
-    key[3::7] = np.resize(rng.permutation(vals), key[3::7].size)
-    value[5::7] = np.resize(rng.permutation(vals), value[5::7].size)
-    verify_write(kvx_provider, cb.replace(case, key=key, value=value), opts, clause=CL_FP8_BATCH, feature="fp8")
+    case = _with_sat_values(case, io_dtype, 37, slice(3, None, 7), slice(5, None, 7))
+    verify_write(kvx_provider, case, opts, clause=CL_FP8_BATCH, feature="fp8")
 
 
 @conformance("fp8.write.raw_bytes", "spec 4.3; R-CONVERT (FP8 IO of the cache's dtype copies raw bytes)", REQUIRED,
