@@ -38,6 +38,13 @@
   held at most 24 tokens, no shape test used CUSTOM and every secondary-pool gather at most 4 rows;
   now ``fp8.write.batch[e5m2-*]``, ``validate.shape_mismatch[custom-*]`` and
   ``gather.kv_offsets.secondary_pool_batch`` see it.
+- ``front_fp4_dim64`` / ``front_bf16_dim_tail`` / ``front_fp4_global_scratch`` (FRONT_FP4_DIM64,
+  FRONT_BF16_DIM_TAIL, FRONT_FP4_GLOBAL_SCRATCH): FP4 gathers of more than 64 dims leave the dims past
+  64 unwritten, BF16 gathers of a head_dim no multiple of 32 leave its tail unwritten (spec 4.1,
+  R-CACHE), NVFP4 gathers share one array of global scales among calls (spec 7.2): each certified,
+  since every FP4 test used 2 heads of 64 dims, the odd head dims only F16 caches and the FP4 thread
+  test one shared cache; now ``fp4.geometries``, ``shapes.model_heads_dtypes`` and
+  ``concurrency.threads.fp4_gather`` see it.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -250,6 +257,9 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_fp8_batch_nosat", ["fp8.write.batch*"], "fp8"),
     ("front_custom_shape", ["validate.shape_mismatch*"], "core"),
     ("front_kvo_batch_secondary", ["gather.kv_offsets.secondary_pool_batch*"], "tables"),
+    ("front_fp4_dim64", ["fp4.geometries*"], "fp4"),
+    ("front_bf16_dim_tail", ["shapes.model_heads_dtypes*"], "core"),
+    ("front_fp4_global_scratch", ["concurrency.threads.fp4_gather*"], "fp4"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

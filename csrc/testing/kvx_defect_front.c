@@ -45,6 +45,16 @@
  *       memory of 16 or more (sequence, beam) rows reads every entry from the primary pool, bit 31
  *       dropped (spec 5.1 KVCacheIndex; R-GATHER): `gather.kv_offsets.secondary_pool_batch`
  *       (suites/conformance/test_s5_gather_tables.py).
+ *   libkvx_testing_front_fp4_dim64.so  FRONT_FP4_DIM64: an FP4 gather on host memory of more than 64
+ *       dims leaves dims 64 and up of every output row as they were (a kernel moving one tile of 64
+ *       dims; spec 4.1, R-CACHE: every head and dim): `fp4.geometries[*-gather-*]`.
+ *   libkvx_testing_front_bf16_dim_tail.so  FRONT_BF16_DIM_TAIL: a gather from a BF16 cache on host
+ *       memory whose head_dim is above 32 and no multiple of 32 leaves the last head_dim % 32 dims of
+ *       every output row as they were: `shapes.model_heads_dtypes[gather-bf16-*]`.
+ *   libkvx_testing_front_fp4_global_scratch.so  FRONT_FP4_GLOBAL_SCRATCH: an NVFP4 gather on host
+ *       memory copies the cache's global scales into one array every call shares and decodes through
+ *       it, waiting 2 ms between the two (spec 7.2 thread-safe calls): two layers gathered at once
+ *       read each other's scales: `concurrency.threads.fp4_gather[nvfp4]`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -56,6 +66,9 @@
 #define FRONT_FP8_BATCH_NOSAT 6
 #define FRONT_CUSTOM_SHAPE 7
 #define FRONT_KVO_BATCH_SECONDARY 8
+#define FRONT_FP4_DIM64 9
+#define FRONT_BF16_DIM_TAIL 10
+#define FRONT_FP4_GLOBAL_SCRATCH 11
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -298,6 +311,75 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   const kvx_status_t st = ref.gather(cache, &local, stream);
   free(ids);
   return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP4_DIM64 || KVX_FRONT_DEFECT == FRONT_BF16_DIM_TAIL
+/* The gather, dims [from, head_dim) of every dense 3-D F16 / BF16 / F32 output row kept as they were. */
+static kvx_status_t gather_keeping_dims(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream,
+                                        uint32_t from) {
+  const kvx_kv_io_desc_t* io = &desc->io;
+  const kvx_tensor_desc_t* out[2] = {&io->key, &io->value};
+  const size_t es = io->key.dtype == KVX_DTYPE_F32 ? 4 : io->key.dtype == KVX_DTYPE_F16 || io->key.dtype == KVX_DTYPE_BF16 ? 2 : 0;
+  const uint64_t rows = io->num_tokens, heads = io->num_kv_heads, tail = io->head_dim - from;
+  if (!es || io->value.dtype != io->key.dtype || !io->key.data || !io->value.data || io->key.ndim != 3 ||
+      io->value.ndim != 3 || from >= io->head_dim || rows == 0)
+    return ref.gather(cache, desc, stream);
+  unsigned char* keep = (unsigned char*)malloc(2 * rows * heads * tail * es);
+  if (!keep) return KVX_STATUS_INTERNAL_ERROR;
+  for (int pass = 0; pass < 2; ++pass) { /* 0: keep the dims, 1: put them back after the call */
+    unsigned char* k = keep;
+    for (int sd = 0; sd < 2; ++sd)
+      for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t h = 0; h < heads; ++h)
+          for (uint64_t d = from; d < io->head_dim; ++d, k += es) {
+            unsigned char* e = (unsigned char*)out[sd]->data +
+                               (r * out[sd]->stride[0] + h * out[sd]->stride[1] + d * out[sd]->stride[2]) * es;
+            if (pass) memcpy(e, k, es);
+            else memcpy(k, e, es);
+          }
+    if (!pass) {
+      const kvx_status_t st = ref.gather(cache, desc, stream);
+      if (st != KVX_STATUS_OK) {
+        free(keep);
+        return st;
+      }
+    }
+  }
+  free(keep);
+  return KVX_STATUS_OK;
+}
+
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!gather_plain(cache, desc)) return ref.gather(cache, desc, stream);
+#if KVX_FRONT_DEFECT == FRONT_FP4_DIM64
+  if (fp4_call(cache) && cache->head_dim > 64) return gather_keeping_dims(cache, desc, stream, 64);
+#else
+  if (cache->k.dtype == KVX_DTYPE_BF16 && cache->head_dim > 32 && cache->head_dim % 32)
+    return gather_keeping_dims(cache, desc, stream, cache->head_dim - cache->head_dim % 32);
+#endif
+  return ref.gather(cache, desc, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP4_GLOBAL_SCRATCH
+static float global_scratch[2][1024]; /* shared by every call: the defect */
+
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!gather_plain(cache, desc) || !fp4_call(cache) || cache->fp4.format != KVX_FP4_NVFP4 ||
+      cache->size > sizeof(kvx_cache_desc_t) || cache->num_kv_heads > 1024)
+    return ref.gather(cache, desc, stream);
+  kvx_cache_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, cache, cache->size);
+  kvx_scale_desc_t* g[2] = {&local.fp4.k_global, &local.fp4.v_global};
+  for (int sd = 0; sd < 2; ++sd) {
+    if (!g[sd]->data || g[sd]->dtype != KVX_DTYPE_F32) continue;
+    const uint32_t n = g[sd]->granularity == KVX_SCALE_PER_HEAD ? cache->num_kv_heads : 1;
+    const int64_t step = g[sd]->ndim >= 1 && g[sd]->stride[0] > 0 ? g[sd]->stride[0] : 1;
+    for (uint32_t i = 0; i < n; ++i) global_scratch[sd][i] = ((const float*)g[sd]->data)[i * step];
+    g[sd]->data = global_scratch[sd];
+    if (g[sd]->ndim >= 1) g[sd]->stride[0] = 1;
+  }
+  const struct timespec wait = {0, 2000000};
+  nanosleep(&wait, NULL);
+  return ref.gather(&local, desc, stream);
 }
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {

@@ -1158,3 +1158,141 @@ def test_concurrent_fp4_writes(kvx_provider, kvx_call_options, fmt):
         _fail_if(fx.compatible_write_problems(cache, res.cache, want, key, value, slots),
                  "concurrent FP4 writes of disjoint slots differ from the serial result",
                  "the serial result (compatible tier)", CL_THREADS, seed, case)
+
+
+#: (num_blocks, block_size, heads, head_dim) of ``fp4.geometries``: every other FP4 test uses 12 blocks of 4
+#: tokens, 2 heads of 64 dims (head_dim a multiple of 32, every format's block)
+FP4_GEOMS = {"bs16_h4_d128": (24, 16, 4, 128), "bs8_h1_d256": (8, 8, 1, 256), "bs4_h3_d96": (12, 4, 3, 96),
+             "bs32_h8_d64": (6, 32, 8, 64), "bs16_h1_d576": (4, 16, 1, 576)}
+CL_GEOMS = CL_COMPAT + "; spec 4.1 (each block holds block_size tokens for all KV heads and head dimensions); R-CACHE"
+
+
+def _geom_globals(fmt, seed: int, heads: int):
+    """NVFP4 global scales of the geometry tests: per tensor for K, per head for V (MXFP4: none)."""
+    if fmt != Fp4Format.NVFP4:
+        return None, None
+    return np.float32(0.0123 * (1 + seed % 3)), [np.float32(0.002 * (1 + 3 * h)) for h in range(heads)]
+
+
+@conformance("fp4.geometries", CL_GEOMS, REQUIRED, "fp4", ("write", "gather"), feature="fp4")
+@pytest.mark.parametrize("geom", list(FP4_GEOMS))
+@pytest.mark.parametrize("op", ["write", "gather"])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_geometries(kvx_provider, kvx_call_options, fmt, op, geom):
+    """A quantizing write of nearly every slot from F16 rows, or a dequantizing gather of every block
+    into F16 through two sequences, in caches of other block sizes, head counts and head dims than the
+    other FP4 tests' (128, 256, 96 and 576 dims; 1 to 8 heads; blocks of 4 to 32 tokens). A provider
+    whose FP4 kernels move a fixed number of dims or heads (a tile of 64) is exact at 2 x 64 and
+    leaves the rest of every row unwritten here."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    nb, bs, h, d = FP4_GEOMS[geom]
+    layout = _core(kvx_provider, kvx_call_options)
+    seed = 240 + 11 * int(fmt) + list(FP4_GEOMS).index(geom)
+    gk, gv = _geom_globals(fmt, seed, h)
+    cache = fx.new_cache(fmt, nb, bs, h, d, layout, k_global=gk, v_global=gv)
+    rng = np.random.default_rng(seed)
+    n = nb * bs
+    key = (rng.standard_normal((n, h, d)) * rng.lognormal(0, 1.5, (1, h, d))).astype(np.float16)
+    value = (rng.standard_normal((n, h, d)) * rng.lognormal(0, 1, (n, 1, 1))).astype(np.float16)
+    case = f"{fx.FORMAT_NAMES[fmt]} cache ({layout.name}) of {nb} blocks of {bs} tokens, {h} heads x {d} dims, F16 IO"
+    if op == "write":
+        slots = rng.permutation(n)[:n - 2].astype(np.int64)
+        slots[3] = -1
+        res = fx.run_write(kvx_provider, cache, key[:n - 2], value[:n - 2], slots, memory=opts.memory)
+        _status(res.status, Status.OK, "FP4 write", CL_GEOMS, seed, case)
+        _check_guards(res, CL_GEOMS, seed, case)
+        k32, v32 = key[:n - 2].astype(np.float32), value[:n - 2].astype(np.float32)
+        want = fx.expected_write(cache, k32, v32, slots)
+        _fail_if(fx.compatible_write_problems(cache, res.cache, want, k32, v32, slots), "FP4 write of this geometry",
+                 "every head and dim of every written row within the compatible tier, other rows untouched",
+                 CL_GEOMS, seed, case)
+        return
+    blocks = list(rng.permutation(nb))
+    fx.fill_cache(cache, blocks, key.astype(np.float32), value.astype(np.float32))
+    half = nb // 2
+    table = np.array([blocks[:half], blocks[half:2 * half]], np.int32)
+    lens, msl = [half * bs, half * bs - 3], half * bs
+    res = fx.run_gather(kvx_provider, cache, table, lens, msl, DType.F16, memory=opts.memory)
+    case += f", gather of 2 sequences ({lens} tokens)"
+    _status(res.status, Status.OK, "FP4 gather", CL_GEOMS, seed, case)
+    _check_guards(res, CL_GEOMS, seed, case)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = fx.expected_gather(cache, table, lens, msl, DType.F16, fx.out_init(cache, len(lens) * msl, DType.F16))
+    _fail_if(fx.gather_problems(res.out, want, DType.F16, "compatible"), "dequantizing FP4 gather of this geometry",
+             "every head and dim within one ulp of the oracle's decode; rows past the length untouched", CL_GEOMS,
+             seed, case)
+
+
+class _BarrierProvider:
+    """The provider, its gathers released together by a barrier right before the call (ctypes drops the GIL)."""
+
+    def __init__(self, provider, barrier):
+        self.provider, self.barrier, self.path = provider, barrier, getattr(provider, "path", "")
+
+    def __getattr__(self, name):
+        return getattr(self.provider, name)
+
+    def gather_kv(self, cache, desc, stream=None):
+        self.barrier.wait(timeout=60)
+        return self.provider.gather_kv(cache, desc, stream)
+
+
+@conformance("concurrency.threads.fp4_gather", CL_THREADS, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_concurrent_fp4_gathers(kvx_provider, kvx_call_options, fmt):
+    """4 threads gather at once (a barrier right before each provider call), each from a cache of its
+    own (two layers of a model: NVFP4 global scales of their own) into its own F16 outputs, 4 rounds:
+    each must equal what the same gather gives alone. A provider that stages a call's global scales or
+    tables in memory its calls share decodes one layer with another's scale."""
+    import threading
+
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    layout = _core(kvx_provider, kvx_call_options)
+    calls = []
+    for i in range(THREADS):
+        seed = 280 + 10 * int(fmt) + i
+        gk, gv = _g(fmt, seed)
+        if gk is not None:
+            gk, gv = np.float32(gk * (1 + 7 * i)), [np.float32(x * (1 + 5 * i)) for x in gv]
+        cache = fx.new_cache(fmt, NB, BS, H, D, layout, k_global=gk, v_global=gv)
+        blocks = list(np.random.default_rng(seed).permutation(NB)[:8])
+        k, v = _data(seed, 8 * BS, cache.B)
+        fx.fill_cache(cache, blocks, k, v)
+        calls.append((cache, np.array([blocks[:4], blocks[4:8]], np.int32), [16, 13], seed))
+    alone = fx.run_gather(kvx_provider, calls[0][0], calls[0][1], calls[0][2], 16, DType.F16, memory=opts.memory)
+    case0 = _case(fmt, DType.F16, layout, calls[0][3], ", a gather alone")
+    _status(alone.status, Status.OK, "FP4 gather", CL_THREADS, calls[0][3], case0)  # a refusal is the feature's
+    for rnd in range(4):
+        proxy = _BarrierProvider(kvx_provider, threading.Barrier(THREADS))
+        results: list = [None] * THREADS
+        errors: list = []
+
+        def body(i):
+            try:
+                c, table, lens, _ = calls[i]
+                results[i] = fx.run_gather(proxy, c, table, lens, 16, DType.F16, memory=opts.memory)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+
+        threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        if errors:
+            raise errors[0]
+        for i, (c, table, lens, seed) in enumerate(calls):
+            case = _case(fmt, DType.F16, layout, seed, f", round {rnd}: thread {i} of {THREADS}, a cache of its own")
+            res = results[i]
+            if res is None:
+                raise ConformanceFailure("a concurrent FP4 gather did not return", expected="every call returns",
+                                         got="a thread still in the provider", clause=CL_THREADS, case=case, seed=seed)
+            _status(res.status, Status.OK, "concurrent FP4 gather", CL_THREADS, seed, case)
+            _check_guards(res, CL_THREADS, seed, case)
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = fx.expected_gather(c, table, lens, 16, DType.F16, fx.out_init(c, len(lens) * 16, DType.F16))
+            _fail_if(fx.gather_problems(res.out, want, DType.F16, "compatible"),
+                     "concurrent FP4 gathers from caches of their own differ from the serial result",
+                     "the serial result (compatible tier)", CL_THREADS, seed, case)

@@ -56,6 +56,32 @@ def test_model_heads(kvx_provider, kvx_call_options, op, heads):
         verify_gather(kvx_provider, case, opts, clause=CL_SHAPES)
 
 
+#: the head dims of ``MODEL_HEADS`` that are not a power of two nor a multiple of 64, and a large one
+DIMS_OTHER_DTYPES = ["h2_d72", "h2_d80", "h2_d96", "h2_d112", "h1_d576"]
+
+
+@conformance("shapes.model_heads_dtypes", CL_SHAPES, REQUIRED, "core", ("write", "gather"))
+@pytest.mark.parametrize("heads", DIMS_OTHER_DTYPES)
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.F32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_model_heads_dtypes(kvx_provider, kvx_call_options, op, dtype, heads):
+    """``shapes.model_heads`` in BF16 and F32 caches (with IO of the cache's dtype) for the head dims
+    that no vector width divides evenly (72, 80, 96, 112) and 576: ``shapes.model_heads`` uses F16,
+    so a kernel of another dtype that moves head_dim in whole tiles of 32 or 64 and drops the tail
+    was never run on them."""
+    opts = kvx_call_options()
+    h, d = MODEL_HEADS[heads]
+    geom = Geometry(num_blocks=6, block_size=4, num_kv_heads=h, head_dim=d)
+    cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), dtype, seed=410 + d + h)
+    label = f"{h} heads x head_dim {d}, {dtype.name} cache"
+    if op == "write":
+        case = cb.write_case(cache, cb.spread_slots(geom, 10, 411), seed=412, label=label)
+        verify_write(kvx_provider, case, opts, clause=CL_SHAPES)
+    else:
+        case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 413), [12, 5], 12, seed=414, label=label)
+        verify_gather(kvx_provider, case, opts, clause=CL_SHAPES)
+
+
 #: head counts that are not powers of two, past 4 (Phi-3-medium 10, GPT-2 XL 25, 5 / 6 / 7 / 12 after tensor
 #: parallelism of odd head counts): the other suites use 1, 2, 3, 4, 8, 16 and 32 heads only
 ODD_HEADS = [5, 6, 7, 10, 12, 25]
