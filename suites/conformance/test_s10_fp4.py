@@ -22,6 +22,7 @@ from kvx_conformance.abi.loader import status_name
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases import fp4 as fx
 from kvx_conformance.cases.checks import CL_INPUTS
+from kvx_conformance.cases.threads import BarrierProvider, run_threads
 from kvx_conformance.results.outcomes import (
     INFORMATIONAL,
     REQUIRED,
@@ -1224,20 +1225,6 @@ def test_geometries(kvx_provider, kvx_call_options, fmt, op, geom):
              seed, case)
 
 
-class _BarrierProvider:
-    """The provider, its gathers released together by a barrier right before the call (ctypes drops the GIL)."""
-
-    def __init__(self, provider, barrier):
-        self.provider, self.barrier, self.path = provider, barrier, getattr(provider, "path", "")
-
-    def __getattr__(self, name):
-        return getattr(self.provider, name)
-
-    def gather_kv(self, cache, desc, stream=None):
-        self.barrier.wait(timeout=60)
-        return self.provider.gather_kv(cache, desc, stream)
-
-
 @conformance("concurrency.threads.fp4_gather", CL_THREADS, REQUIRED, "fp4", "gather", feature="fp4")
 @pytest.mark.parametrize("fmt", FMTS)
 def test_concurrent_fp4_gathers(kvx_provider, kvx_call_options, fmt):
@@ -1265,24 +1252,9 @@ def test_concurrent_fp4_gathers(kvx_provider, kvx_call_options, fmt):
     case0 = _case(fmt, DType.F16, layout, calls[0][3], ", a gather alone")
     _status(alone.status, Status.OK, "FP4 gather", CL_THREADS, calls[0][3], case0)  # a refusal is the feature's
     for rnd in range(4):
-        proxy = _BarrierProvider(kvx_provider, threading.Barrier(THREADS))
-        results: list = [None] * THREADS
-        errors: list = []
-
-        def body(i):
-            try:
-                c, table, lens, _ = calls[i]
-                results[i] = fx.run_gather(proxy, c, table, lens, 16, DType.F16, memory=opts.memory)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errors.append(e)
-
-        threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        if errors:
-            raise errors[0]
+        proxy = BarrierProvider(kvx_provider, threading.Barrier(THREADS))
+        results = run_threads([lambda c=c, t=t, n=n: fx.run_gather(proxy, c, t, n, 16, DType.F16, memory=opts.memory)
+                               for c, t, n, _ in calls], timeout_s=120)
         for i, (c, table, lens, seed) in enumerate(calls):
             case = _case(fmt, DType.F16, layout, seed, f", round {rnd}: thread {i} of {THREADS}, a cache of its own")
             res = results[i]

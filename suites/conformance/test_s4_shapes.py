@@ -43,17 +43,21 @@ MODEL_HEADS = {
 def test_model_heads(kvx_provider, kvx_call_options, op, heads):
     """Write 10 tokens at random distinct slots, or gather 2 PACKED sequences (12 and 5 tokens of
     blocks of 4), in a cache of 6 blocks of 4 tokens with the model's heads (F16)."""
-    opts = kvx_call_options()
-    h, d = heads
+    _model_heads_call(kvx_provider, kvx_call_options(), op, *heads, DType.F16, 400)
+
+
+def _model_heads_call(provider, opts, op: str, h: int, d: int, dtype: DType, seed: int) -> None:
+    """The write of 10 tokens, or the PACKED gather of 2 sequences, of ``shapes.model_heads`` for ``h`` heads
+    of ``d`` dims in a ``dtype`` cache (IO of its dtype) of 6 blocks of 4 tokens."""
     geom = Geometry(num_blocks=6, block_size=4, num_kv_heads=h, head_dim=d)
-    cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=400 + d + h)
-    label = f"{h} heads x head_dim {d}"
+    cache = cb.simple_cache(geom, cb.core_layout(provider, opts.memory), dtype, seed=seed + d + h)
+    label = f"{h} heads x head_dim {d}" + (f", {dtype.name} cache" if dtype != DType.F16 else "")
     if op == "write":
-        case = cb.write_case(cache, cb.spread_slots(geom, 10, 401), seed=402, label=label)
-        verify_write(kvx_provider, case, opts, clause=CL_SHAPES)
+        case = cb.write_case(cache, cb.spread_slots(geom, 10, seed + 1), seed=seed + 2, label=label)
+        verify_write(provider, case, opts, clause=CL_SHAPES)
     else:
-        case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 403), [12, 5], 12, seed=404, label=label)
-        verify_gather(kvx_provider, case, opts, clause=CL_SHAPES)
+        case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, seed + 3), [12, 5], 12, seed=seed + 4, label=label)
+        verify_gather(provider, case, opts, clause=CL_SHAPES)
 
 
 #: the head dims of ``MODEL_HEADS`` that are not a power of two nor a multiple of 64, and a large one
@@ -69,17 +73,7 @@ def test_model_heads_dtypes(kvx_provider, kvx_call_options, op, dtype, heads):
     that no vector width divides evenly (72, 80, 96, 112) and 576: ``shapes.model_heads`` uses F16,
     so a kernel of another dtype that moves head_dim in whole tiles of 32 or 64 and drops the tail
     was never run on them."""
-    opts = kvx_call_options()
-    h, d = MODEL_HEADS[heads]
-    geom = Geometry(num_blocks=6, block_size=4, num_kv_heads=h, head_dim=d)
-    cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), dtype, seed=410 + d + h)
-    label = f"{h} heads x head_dim {d}, {dtype.name} cache"
-    if op == "write":
-        case = cb.write_case(cache, cb.spread_slots(geom, 10, 411), seed=412, label=label)
-        verify_write(kvx_provider, case, opts, clause=CL_SHAPES)
-    else:
-        case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 413), [12, 5], 12, seed=414, label=label)
-        verify_gather(kvx_provider, case, opts, clause=CL_SHAPES)
+    _model_heads_call(kvx_provider, kvx_call_options(), op, *MODEL_HEADS[heads], dtype, 410)
 
 
 #: head counts that are not powers of two, past 4 (Phi-3-medium 10, GPT-2 XL 25, 5 / 6 / 7 / 12 after tensor

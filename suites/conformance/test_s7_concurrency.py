@@ -40,6 +40,7 @@ from kvx_conformance.cases import build as cb
 from kvx_conformance.cases import fp4 as fx
 from kvx_conformance.cases.case import WriteCase
 from kvx_conformance.cases.checks import check_arrays, check_guards, check_status, verify_gather, verify_write
+from kvx_conformance.cases.threads import BarrierProvider, run_threads
 from kvx_conformance.results.outcomes import (
     REQUIRED,
     ConformanceFailure,
@@ -57,26 +58,6 @@ BIG = Geometry(num_blocks=32, block_size=16, num_kv_heads=4, head_dim=32)
 #: how long the lifetime probe watches the buffers after a return (a late writer slower than
 #: this is left to the harness's quarantine of freed buffers: docs/device-faults.md)
 LIFETIME_WAIT_S = 1.2
-
-
-class BarrierProvider:
-    """A provider proxy whose calls wait for all threads, then enter the provider together;
-    ``cache`` (a shared kvx_cache_desc_t) replaces the call's own cache when given."""
-
-    def __init__(self, provider, barrier: threading.Barrier, cache=None):
-        self.provider, self.barrier, self.cache = provider, barrier, cache
-        self.path = provider.path
-
-    def validate_cache_desc(self, cache):
-        return self.provider.validate_cache_desc(cache)
-
-    def write_kv(self, cache, desc, stream=None):
-        self.barrier.wait()
-        return self.provider.write_kv(self.cache if self.cache is not None else cache, desc, stream)
-
-    def gather_kv(self, cache, desc, stream=None):
-        self.barrier.wait()
-        return self.provider.gather_kv(self.cache if self.cache is not None else cache, desc, stream)
 
 
 class SharedCache:
@@ -97,26 +78,6 @@ class SharedCache:
 
     def violations(self) -> list[str]:
         return self.k.violations() + self.v.violations()
-
-
-def _run_threads(fns) -> list:
-    results: list = [None] * len(fns)
-    errors: list = []
-
-    def body(i):
-        try:
-            results[i] = fns[i]()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def _split(case: WriteCase, parts: int) -> list[WriteCase]:
@@ -168,7 +129,7 @@ def _concurrent_write_rounds(provider, opts, cache_dtype: DType, *, io_dtype: DT
             verify_write(provider, parts[0], opts, clause=CL_THREADS, feature=feature)  # served alone?
         shared = SharedCache(cache, opts.memory)
         proxy = BarrierProvider(provider, threading.Barrier(THREADS), shared.struct)
-        results = _run_threads([lambda p=p, o=o: run_write(proxy, p, o)
+        results = run_threads([lambda p=p, o=o: run_write(proxy, p, o)
                                 for p, o in zip(parts, _thread_opts(opts, streams))])
         for r in results:
             check_status(r.status, Status.OK, clause=CL_THREADS, case=whole)
@@ -257,7 +218,7 @@ def _concurrent_gather_rounds(provider, opts, *, seed: int, io_dtype: DType | No
         verify_gather(provider, cases[0], opts, clause=clause, feature=feature)
     for rnd in range(ROUNDS):
         proxy = BarrierProvider(provider, threading.Barrier(THREADS))
-        _run_threads([lambda c=c, o=o: verify_gather(proxy, c, o, clause=clause)
+        run_threads([lambda c=c, o=o: verify_gather(proxy, c, o, clause=clause)
                       for c, o in zip(cases, _thread_opts(opts, streams))])
 
 
