@@ -45,6 +45,12 @@
   since every FP4 test used 2 heads of 64 dims, the odd head dims only F16 caches and the FP4 thread
   test one shared cache; now ``fp4.geometries``, ``shapes.model_heads_dtypes`` and
   ``concurrency.threads.fp4_gather`` see it.
+- ``front_convert_bulk_rtz`` / ``front_fp8_heads_mod8`` / ``front_fp4_bulk_sentinel``: F32 rows truncated into
+  F16 / BF16 caches in writes of more than 4096 tokens (R-CONVERT), per-head FP8 scales read from a table
+  of 8 in writes of more than 16 tokens and 8 heads (R-FP8), a non-negative ``invalid_slot`` written in FP4
+  writes of more than 16 tokens (spec 5.2): each gated just past the sizes the suite used, each certified;
+  now ``dtype.write.convert_batch[*-65600]``, ``fp8.write.batch[*-h40_d16]`` and ``fp4.geometries[*-write-*]``
+  see it.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -260,6 +266,9 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_fp4_dim64", ["fp4.geometries*"], "fp4"),
     ("front_bf16_dim_tail", ["shapes.model_heads_dtypes*"], "core"),
     ("front_fp4_global_scratch", ["concurrency.threads.fp4_gather*"], "fp4"),
+    ("front_convert_bulk_rtz", ["dtype.write.convert_batch*"], "core"),
+    ("front_fp8_heads_mod8", ["fp8.write.batch*"], "fp8"),
+    ("front_fp4_bulk_sentinel", ["fp4.geometries*"], "fp4"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

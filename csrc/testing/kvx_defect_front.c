@@ -55,6 +55,15 @@
  *       memory copies the cache's global scales into one array every call shares and decodes through
  *       it, waiting 2 ms between the two (spec 7.2 thread-safe calls): two layers gathered at once
  *       read each other's scales: `concurrency.threads.fp4_gather[nvfp4]`.
+ *   libkvx_testing_front_convert_bulk_rtz.so  FRONT_CONVERT_BULK_RTZ: a write of more than 4096 tokens
+ *       converts F32 rows into an F16 / BF16 cache by truncation, not to nearest even (R-CONVERT: the
+ *       rule does not depend on the size of the call): `dtype.write.convert_batch[*-65600]`.
+ *   libkvx_testing_front_fp8_heads_mod8.so  FRONT_FP8_HEADS_MOD8: a quantizing FP8 write of more than
+ *       16 tokens and 8 heads quantizes head h by the per-head scale of head h % 8 (R-FP8: the value of
+ *       head h, for any number of heads): `fp8.write.batch[*-h40_d16]`.
+ *   libkvx_testing_front_fp4_bulk_sentinel.so  FRONT_FP4_BULK_SENTINEL: an FP4 write of more than 16
+ *       tokens skips negative slots only, so tokens whose slot is a non-negative invalid_slot are
+ *       written (spec 5.2, 7): `fp4.geometries[*-write-*]`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -69,6 +78,9 @@
 #define FRONT_FP4_DIM64 9
 #define FRONT_BF16_DIM_TAIL 10
 #define FRONT_FP4_GLOBAL_SCRATCH 11
+#define FRONT_CONVERT_BULK_RTZ 12
+#define FRONT_FP8_HEADS_MOD8 13
+#define FRONT_FP4_BULK_SENTINEL 14
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -387,11 +399,17 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
 }
 #endif
 
-#if KVX_FRONT_DEFECT == FRONT_HND_SENTINEL
-/* More than 24 tokens into HND K and V caches: only negative slots skipped (invalid_slot -1). */
+#if KVX_FRONT_DEFECT == FRONT_HND_SENTINEL || KVX_FRONT_DEFECT == FRONT_FP4_BULK_SENTINEL
+/* HND_SENTINEL: more than 24 tokens into HND K and V caches; FP4_BULK_SENTINEL: more than 16 tokens
+ * into an FP4 cache: only negative slots skipped (invalid_slot -1). */
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
-  if (write_plain(cache, desc) && cache->k.layout == KVX_LAYOUT_BLOCK_HND && cache->v.layout == KVX_LAYOUT_BLOCK_HND &&
-      desc->slots.invalid_slot >= 0 && desc->io.num_tokens > 24) {
+#if KVX_FRONT_DEFECT == FRONT_HND_SENTINEL
+  const int gated = write_plain(cache, desc) && cache->k.layout == KVX_LAYOUT_BLOCK_HND &&
+                    cache->v.layout == KVX_LAYOUT_BLOCK_HND && desc->io.num_tokens > 24;
+#else
+  const int gated = write_plain(cache, desc) && fp4_call(cache) && desc->io.num_tokens > 16;
+#endif
+  if (gated && desc->slots.invalid_slot >= 0) {
     kvx_write_desc_t local;
     memset(&local, 0, sizeof local);
     memcpy(&local, desc, desc->size);
@@ -434,6 +452,77 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
     unsaturate(cache, desc, &cache->v, &desc->io.value);
   }
   return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_CONVERT_BULK_RTZ
+/* F32 bits truncated to the F16 (normal range) or BF16 grid: what the cache's rounding then keeps exactly. */
+static uint32_t truncated_bits(uint32_t b, kvx_dtype_t to) {
+  const uint32_t e = (b >> 23) & 0xFFu;
+  if (e == 0xFFu) return b;
+  if (to == KVX_DTYPE_BF16) return b & 0xFFFF0000u;
+  return e >= 113 && e <= 142 ? b & 0xFFFFE000u : b;
+}
+
+/* A dense copy of an F32 IO tensor of [n, H, D], truncated to ``to``, or NULL. */
+static float* truncated_rows(const kvx_tensor_desc_t* t, kvx_dtype_t to, uint32_t n, uint32_t H, uint32_t D) {
+  if (t->dtype != KVX_DTYPE_F32 || (to != KVX_DTYPE_F16 && to != KVX_DTYPE_BF16) || t->ndim != 3 || !t->data) return NULL;
+  float* out = (float*)malloc((size_t)n * H * D * sizeof(float));
+  if (!out) return NULL;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d) {
+        uint32_t b;
+        memcpy(&b, (const float*)t->data + i * t->stride[0] + h * t->stride[1] + d * t->stride[2], 4);
+        b = truncated_bits(b, to);
+        memcpy(out + ((size_t)i * H + h) * D + d, &b, 4);
+      }
+  return out;
+}
+
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || cache->k.memory != KVX_MEMORY_HOST || desc->io.num_tokens <= 4096 ||
+      desc->io.num_kv_heads != cache->num_kv_heads || desc->io.head_dim != cache->head_dim ||
+      ref.validate(cache) != KVX_STATUS_OK)
+    return ref.write(cache, desc, stream);
+  const uint32_t n = desc->io.num_tokens, H = cache->num_kv_heads, D = cache->head_dim;
+  float* k = truncated_rows(&desc->io.key, cache->k.dtype, n, H, D);
+  float* v = truncated_rows(&desc->io.value, cache->v.dtype, n, H, D);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  kvx_tensor_desc_t* io[2] = {&local.io.key, &local.io.value};
+  float* rows[2] = {k, v};
+  for (int sd = 0; sd < 2; ++sd)
+    if (rows[sd]) {
+      io[sd]->data = rows[sd];
+      io[sd]->stride[0] = (int64_t)H * D;
+      io[sd]->stride[1] = D;
+      io[sd]->stride[2] = 1;
+    }
+  const kvx_status_t st = ref.write(cache, &local, stream);
+  free(k);
+  free(v);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_HEADS_MOD8
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const int fp8 = cache && (cache->k.dtype == KVX_DTYPE_F8_E4M3 || cache->k.dtype == KVX_DTYPE_F8_E5M2);
+  if (!write_plain(cache, desc) || !fp8 || cache->num_kv_heads <= 8 || cache->num_kv_heads > 1024 ||
+      desc->io.num_tokens <= 16 || cache->k.memory != KVX_MEMORY_HOST)
+    return ref.write(cache, desc, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  static __thread float mod8[2][1024];
+  kvx_scale_desc_t* sc[2] = {&local.k_scale_desc, &local.v_scale_desc};
+  for (int sd = 0; sd < 2; ++sd) {
+    if (!sc[sd]->data || sc[sd]->granularity != KVX_SCALE_PER_HEAD || sc[sd]->dtype != KVX_DTYPE_F32) continue;
+    const int64_t step = sc[sd]->ndim >= 1 && sc[sd]->stride[0] > 0 ? sc[sd]->stride[0] : 1;
+    for (uint32_t h = 0; h < cache->num_kv_heads; ++h)  /* the defect: a table of 8 heads */
+      mod8[sd][h] = ((const float*)sc[sd]->data)[(h % 8) * step];
+    sc[sd]->data = mod8[sd];
+    if (sc[sd]->ndim >= 1) sc[sd]->stride[0] = 1;
+  }
+  return ref.write(cache, &local, stream);
 }
 #else
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {

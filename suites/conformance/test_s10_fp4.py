@@ -1165,7 +1165,8 @@ def test_concurrent_fp4_writes(kvx_provider, kvx_call_options, fmt):
 #: tokens, 2 heads of 64 dims (head_dim a multiple of 32, every format's block)
 FP4_GEOMS = {"bs16_h4_d128": (24, 16, 4, 128), "bs8_h1_d256": (8, 8, 1, 256), "bs4_h3_d96": (12, 4, 3, 96),
              "bs32_h8_d64": (6, 32, 8, 64), "bs16_h1_d576": (4, 16, 1, 576)}
-CL_GEOMS = CL_COMPAT + "; spec 4.1 (each block holds block_size tokens for all KV heads and head dimensions); R-CACHE"
+CL_GEOMS = (CL_COMPAT + "; spec 4.1 (each block holds block_size tokens for all KV heads and head dimensions), 5.2 "
+            "(invalid_slot a no-op); R-CACHE, R-WRITE")
 
 
 def _geom_globals(fmt, seed: int, heads: int):
@@ -1180,7 +1181,8 @@ def _geom_globals(fmt, seed: int, heads: int):
 @pytest.mark.parametrize("op", ["write", "gather"])
 @pytest.mark.parametrize("fmt", FMTS)
 def test_geometries(kvx_provider, kvx_call_options, fmt, op, geom):
-    """A quantizing write of nearly every slot from F16 rows, or a dequantizing gather of every block
+    """A quantizing write of nearly every slot from F16 rows (3 tokens carry a non-negative ``invalid_slot``, one
+    -1: no-ops in a write of any size), or a dequantizing gather of every block
     into F16 through two sequences, in caches of other block sizes, head counts and head dims than the
     other FP4 tests' (128, 256, 96 and 576 dims; 1 to 8 heads; blocks of 4 to 32 tokens). A provider
     whose FP4 kernels move a fixed number of dims or heads (a tile of 64) is exact at 2 x 64 and
@@ -1197,17 +1199,21 @@ def test_geometries(kvx_provider, kvx_call_options, fmt, op, geom):
     key = (rng.standard_normal((n, h, d)) * rng.lognormal(0, 1.5, (1, h, d))).astype(np.float16)
     value = (rng.standard_normal((n, h, d)) * rng.lognormal(0, 1, (n, 1, 1))).astype(np.float16)
     case = f"{fx.FORMAT_NAMES[fmt]} cache ({layout.name}) of {nb} blocks of {bs} tokens, {h} heads x {d} dims, F16 IO"
-    if op == "write":
-        slots = rng.permutation(n)[:n - 2].astype(np.int64)
+    if op == "write":  # every slot but two; one of those two the non-negative invalid_slot of 3 tokens
+        perm = rng.permutation(n).astype(np.int64)
+        slots, sentinel = perm[:n - 2].copy(), int(perm[n - 2])
         slots[3] = -1
-        res = fx.run_write(kvx_provider, cache, key[:n - 2], value[:n - 2], slots, memory=opts.memory)
+        slots[[5, n // 2, n - 3]] = sentinel
+        case += f", invalid_slot {sentinel} on 3 tokens, -1 on 1"
+        res = fx.run_write(kvx_provider, cache, key[:n - 2], value[:n - 2], slots, memory=opts.memory,
+                           invalid_slot=sentinel)
         _status(res.status, Status.OK, "FP4 write", CL_GEOMS, seed, case)
         _check_guards(res, CL_GEOMS, seed, case)
         k32, v32 = key[:n - 2].astype(np.float32), value[:n - 2].astype(np.float32)
-        want = fx.expected_write(cache, k32, v32, slots)
-        _fail_if(fx.compatible_write_problems(cache, res.cache, want, k32, v32, slots), "FP4 write of this geometry",
-                 "every head and dim of every written row within the compatible tier, other rows untouched",
-                 CL_GEOMS, seed, case)
+        want = fx.expected_write(cache, k32, v32, slots, invalid_slot=sentinel)
+        _fail_if(fx.compatible_write_problems(cache, res.cache, want, k32, v32, slots, invalid_slot=sentinel),
+                 "FP4 write of this geometry", "every head and dim of every written row within the compatible "
+                 "tier; the invalid_slot and -1 tokens no-ops, other rows untouched", CL_GEOMS, seed, case)
         return
     blocks = list(rng.permutation(nb))
     fx.fill_cache(cache, blocks, key.astype(np.float32), value.astype(np.float32))

@@ -322,10 +322,18 @@ def test_gather_nan_payloads_convert(kvx_provider, kvx_call_options, cache_dtype
 #: token counts of the batch conversion writes (the other conversion tests write at most 24
 #: tokens; a provider may take another, vectorized or batched, path past some count: 4096 is a
 #: prefill chunk, past the thresholds at which such paths start)
-BATCH_TOKENS = [64, 203, 4096]
+BATCH_TOKENS = [64, 203, 4096, 65600]
 BATCH_GEOM = Geometry(num_blocks=64, block_size=4, num_kv_heads=2, head_dim=8)
 #: the geometry of a batch too large for BATCH_GEOM: 4096 slots
 PREFILL_GEOM = Geometry(num_blocks=1024, block_size=4, num_kv_heads=2, head_dim=8)
+#: ... and of the largest batches: 65792 slots of one head of 16 dims (a bulk path taken past 4096 or
+#: 65535 tokens, the size of a long prefill, is reached)
+LONG_GEOM = Geometry(num_blocks=4112, block_size=16, num_kv_heads=1, head_dim=16)
+
+
+def _batch_geom(tokens: int) -> Geometry:
+    return BATCH_GEOM if tokens <= BATCH_GEOM.num_slots else PREFILL_GEOM if tokens <= PREFILL_GEOM.num_slots \
+        else LONG_GEOM
 
 
 def _ties_in_second_half(case, cache_dtype: DType, io_dtype: DType, seed: int):
@@ -342,7 +350,8 @@ def _ties_in_second_half(case, cache_dtype: DType, io_dtype: DType, seed: int):
 
 
 @conformance("dtype.write.convert_batch", CL_CONVERT + " (through FP32, RNE, overflow to inf; writes of 64 tokens "
-             "and more, a 4096-token prefill chunk included)", REQUIRED, "core", "write", feature="mixed_io_dtype")
+             "and more, a 4096-token prefill chunk and a 65600-token prefill included)", REQUIRED, "core", "write",
+             feature="mixed_io_dtype")
 @pytest.mark.parametrize("tokens", BATCH_TOKENS)
 @pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
 def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dtype, tokens):
@@ -350,7 +359,7 @@ def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dty
     values; from F32 into F16 / BF16 the second half of K and V lies at or next to rounding ties,
     so a path that truncates (or rounds ties away) on large writes changes many elements."""
     opts = kvx_call_options()
-    g = BATCH_GEOM if tokens <= BATCH_GEOM.num_slots else PREFILL_GEOM
+    g = _batch_geom(tokens)
     cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=46)
     case = cb.write_case(cache, cb.spread_slots(g, tokens, 46), io_dtype=io_dtype, seed=47, specials=True,
                          label=f"{tokens} tokens, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache")
@@ -382,11 +391,12 @@ def test_write_convert_single_token(kvx_provider, kvx_call_options, cache_dtype,
 #: batch id -> (sequences, max_seq_len, geometry) of the batch conversion gathers (the other
 #: conversion gathers return at most 24 rows): a decode batch of 64 sequences of up to 16 tokens
 #: (1024 output rows) and a prefill's context, 2 sequences of up to 2048 tokens (4096 rows)
-GATHER_BATCHES = {"decode_64x16": (64, 16, BATCH_GEOM), "context_2x2048": (2, 2048, PREFILL_GEOM)}
+GATHER_BATCHES = {"decode_64x16": (64, 16, BATCH_GEOM), "context_2x2048": (2, 2048, PREFILL_GEOM),
+                  "context_1x65600": (1, 65600, LONG_GEOM)}
 
 
 @conformance("dtype.gather.convert_batch", CL_CONVERT + " (cache -> FP32 -> IO dtype, RNE, overflow to inf; "
-             "gathers of 1024 and 4096 output rows)", REQUIRED, "core", "gather", feature="mixed_io_dtype")
+             "gathers of 1024, 4096 and 65600 output rows)", REQUIRED, "core", "gather", feature="mixed_io_dtype")
 @pytest.mark.parametrize("batch", list(GATHER_BATCHES))
 @pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
 def test_gather_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dtype, batch):
@@ -701,28 +711,36 @@ def _with_sat_values(case, io_dtype: DType, seed: int, key_at: slice, value_at: 
     return cb.replace(case, key=key, value=value)
 
 
-FP8_BATCH = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
-CL_FP8_BATCH = CL_FP8_SAT_IO + " - in a prefill-sized write"
+#: (geometry, tokens) of ``fp8.write.batch``: 2 heads x 32 dims, 4096 tokens; 40 heads x 16 dims (more heads
+#: than a table of 8 or 16 per-head scales holds), 1024 tokens
+FP8_BATCHES = {"h2_d32": (Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32), 4096),
+               "h40_d16": (Geometry(num_blocks=80, block_size=16, num_kv_heads=40, head_dim=16), 1024)}
+CL_FP8_BATCH = CL_FP8_SAT_IO + " - in a prefill-sized write, per-head scales of any number of heads"
 
 
 @conformance("fp8.write.batch", CL_FP8_BATCH, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("geom", list(FP8_BATCHES))
 @pytest.mark.parametrize("io_dtype", [DType.F32, DType.F16, DType.BF16], ids=["io_f32", "io_f16", "io_bf16"])
 @pytest.mark.parametrize("dtype", FP8_PARAMS)
-def test_fp8_write_batch(kvx_provider, kvx_call_options, dtype, io_dtype):
-    """4096 tokens quantized into an FP8 cache in one write (a PER_TENSOR K scale, PER_HEAD V scales), a
-    few -1 slots: random normal values, and on every seventh element a value at or past the largest
-    finite FP8 value, inf or NaN. Every other quantizing write holds at most 24 tokens (the E4M3 thread
-    test 128), so a bulk path taken past some token count that rounds or saturates otherwise (stores
-    inf for ``|x / scale|`` past the largest finite value) was never reached."""
+def test_fp8_write_batch(kvx_provider, kvx_call_options, dtype, io_dtype, geom):
+    """1024 to 4096 tokens quantized into an FP8 cache in one write (a PER_TENSOR K scale, PER_HEAD V
+    scales, each head its own value; 2 or 40 heads), a few -1 slots: random normal values, and on
+    every seventh element a value at or past the largest finite FP8 value, inf or NaN. The other
+    quantizing writes hold at most 24 tokens (the E4M3 thread test 128) and, past 8 heads, 12
+    tokens, so a bulk path taken past some token count that rounds or saturates otherwise (stores
+    inf for ``|x / scale|`` past the largest finite value), or that keeps a table of 8 per-head
+    scales, was never reached."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(FP8_BATCH, cb.core_layout(kvx_provider, opts.memory), dtype, seed=34)
-    slots = cb.spread_slots(FP8_BATCH, 4096, 35).tolist()
-    for i in (0, 999, 2048, 4095):
+    g, tokens = FP8_BATCHES[geom]
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=34)
+    slots = cb.spread_slots(g, tokens, 35).tolist()
+    for i in (0, 999, tokens // 2, tokens - 1):
         slots[i] = -1
+    v_scales = [2.0, 0.75] if g.num_kv_heads == 2 else [0.1 * (1 + h) for h in range(g.num_kv_heads)]
     case = cb.write_case(cache, slots, io_dtype=io_dtype, seed=36, k_scale_desc=cb.scale_spec([0.5]),
-                         v_scale_desc=cb.scale_spec([2.0, 0.75], ScaleGranularity.PER_HEAD),
-                         label=f"4096-token {NAMES[io_dtype]} -> {NAMES[dtype]} write, scales, values at and past "
-                               f"the largest finite value, inf, NaN")
+                         v_scale_desc=cb.scale_spec(v_scales, ScaleGranularity.PER_HEAD),
+                         label=f"{tokens}-token {NAMES[io_dtype]} -> {NAMES[dtype]} write, {g.num_kv_heads} heads, "
+                               f"scales, values at and past the largest finite value, inf, NaN")
     case = _with_sat_values(case, io_dtype, 37, slice(3, None, 7), slice(5, None, 7))
     verify_write(kvx_provider, case, opts, clause=CL_FP8_BATCH, feature="fp8")
 
