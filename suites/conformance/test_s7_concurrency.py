@@ -452,7 +452,7 @@ def hold_stream(torch, stream) -> None:
 ORDER_ROUNDS = 2
 #: ... of stream.order_decode: its calls take microseconds, so whether an out-of-order provider's work
 #: lands before the stream's copies is a race each round may lose (a provider putting its work on a
-#: stream of its own passed one run of 16 on an H100); six rounds of 50 ms cost little
+#: stream of its own passed one of ten runs of two rounds on an H100); six rounds of 50 ms cost little
 ORDER_DECODE_ROUNDS = 6
 
 
