@@ -931,23 +931,14 @@ def run_concurrent_writes(provider, cache: Fp4Cache, parts, *, memory=Memory.HOS
         d.k_scale_desc = abi.kvx_scale_desc_t.new()
         d.v_scale_desc = abi.kvx_scale_desc_t.new()
         descs.append(d)
+    from .threads import run_threads
+
     barrier = threading.Barrier(n_parts)
-    statuses: list = [None] * n_parts
-    errors: list = []
 
-    def body(i):
-        try:
-            barrier.wait(timeout=timeout_s)
-            statuses[i] = int(provider.write_kv(c, descs[i], stream))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            errors.append(e)
+    def call(i: int) -> int:
+        barrier.wait(timeout=timeout_s)
+        return int(provider.write_kv(c, descs[i], stream))
 
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n_parts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=timeout_s)
-    if errors:
-        raise errors[0]
+    statuses = run_threads([lambda i=i: call(i) for i in range(n_parts)], timeout_s)
     buffers.synchronize(Memory(memory))
     return statuses, Fp4Result(0, _read_cache(cache, arena), {}, arena.violations(), arena.input_changes())
