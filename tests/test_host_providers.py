@@ -51,6 +51,12 @@
   writes of more than 16 tokens (spec 5.2): each gated just past the sizes the suite used, each certified;
   now ``dtype.write.convert_batch[*-65600]``, ``fp8.write.batch[*-h40_d16]`` and ``fp4.geometries[*-write-*]``
   see it.
+- ``front_fp4_nested_size`` / ``front_kvo_bpb_f32`` / ``front_fp8_pack_rule``: validation defects of one dtype
+  or struct: the FP4 extension's nested struct sizes unchecked (R-SIZE), ``pool.bytes_per_block`` ignored for
+  F32 KV_OFFSETS pools (R-GATHER), the HND_PACKED pack rule skipped for FP8 caches (spec 7.1); each
+  certified, since those tests used F16 caches and the extension's own size only; now
+  ``fp4.validate.invalid[*_size_*]``, ``gather.validation.kv_offsets_bytes_per_block`` and
+  ``validate.hnd_packed_pack_not_dividing_dtypes`` see it.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -269,6 +275,9 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_convert_bulk_rtz", ["dtype.write.convert_batch*"], "core"),
     ("front_fp8_heads_mod8", ["fp8.write.batch*"], "fp8"),
     ("front_fp4_bulk_sentinel", ["fp4.geometries*"], "fp4"),
+    ("front_fp4_nested_size", ["fp4.validate.invalid*"], "fp4"),
+    ("front_kvo_bpb_f32", ["gather.validation.kv_offsets_bytes_per_block*"], "tables"),
+    ("front_fp8_pack_rule", ["validate.hnd_packed_pack_not_dividing_dtypes*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

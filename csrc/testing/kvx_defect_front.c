@@ -64,6 +64,15 @@
  *   libkvx_testing_front_fp4_bulk_sentinel.so  FRONT_FP4_BULK_SENTINEL: an FP4 write of more than 16
  *       tokens skips negative slots only, so tokens whose slot is a non-negative invalid_slot are
  *       written (spec 5.2, 7): `fp4.geometries[*-write-*]`.
+ *   libkvx_testing_front_fp4_nested_size.so  FRONT_FP4_NESTED_SIZE: the structs inside a cache's FP4
+ *       extension (scale pools, global scales) are not size-checked: a size below sizeof is read as
+ *       sizeof (spec 6, R-SIZE: nested structs too): `fp4.validate.invalid[*_size_*]`.
+ *   libkvx_testing_front_kvo_bpb_f32.so  FRONT_KVO_BPB_F32: a KV_OFFSETS cache of F32 K and V takes its
+ *       block stride from the geometry, whatever `pool.bytes_per_block` says (R-GATHER: it must equal
+ *       the block's bytes): `gather.validation.kv_offsets_bytes_per_block[f32-*]`.
+ *   libkvx_testing_front_fp8_pack_rule.so  FRONT_FP8_PACK_RULE: kvx_validate_cache_desc answers OK for
+ *       an FP8 HND_PACKED cache whose pack does not divide head_dim (spec 7.1):
+ *       `validate.hnd_packed_pack_not_dividing_dtypes[e4m3-*|e5m2-*]`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -81,6 +90,9 @@
 #define FRONT_CONVERT_BULK_RTZ 12
 #define FRONT_FP8_HEADS_MOD8 13
 #define FRONT_FP4_BULK_SENTINEL 14
+#define FRONT_FP4_NESTED_SIZE 15
+#define FRONT_KVO_BPB_F32 16
+#define FRONT_FP8_PACK_RULE 17
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -547,11 +559,52 @@ static const kvx_cache_desc_t* cache_for(const kvx_cache_desc_t* cache, kvx_cach
         if (sides[s]->shape[i] > 0 && want[i] > 0) sides[s]->shape[i] = want[i]; /* the defect */
   return local;
 }
+#elif KVX_FRONT_DEFECT == FRONT_FP4_NESTED_SIZE || KVX_FRONT_DEFECT == FRONT_KVO_BPB_F32
+/* The caller's cache, or a copy with the field the defect ignores set to what the reference accepts:
+ * the FP4 extension's nested sizes (FP4_NESTED_SIZE), or F32 KV_OFFSETS pools' bytes_per_block. */
+static const kvx_cache_desc_t* cache_for(const kvx_cache_desc_t* cache, kvx_cache_desc_t* local) {
+  if (!cache || cache->size < KVX_V1_1_SIZEOF_CACHE_DESC || cache->size > sizeof *local) return cache;
+#if KVX_FRONT_DEFECT == FRONT_FP4_NESTED_SIZE
+  if (!fp4_call(cache)) return cache;
+  memset(local, 0, sizeof *local);
+  memcpy(local, cache, cache->size);
+  if (local->fp4.k_scales.size < sizeof(kvx_tensor_desc_t)) local->fp4.k_scales.size = sizeof(kvx_tensor_desc_t);
+  if (local->fp4.v_scales.size < sizeof(kvx_tensor_desc_t)) local->fp4.v_scales.size = sizeof(kvx_tensor_desc_t);
+  if (local->fp4.k_global.size < sizeof(kvx_scale_desc_t)) local->fp4.k_global.size = sizeof(kvx_scale_desc_t);
+  if (local->fp4.v_global.size < sizeof(kvx_scale_desc_t)) local->fp4.v_global.size = sizeof(kvx_scale_desc_t);
+#else
+  if (cache->k.dtype != KVX_DTYPE_F32 || cache->v.dtype != KVX_DTYPE_F32 || cache->pool.size < sizeof(kvx_pool_desc_t) ||
+      !cache->pool.primary || cache->pool.bytes_per_block == 0)
+    return cache;
+  memset(local, 0, sizeof *local);
+  memcpy(local, cache, cache->size);
+  local->pool.bytes_per_block = cache->num_kv_heads * cache->block_size * cache->head_dim * 4u;
+#endif
+  return local;
+}
 #else
 static const kvx_cache_desc_t* cache_for(const kvx_cache_desc_t* cache, kvx_cache_desc_t* local) {
   (void)local;
   return cache;
 }
+#endif
+
+#if KVX_FRONT_DEFECT == FRONT_FP8_PACK_RULE
+/* An FP8 HND_PACKED tensor whose pack (shape[4]) does not divide head_dim. */
+static int fp8_pack_broken(const kvx_cache_desc_t* cache, const kvx_tensor_desc_t* t) {
+  const int fp8 = t->dtype == KVX_DTYPE_F8_E4M3 || t->dtype == KVX_DTYPE_F8_E5M2;
+  return fp8 && t->layout == KVX_LAYOUT_BLOCK_HND_PACKED && t->ndim == 5 && t->shape[4] > 0 &&
+         cache->head_dim % t->shape[4] != 0;
+}
+
+static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) {
+  if (cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC && (fp8_pack_broken(cache, &cache->k) ||
+                                                             fp8_pack_broken(cache, &cache->v)))
+    return KVX_STATUS_OK; /* the defect: the pack rule checked on the 16-bit path only */
+  return ref.validate(cache);
+}
+#else
+static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) { return ref.validate(cache); }
 #endif
 
 KVX_API kvx_status_t kvx_get_version(kvx_version_t* version) {
@@ -560,7 +613,7 @@ KVX_API kvx_status_t kvx_get_version(kvx_version_t* version) {
 
 KVX_API kvx_status_t kvx_validate_cache_desc(const kvx_cache_desc_t* cache) {
   kvx_cache_desc_t local;
-  return ready() ? ref.validate(cache_for(cache, &local)) : KVX_STATUS_INTERNAL_ERROR;
+  return ready() ? validate_defect(cache_for(cache, &local)) : KVX_STATUS_INTERNAL_ERROR;
 }
 
 KVX_API kvx_status_t kvx_write_kv(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {

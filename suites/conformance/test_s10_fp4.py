@@ -329,10 +329,15 @@ INVALID_CASES = {
     "scale_pool_null": {"cache.fp4.k_scales.data": None},
     "ext_size_too_small": {"cache.fp4.size": 8},
     "global_scale_bad_granularity": {"cache.fp4.k_global.granularity": 2},
+    # R-SIZE: the structs inside the extension are size-guarded too
+    "k_scales_size_zero": {"cache.fp4.k_scales.size": 0},
+    "v_scales_size_too_small": {"cache.fp4.v_scales.size": 8},
+    "k_global_size_zero": {"cache.fp4.k_global.size": 0},
 }
 
 
-@conformance("fp4.validate.invalid", CL + " (head_dim % 16 / % 32, scale pool descriptors)", REQUIRED, "fp4",
+@conformance("fp4.validate.invalid", CL + " (head_dim % 16 / % 32, scale pool descriptors, the size of each struct "
+             "inside the extension: R-SIZE)", REQUIRED, "fp4",
              "write", feature="fp4")
 @pytest.mark.parametrize("name", list(INVALID_CASES))
 def test_invalid_descriptors(kvx_provider, kvx_call_options, name):

@@ -20,7 +20,7 @@ import zlib
 import pytest
 
 from kvx_conformance.abi.descriptors import Geometry
-from kvx_conformance.abi.header import DType, Layout, Memory, Status
+from kvx_conformance.abi.header import DTYPE_SIZE, DType, Layout, Memory, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import (
     ENTRY_OF,
@@ -186,6 +186,26 @@ def test_pack_not_dividing(kvx_provider, kvx_call_options, pack):
                     opts, clause=CL_71, expect=INVALID)
 
 
+@conformance("validate.hnd_packed_pack_not_dividing_dtypes", CL_71 + " (HND_PACKED head_dim % pack == 0, every "
+             "cache dtype)", REQUIRED, "core", "validate")
+@pytest.mark.parametrize("pack", [3, 5])
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.F32, DType.F8_E4M3, DType.F8_E5M2], ids=["bf16", "f32", "e4m3",
+                                                                                             "e5m2"])
+def test_pack_not_dividing_dtypes(kvx_provider, kvx_call_options, dtype, pack):
+    """``validate.hnd_packed_pack_not_dividing`` (F16) in caches of the other dtypes, FP8 among them (vLLM's
+    FP8 cache is HND_PACKED): a validation that checks the pack rule on its 16-bit path only answers OK.
+    Descriptor rules come before any refusal (R-ORDER), so a provider without FP8 answers
+    INVALID_ARGUMENT here too."""
+    opts = kvx_call_options()
+    base = cb.simple_cache(G, "hnd_packed", dtype, seed=6, pack=2)
+    ov = {}
+    for side in ("k", "v"):
+        ov[f"cache.{side}.shape[4]"] = pack
+        ov[f"cache.{side}.shape[2]"] = G.head_dim // pack
+    verify_validate(kvx_provider, cb.validate_case(base, label=f"{dtype.name} cache, head_dim {G.head_dim}, pack {pack}",
+                                                   overrides=ov), opts, clause=CL_71, expect=INVALID)
+
+
 @conformance("validate.hnd_packed_pack_zero", "spec 4.2; R-CACHE (pack = shape[4] > 0)", REQUIRED, "core", "validate")
 def test_pack_zero(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
@@ -347,13 +367,13 @@ def test_ragged_table_invalid(kvx_provider, kvx_call_options, which):
                   expect=INVALID, partial=partial_gather(case) if indptr is not None else None, **kw)
 
 
-def _kv(provider, memory, overrides, label, geom=G):
+def _kv(provider, memory, overrides, label, geom=G, dtype=DType.F16):
     import numpy as np
 
-    c = cb.kv_offsets_cache(geom, DType.F16, primary_blocks=8, seed=14)
-    t = cb.layout(geom, cb.core_layout(provider, memory), DType.F16)
-    c = cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(1), DType.F16, t.span_elements()),
-                   v_init=cb.finite_values(cb.rng_for(2), DType.F16, t.span_elements()))
+    c = cb.kv_offsets_cache(geom, dtype, primary_blocks=8, seed=14)
+    t = cb.layout(geom, cb.core_layout(provider, memory), dtype)
+    c = cb.replace(c, k=t, v=t, k_init=cb.finite_values(cb.rng_for(1), dtype, t.span_elements()),
+                   v_init=cb.finite_values(cb.rng_for(2), dtype, t.span_elements()))
     off = cb.rng_for(15).integers(0, 8, size=(2, 2, 2, 2)).astype(np.int64)
     return cb.kv_offsets_gather(c, off, [5, geom.block_size + 1], 2 * geom.block_size, seed=16, label=label,
                                 overrides=overrides)
@@ -371,6 +391,24 @@ KV_BAD = {
     "seq_lens_count_mismatch": {"desc.seq_lens.seq_count": 1},
     "seq_lens_dtype_u64": {"desc.seq_lens.dtype": int(DType.U64)},
 }
+
+
+@conformance("gather.validation.kv_offsets_bytes_per_block", "spec 6.7 (bytes_per_block, required for KV_OFFSETS); "
+             "R-GATHER (bytes_per_block == num_kv_heads * block_size * head_dim * elem_size(k.dtype))", REQUIRED,
+             "tables", "gather", feature="kv_offsets")
+@pytest.mark.parametrize("wrong", ["plus_2", "double"])
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.F32], ids=["bf16", "f32"])
+def test_kv_offsets_bytes_per_block_dtypes(kvx_provider, kvx_call_options, dtype, wrong):
+    """``gather.validation.kv_offsets[bytes_per_block_wrong]`` (F16) in BF16 and F32 caches: a wrong
+    ``pool.bytes_per_block`` (2 bytes more, or twice the block) is INVALID_ARGUMENT whatever the element
+    size; a provider that derives the block stride from the geometry for 4-byte elements and checks the
+    field only on its 16-bit path answers OK."""
+    opts = kvx_call_options()
+    right = G.num_kv_heads * G.block_size * G.head_dim * DTYPE_SIZE[dtype]
+    bad = right + 2 if wrong == "plus_2" else 2 * right
+    case = _kv(kvx_provider, opts.memory, {"cache.pool.bytes_per_block": bad},
+               f"{dtype.name} cache, bytes_per_block {bad} (the block is {right})", dtype=dtype)
+    verify_gather(kvx_provider, case, opts, clause="spec 6.7; R-GATHER", feature="kv_offsets", expect=INVALID)
 
 
 @conformance("gather.validation.kv_offsets", "spec 5.1, 5.3, 6.7, 7, 7.1, 9; R-GATHER", REQUIRED, "tables", "gather",
