@@ -266,6 +266,13 @@ static inline int64_t index_at(const void* p, kvx_dtype_t dt, size_t i) {
   return dt == KVX_DTYPE_S64 ? ((const int64_t*)p)[i] : (int64_t)((const int32_t*)p)[i];
 }
 
+/* The 2 ms a scratch defect waits between filling its shared array and reading it, so that calls
+ * released together by the suite's barrier overlap there on any machine. */
+static inline void overlap_window(void) {
+  const struct timespec wait = {0, 2000000};
+  nanosleep(&wait, NULL);
+}
+
 /* A RAGGED table of S32 / S64 indices and indptr whose counts agree (the calls the RAGGED defects change). */
 static inline int ragged_ok(const kvx_block_table_t* t) {
   const int idx = t->index_dtype == KVX_DTYPE_S32 || t->index_dtype == KVX_DTYPE_S64;
@@ -285,8 +292,7 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   if (!gather_plain(cache, desc) || !ragged_ok(t) || t->indices_count > SCRATCH_IDS)
     return ref.gather(cache, desc, stream);
   for (uint32_t i = 0; i < t->indices_count; ++i) scratch_ids[i] = index_at(t->indices, t->index_dtype, i);
-  const struct timespec wait = {0, 2000000};
-  nanosleep(&wait, NULL);
+  overlap_window();
   kvx_gather_desc_t local;
   memset(&local, 0, sizeof local);
   memcpy(&local, desc, desc->size);
@@ -401,8 +407,7 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
     g[sd]->data = global_scratch[sd];
     if (g[sd]->ndim >= 1) g[sd]->stride[0] = 1;
   }
-  const struct timespec wait = {0, 2000000};
-  nanosleep(&wait, NULL);
+  overlap_window();
   return ref.gather(&local, desc, stream);
 }
 #else

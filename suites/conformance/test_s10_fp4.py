@@ -82,11 +82,14 @@ def _fail_if(probs: list[str], what: str, expected: str, clause: str, seed: int,
         raise ConformanceFailure(what, expected=expected, got="; ".join(probs[:6]), clause=clause, case=case, seed=seed)
 
 
-def _g(fmt, seed):
-    """Global scales: per tensor for K, per head for V (NVFP4; MXFP4 has none)."""
+def _g(fmt, seed, heads: int | None = None):
+    """Global scales: per tensor for K, per head for V (NVFP4; MXFP4 has none). ``heads``: V's scales for
+    that many heads, each its own (None: the suite's two heads)."""
     if fmt != Fp4Format.NVFP4:
         return None, None
-    return np.float32(0.0123 * (1 + seed % 3)), [np.float32(0.002), np.float32(0.31)]
+    v = [np.float32(0.002), np.float32(0.31)] if heads is None else [np.float32(0.002 * (1 + 3 * h))
+                                                                      for h in range(heads)]
+    return np.float32(0.0123 * (1 + seed % 3)), v
 
 
 def _data(seed: int, n: int, B: int, edges: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -1174,13 +1177,6 @@ CL_GEOMS = (CL_COMPAT + "; spec 4.1 (each block holds block_size tokens for all 
             "(invalid_slot a no-op); R-CACHE, R-WRITE")
 
 
-def _geom_globals(fmt, seed: int, heads: int):
-    """NVFP4 global scales of the geometry tests: per tensor for K, per head for V (MXFP4: none)."""
-    if fmt != Fp4Format.NVFP4:
-        return None, None
-    return np.float32(0.0123 * (1 + seed % 3)), [np.float32(0.002 * (1 + 3 * h)) for h in range(heads)]
-
-
 @conformance("fp4.geometries", CL_GEOMS, REQUIRED, "fp4", ("write", "gather"), feature="fp4")
 @pytest.mark.parametrize("geom", list(FP4_GEOMS))
 @pytest.mark.parametrize("op", ["write", "gather"])
@@ -1197,7 +1193,7 @@ def test_geometries(kvx_provider, kvx_call_options, fmt, op, geom):
     nb, bs, h, d = FP4_GEOMS[geom]
     layout = _core(kvx_provider, kvx_call_options)
     seed = 240 + 11 * int(fmt) + list(FP4_GEOMS).index(geom)
-    gk, gv = _geom_globals(fmt, seed, h)
+    gk, gv = _g(fmt, seed, h)
     cache = fx.new_cache(fmt, nb, bs, h, d, layout, k_global=gk, v_global=gv)
     rng = np.random.default_rng(seed)
     n = nb * bs
