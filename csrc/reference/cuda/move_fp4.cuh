@@ -449,8 +449,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #define KVX_FP4_G_WHOLE_SPLIT 1 /* dense gathers: a batch whose chunks all lie in the row without a test per chunk */
 #endif
 #ifndef KVX_FP4_G_STORE_CS
-#define KVX_FP4_G_STORE_CS 1 /* fast gathers: output stores marked streaming (st.global.cs; into F32: H200 +0.6 \
-                                point on average, H100 +0.5 to +0.9 in four runs; into F16/BF16 within the runs' \
+#define KVX_FP4_G_STORE_CS 1 /* fast gathers: output stores marked streaming (st.global.cs; into F32: H200 +0.3 \
+                                to +1.1 point, H100 +0.1 to +0.9; into F16/BF16 within the runs' \
                                 spread; docs/fp4.md, "Twenty-third round"; 0: plain stores) */
 #endif
 #ifndef KVX_FP4_G_NAN_LATE
