@@ -805,56 +805,62 @@ def compatible_write_problems(before: Fp4Cache, got: Fp4Cache, want: Fp4Cache, k
         if n:
             probs.append(f"{a}: {n} byte(s) outside the written rows changed")
     err_p = err_r = ref_pow = 0.0
+    H, J = before.num_kv_heads, before.head_dim // B
     for side, x in (("k", np.asarray(key, np.float32)), ("v", np.asarray(value, np.float32))):
-        g = before.g_per_head(side)
-        for i, b, t in rows:
-            xs = x[i].reshape(before.num_kv_heads, -1, B)
-            cp = oracle.unpack_e2m1(before.row(getattr(got, f"{side}_codes"), b, t)).reshape(xs.shape)
-            cr = oracle.unpack_e2m1(before.row(getattr(want, f"{side}_codes"), b, t)).reshape(xs.shape)
-            sp = before.row(getattr(got, f"{side}_scales"), b, t)
-            sr = before.row(getattr(want, f"{side}_scales"), b, t)
-            for h in range(xs.shape[0]):
-                for j in range(xs.shape[1]):
-                    blk = xs[h, j]
-                    where = f"{side} token {i} (block {b}, offset {t}) head {h} scale block {j}"
-                    if not np.all(np.isfinite(blk)):
-                        continue
-                    p, r = int(sp[h, j]), int(sr[h, j])
-                    if not np.any(blk):
-                        if p != 0 or np.any(cp[h, j]):
-                            probs.append(f"{where}: all-zero block must store scale 0 and codes 0, got scale "
-                                         f"{p:#04x} codes {cp[h, j].tolist()}")
-                        continue
-                    bad_scale = abs(p - r) > 1 or (fmt == Fp4Format.NVFP4 and p > 0x7E) or p == 0xFF
-                    if bad_scale:
-                        probs.append(f"{where}: scale byte {p:#04x} more than one step from the oracle's {r:#04x}")
-                        continue
-                    d = _scale_f32(fmt, np.array([p], np.uint8))[0] * (g[h] if fmt == Fp4Format.NVFP4 else 1)
-                    vp = oracle.e2m1_to_float(cp[h, j])
-                    if d == 0:
-                        # a scale that decodes to 0 (NVFP4's E4M3 underflow, scale byte 0): every code decodes
-                        # to +-0, the decode of the oracle's codes (readings: "each decoded value equal to the
-                        # decode of the reference code or of an adjacent code"); x / 0 saturating at +-6, the
-                        # formula read literally, is as compatible as the oracle's codes 0 (docs/fp4.md)
-                        ok = True
-                    else:
-                        with np.errstate(over="ignore", invalid="ignore"):
-                            ref_codes = oracle.float_to_e2m1(blk / np.float32(d))
-                        ok = bool(np.all(np.abs(_grid_index(vp) - _grid_index(oracle.e2m1_to_float(ref_codes))) <= 1))
-                    if not ok:
-                        probs.append(f"{where}: codes {cp[h, j].tolist()} not within one step of the oracle's "
-                                     f"codes for scale {p:#04x}")
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        dec_p = decode_rows(fmt, oracle.pack_e2m1(cp[h, j][None]), np.array([[p]], np.uint8), g[h],
-                                            np.float32)[0].astype(np.float64)
-                        dec_r = decode_rows(fmt, oracle.pack_e2m1(cr[h, j][None]), np.array([[r]], np.uint8), g[h],
-                                            np.float32)[0].astype(np.float64)
-                    b64 = blk.astype(np.float64)
-                    err_p += float(np.sum((dec_p - b64) ** 2))
-                    err_r += float(np.sum((dec_r - b64) ** 2))
-                    ref_pow += float(np.sum(b64 ** 2))
-                    if len(probs) > limit:
-                        return probs
+        if not rows:
+            break
+        # every written row's blocks at once: [R, H, J, B] values and codes, [R, H, J] scale bytes
+        toks = np.array([i for i, _, _ in rows])
+        xs = x[toks].reshape(len(rows), H, J, B)
+
+        def stack(arr):
+            return np.stack([before.row(arr, b, t) for _, b, t in rows])
+        cp = oracle.unpack_e2m1(stack(getattr(got, f"{side}_codes"))).reshape(xs.shape)
+        cr = oracle.unpack_e2m1(stack(getattr(want, f"{side}_codes"))).reshape(xs.shape)
+        sp = stack(getattr(got, f"{side}_scales")).astype(np.int64)
+        sr = stack(getattr(want, f"{side}_scales")).astype(np.int64)
+        # the provider's scale decoded (times g: NVFP4), per block
+        g = before.g_per_head(side)[None, :, None] if fmt == Fp4Format.NVFP4 else np.ones((1, 1, 1), np.float32)
+        sc_p, sc_r = _scale_f32(fmt, sp.astype(np.uint8)), _scale_f32(fmt, sr.astype(np.uint8))
+        finite = np.all(np.isfinite(xs), axis=-1)  # blocks with NaN / Inf inputs: informational, skipped
+        zero = finite & ~np.any(xs, axis=-1)
+        bad_zero = zero & ((sp != 0) | np.any(cp, axis=-1))
+        far_scale = (np.abs(sp - sr) > 1) | (sp == 0xFF) | ((sp > 0x7E) if fmt == Fp4Format.NVFP4 else False)
+        bad_scale = finite & ~zero & far_scale
+        judged = finite & ~zero & ~bad_scale
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = sc_p * g
+        # a scale that decodes to 0 (NVFP4's E4M3 underflow, scale byte 0): every code decodes to +-0, the
+        # decode of the oracle's codes (readings: "each decoded value equal to the decode of the reference
+        # code or of an adjacent code"); x / 0 saturating at +-6, the formula read literally, is as
+        # compatible as the oracle's codes 0 (docs/fp4.md)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            ref_codes = oracle.float_to_e2m1(np.where(d[..., None] == 0, np.float32(0), xs / d[..., None]))
+        far = np.abs(_grid_index(oracle.e2m1_to_float(cp)) - _grid_index(oracle.e2m1_to_float(ref_codes))) > 1
+        bad_codes = judged & (d != 0) & np.any(far, axis=-1)
+        for r, h, j in np.argwhere(bad_zero | bad_scale | bad_codes):
+            i, b, t = rows[r]
+            where = f"{side} token {i} (block {b}, offset {t}) head {h} scale block {j}"
+            p, q = int(sp[r, h, j]), int(sr[r, h, j])
+            if bad_zero[r, h, j]:
+                probs.append(f"{where}: all-zero block must store scale 0 and codes 0, got scale "
+                             f"{p:#04x} codes {cp[r, h, j].tolist()}")
+            elif bad_scale[r, h, j]:
+                probs.append(f"{where}: scale byte {p:#04x} more than one step from the oracle's {q:#04x}")
+            else:
+                probs.append(f"{where}: codes {cp[r, h, j].tolist()} not within one step of the oracle's "
+                             f"codes for scale {p:#04x}")
+            if len(probs) > limit:
+                return probs
+        with np.errstate(over="ignore", invalid="ignore"):  # decode as the oracle's: (E2M1 x s) x g in FP32
+            dec_p = (oracle.e2m1_to_float(cp) * sc_p[..., None]) * g[..., None]
+            dec_r = (oracle.e2m1_to_float(cr) * sc_r[..., None]) * g[..., None]
+        sel = judged[..., None]
+        b64 = xs.astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            err_p += float(np.sum(np.where(sel, (dec_p.astype(np.float64) - b64) ** 2, 0.0)))
+            err_r += float(np.sum(np.where(sel, (dec_r.astype(np.float64) - b64) ** 2, 0.0)))
+        ref_pow += float(np.sum(np.where(sel, b64 ** 2, 0.0)))
     if ref_pow > 0 and not err_p <= metric_slack * metric_slack * err_r + 1e-30 * ref_pow:
         probs.append(f"relative RMSE {np.sqrt(err_p / ref_pow):.5f} exceeds {metric_slack:.2f} x the oracle's "
                      f"{np.sqrt(err_r / ref_pow):.5f}")
