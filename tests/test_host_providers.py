@@ -57,6 +57,18 @@
   certified, since those tests used F16 caches and the extension's own size only; now
   ``fp4.validate.invalid[*_size_*]``, ``gather.validation.kv_offsets_bytes_per_block`` and
   ``validate.hnd_packed_pack_not_dividing_dtypes`` see it.
+- ``front_kvo_beam4`` / ``front_hnd_heads64`` / ``front_hnd_wide_blocks`` / ``front_fp8_stride0``: KV_OFFSETS
+  gathers of 4 or more beams read beam 0's entries (R-GATHER), HND gathers of more than 64 heads move 64
+  (R-CACHE), HND writes into blocks above 128 tokens drop offsets 128 and up (R-WRITE), FP8 PER_HEAD
+  scales of ``stride[0]`` 0 read as a broadcast (R-FP8); each certified, since the beam tests stopped at 3,
+  more than 64 heads and blocks above 128 ran in NHD only, and every scale descriptor sent stride 1; now
+  ``gather.kv_offsets.beams[4|8]``, ``shapes.layouts`` and ``fp8.write.scale_stride_unset`` see it.
+- ``front_fp8_hnd_k_from_v`` / ``front_ragged_hndp_ids`` / ``front_hnd_bf16_tail`` / ``front_ragged_s64_lens``:
+  one (layout, dtype) or (table, layout) pair broken: HND E4M3 raw gathers fill K from V, RAGGED gathers
+  from HND_PACKED caches read one id per block, HND BF16 writes past 128 tokens store whole tiles only,
+  RAGGED gathers of 256 or more sequences read S64 lengths as S32; each certified, since the engine-sized
+  tests crossed the layouts with F16 only and the RAGGED and FP8 tests ran in the core layout; now the
+  ``matrix.*`` tests (every layout with every dtype and table format at engine size) see it.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -278,6 +290,14 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_fp4_nested_size", ["fp4.validate.invalid*"], "fp4"),
     ("front_kvo_bpb_f32", ["gather.validation.kv_offsets_bytes_per_block*"], "tables"),
     ("front_fp8_pack_rule", ["validate.hnd_packed_pack_not_dividing_dtypes*"], "core"),
+    ("front_kvo_beam4", ["gather.kv_offsets.beams*"], "tables"),
+    ("front_hnd_heads64", ["shapes.layouts*"], "core"),
+    ("front_hnd_wide_blocks", ["shapes.layouts*"], "core"),
+    ("front_fp8_stride0", ["fp8.write.scale_stride_unset*"], "fp8"),
+    ("front_fp8_hnd_k_from_v", ["matrix.fp8.gather*"], "fp8"),
+    ("front_ragged_hndp_ids", ["matrix.ragged.gather*"], "tables"),
+    ("front_hnd_bf16_tail", ["matrix.write*"], "core"),
+    ("front_ragged_s64_lens", ["matrix.ragged.gather*"], "tables"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

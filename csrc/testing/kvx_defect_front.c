@@ -73,6 +73,29 @@
  *   libkvx_testing_front_fp8_pack_rule.so  FRONT_FP8_PACK_RULE: kvx_validate_cache_desc answers OK for
  *       an FP8 HND_PACKED cache whose pack does not divide head_dim (spec 7.1):
  *       `validate.hnd_packed_pack_not_dividing_dtypes[e4m3-*|e5m2-*]`.
+ *   libkvx_testing_front_kvo_beam4.so  FRONT_KVO_BEAM4: a KV_OFFSETS gather on host memory of 4 or more
+ *       beams reads every beam through beam 0's entries (spec 5.1, R-GATHER: entry (s, beam, kv, j)):
+ *       `gather.kv_offsets.beams[4|8]`.
+ *   libkvx_testing_front_hnd_heads64.so  FRONT_HND_HEADS64: a gather from BLOCK_HND K and V caches of
+ *       more than 64 heads moves heads 0-63 only, the others' output rows left as they were (spec 4.1,
+ *       R-CACHE): `shapes.layouts[gather-hnd-h96_d128]`.
+ *   libkvx_testing_front_hnd_wide_blocks.so  FRONT_HND_WIDE_BLOCKS: a write on host memory into a
+ *       BLOCK_HND cache of blocks above 128 tokens stores no token at a block offset of 128 or more
+ *       (spec 4.1: block_offset = slot % block_size; R-WRITE): `shapes.layouts[write-hnd-bs528_h2_d8]`.
+ *   libkvx_testing_front_fp8_stride0.so  FRONT_FP8_STRIDE0: a quantizing FP8 write with PER_HEAD scales
+ *       whose stride[0] is 0 quantizes every head by head 0's value (R-FP8: 0 reads the values as
+ *       adjacent): `fp8.write.scale_stride_unset`.
+ *   libkvx_testing_front_fp8_hnd_k_from_v.so  FRONT_FP8_HND_K_FROM_V: a gather from BLOCK_HND E4M3 K and V
+ *       caches of one shape into E4M3 outputs (raw bytes) fills the key output from the V cache
+ *       (R-CONVERT, spec 7): `matrix.fp8.gather[hnd-e4m3]`.
+ *   libkvx_testing_front_ragged_hndp_ids.so  FRONT_RAGGED_HNDP_IDS: a RAGGED gather from a BLOCK_HND_PACKED
+ *       K cache reads one id per block, `indices[indptr[s] + t / block_size]`, not one per token
+ *       (R-DATA): `matrix.ragged.gather[hnd_packed-*]`.
+ *   libkvx_testing_front_hnd_bf16_tail.so  FRONT_HND_BF16_TAIL: a write of more than 128 BF16 rows into
+ *       BLOCK_HND BF16 caches stores whole tiles of 128 tokens only (spec 4.3, R-WRITE):
+ *       `matrix.write[hnd-bf16]`.
+ *   libkvx_testing_front_ragged_s64_lens.so  FRONT_RAGGED_S64_LENS: a RAGGED gather of 256 or more
+ *       sequences reads S64 lengths as S32 (spec 5.3, R-WIDE-IDS): `matrix.ragged.gather[*]`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -93,6 +116,14 @@
 #define FRONT_FP4_NESTED_SIZE 15
 #define FRONT_KVO_BPB_F32 16
 #define FRONT_FP8_PACK_RULE 17
+#define FRONT_KVO_BEAM4 18
+#define FRONT_HND_HEADS64 19
+#define FRONT_HND_WIDE_BLOCKS 20
+#define FRONT_FP8_STRIDE0 21
+#define FRONT_FP8_HND_K_FROM_V 22
+#define FRONT_RAGGED_HNDP_IDS 23
+#define FRONT_HND_BF16_TAIL 24
+#define FRONT_RAGGED_S64_LENS 25
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -410,6 +441,116 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   overlap_window();
   return ref.gather(&local, desc, stream);
 }
+#elif KVX_FRONT_DEFECT == FRONT_KVO_BEAM4
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  const uint64_t S = t->seq_count, B = t->beam_width, M = t->max_blocks_per_seq, n = S * B * 2 * M;
+  if (!gather_plain(cache, desc) || t->format != KVX_BLOCK_TABLE_KV_OFFSETS || t->index_dtype != KVX_DTYPE_S32 ||
+      !t->indices || B < 4 || n == 0 || n != t->indices_count)
+    return ref.gather(cache, desc, stream);
+  int32_t* ids = (int32_t*)malloc(n * 4);
+  if (!ids) return KVX_STATUS_INTERNAL_ERROR;
+  const int32_t* src = (const int32_t*)t->indices;
+  for (uint64_t q = 0; q < S; ++q) /* the defect: every beam through beam 0's K and V entries */
+    for (uint64_t b = 0; b < B; ++b)
+      memcpy(ids + (q * B + b) * 2 * M, src + q * B * 2 * M, 2 * M * 4);
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.block_table.indices = ids;
+  const kvx_status_t st = ref.gather(cache, &local, stream);
+  free(ids);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_HND_HEADS64
+/* The heads axis of a dense 3-D or 4-D gather output of H heads, or -1. */
+static int out_heads_axis(const kvx_tensor_desc_t* t, uint32_t H) {
+  if (t->size < sizeof(kvx_tensor_desc_t)) return -1;
+  if (t->ndim == 3 && t->shape[1] == H) return 1;
+  if (t->ndim == 4 && t->shape[2] == H) return 2;
+  return -1;
+}
+
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const uint32_t H = cache ? cache->num_kv_heads : 0;
+  if (!gather_plain(cache, desc) || fp4_call(cache) || H <= 64 || cache->size > sizeof(kvx_cache_desc_t) ||
+      cache->k.layout != KVX_LAYOUT_BLOCK_HND || cache->v.layout != KVX_LAYOUT_BLOCK_HND || cache->k.ndim != 4 ||
+      cache->v.ndim != 4 || cache->k.shape[1] != H || cache->v.shape[1] != H ||
+      desc->block_table.format == KVX_BLOCK_TABLE_KV_OFFSETS || desc->io.num_kv_heads != H)
+    return ref.gather(cache, desc, stream);
+  const int hk = out_heads_axis(&desc->io.key, H), hv = out_heads_axis(&desc->io.value, H);
+  if (hk < 0 || hv < 0 || ref.validate(cache) != KVX_STATUS_OK) return ref.gather(cache, desc, stream);
+  kvx_cache_desc_t c;
+  kvx_gather_desc_t d;
+  memset(&c, 0, sizeof c);
+  memcpy(&c, cache, cache->size);
+  memset(&d, 0, sizeof d);
+  memcpy(&d, desc, desc->size);
+  /* the defect: one launch of 64 head rows, the strides unchanged */
+  c.num_kv_heads = d.io.num_kv_heads = 64;
+  c.k.shape[1] = c.v.shape[1] = 64;
+  d.io.key.shape[hk] = d.io.value.shape[hv] = 64;
+  return ref.gather(&c, &d, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_HND_K_FROM_V
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!gather_plain(cache, desc) || cache->size > sizeof(kvx_cache_desc_t) || cache->k.dtype != KVX_DTYPE_F8_E4M3 ||
+      cache->v.dtype != KVX_DTYPE_F8_E4M3 || cache->k.layout != KVX_LAYOUT_BLOCK_HND ||
+      cache->v.layout != KVX_LAYOUT_BLOCK_HND || desc->io.key.dtype != KVX_DTYPE_F8_E4M3 ||
+      desc->io.value.dtype != KVX_DTYPE_F8_E4M3 || !cache->v.data ||
+      memcmp(cache->k.shape, cache->v.shape, sizeof cache->k.shape) ||
+      memcmp(cache->k.stride, cache->v.stride, sizeof cache->k.stride))
+    return ref.gather(cache, desc, stream);
+  kvx_cache_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, cache, cache->size);
+  local.k.data = local.v.data; /* the defect: K's source pointer copied from V's */
+  return ref.gather(&local, desc, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_RAGGED_HNDP_IDS
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  if (!gather_plain(cache, desc) || cache->k.layout != KVX_LAYOUT_BLOCK_HND_PACKED || !ragged_ok(t) ||
+      cache->block_size == 0)
+    return ref.gather(cache, desc, stream);
+  kvx_status_t st = ref.gather(cache, desc, stream); /* statuses stay the reference's */
+  if (st != KVX_STATUS_OK) return st;
+  const size_t el = t->index_dtype == KVX_DTYPE_S64 ? 8 : 4;
+  void* ids = malloc((size_t)t->indices_count * el);
+  if (!ids) return KVX_STATUS_INTERNAL_ERROR;
+  memcpy(ids, t->indices, (size_t)t->indices_count * el);
+  for (uint32_t q = 0; q < t->seq_count; ++q) {
+    const int64_t lo = index_at(t->indptr, t->indptr_dtype, q), hi = index_at(t->indptr, t->indptr_dtype, q + 1);
+    if (lo < 0 || hi < lo || hi > (int64_t)t->indices_count) {
+      free(ids);
+      return st;
+    }
+    for (int64_t i = lo; i < hi; ++i) { /* the defect: one id per block, as a page table */
+      const int64_t src = lo + (i - lo) / (int64_t)cache->block_size;
+      if (el == 8) ((int64_t*)ids)[i] = ((const int64_t*)t->indices)[src];
+      else ((int32_t*)ids)[i] = ((const int32_t*)t->indices)[src];
+    }
+  }
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.block_table.indices = ids;
+  st = ref.gather(cache, &local, stream);
+  free(ids);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_RAGGED_S64_LENS
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!gather_plain(cache, desc) || desc->block_table.format != KVX_BLOCK_TABLE_RAGGED ||
+      desc->seq_lens.dtype != KVX_DTYPE_S64 || desc->seq_lens.seq_count < 256 ||
+      desc->block_table.seq_count != desc->seq_lens.seq_count || !desc->seq_lens.lengths)
+    return ref.gather(cache, desc, stream);
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.seq_lens.dtype = KVX_DTYPE_S32; /* the defect: 64-bit lengths read as 32-bit ones */
+  return ref.gather(cache, &local, stream);
+}
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
   return ref.gather(cache, desc, stream_for(cache, stream));
@@ -538,6 +679,76 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
       mod8[sd][h] = ((const float*)sc[sd]->data)[(h % 8) * step];
     sc[sd]->data = mod8[sd];
     if (sc[sd]->ndim >= 1) sc[sd]->stride[0] = 1;
+  }
+  return ref.write(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_HND_WIDE_BLOCKS || KVX_FRONT_DEFECT == FRONT_HND_BF16_TAIL
+/* HND_WIDE_BLOCKS: into HND caches of blocks above 128 tokens, no token at a block offset of 128 or
+ * more stored; HND_BF16_TAIL: of more than 128 BF16 rows into HND BF16 caches, only whole tiles of
+ * 128 tokens stored. The tokens dropped get slot -1. */
+static int dropped(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, size_t i, int64_t slot) {
+#if KVX_FRONT_DEFECT == FRONT_HND_WIDE_BLOCKS
+  (void)desc, (void)i;
+  return slot % cache->block_size >= 128;
+#else
+  (void)cache, (void)slot;
+  return i >= desc->io.num_tokens / 128 * 128;
+#endif
+}
+
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const kvx_slot_mapping_t* sm = &desc->slots;
+#if KVX_FRONT_DEFECT == FRONT_HND_WIDE_BLOCKS
+  const int gated = write_plain(cache, desc) && cache->block_size > 128 &&
+                    (cache->k.layout == KVX_LAYOUT_BLOCK_HND || cache->v.layout == KVX_LAYOUT_BLOCK_HND);
+#else
+  const int gated = write_plain(cache, desc) && cache->k.layout == KVX_LAYOUT_BLOCK_HND &&
+                    cache->v.layout == KVX_LAYOUT_BLOCK_HND && cache->k.dtype == KVX_DTYPE_BF16 &&
+                    cache->v.dtype == KVX_DTYPE_BF16 && desc->io.key.dtype == KVX_DTYPE_BF16 &&
+                    desc->io.value.dtype == KVX_DTYPE_BF16 && desc->io.num_tokens > 128;
+#endif
+  if (!gated || cache->k.memory != KVX_MEMORY_HOST || (sm->dtype != KVX_DTYPE_S32 && sm->dtype != KVX_DTYPE_S64) ||
+      !sm->slots || sm->token_count == 0 || sm->token_count != desc->io.num_tokens)
+    return ref.write(cache, desc, stream);
+  const size_t el = sm->dtype == KVX_DTYPE_S64 ? 8 : 4, n = sm->token_count;
+  const int64_t cap = (int64_t)cache->num_blocks * cache->block_size;
+  void* slots = malloc(n * el);
+  if (!slots) return KVX_STATUS_INTERNAL_ERROR;
+  memcpy(slots, sm->slots, n * el);
+  for (size_t i = 0; i < n; ++i) { /* the defect: those tokens not stored */
+    const int64_t v = index_at(sm->slots, sm->dtype, i);
+    if (v < 0 || v == sm->invalid_slot || v >= cap || !dropped(cache, desc, i, v)) continue;
+    if (el == 8) ((int64_t*)slots)[i] = -1;
+    else ((int32_t*)slots)[i] = -1;
+  }
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.slots.slots = slots;
+  const kvx_status_t st = ref.write(cache, &local, stream);
+  free(slots);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_STRIDE0
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || cache->k.memory != KVX_MEMORY_HOST || cache->num_kv_heads < 2 ||
+      cache->num_kv_heads > 1024)
+    return ref.write(cache, desc, stream);
+  const uint32_t H = cache->num_kv_heads;
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  static __thread float head0[2][1024];
+  const kvx_dtype_t dts[2] = {cache->k.dtype, cache->v.dtype};
+  kvx_scale_desc_t* sc[2] = {&local.k_scale_desc, &local.v_scale_desc};
+  for (int sd = 0; sd < 2; ++sd) {
+    const int fp8 = dts[sd] == KVX_DTYPE_F8_E4M3 || dts[sd] == KVX_DTYPE_F8_E5M2;
+    if (!fp8 || sc[sd]->size < sizeof(kvx_scale_desc_t) || !sc[sd]->data || sc[sd]->dtype != KVX_DTYPE_F32 ||
+        sc[sd]->granularity != KVX_SCALE_PER_HEAD || sc[sd]->ndim != 1 || sc[sd]->stride[0] != 0)
+      continue;
+    for (uint32_t h = 0; h < H; ++h) head0[sd][h] = ((const float*)sc[sd]->data)[0]; /* the defect: a broadcast */
+    sc[sd]->data = head0[sd];
+    sc[sd]->stride[0] = 1;
   }
   return ref.write(cache, &local, stream);
 }

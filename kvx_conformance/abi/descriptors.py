@@ -287,17 +287,17 @@ class ScaleSpec:
     granularity: abi.ScaleGranularity = abi.ScaleGranularity.PER_TENSOR
     dtype: DType = DType.F32
     #: ``stride[0]`` of a PER_HEAD descriptor in elements: head h's value is ``data[h * stride]``
-    #: (spec 6.6 "Scale strides"; R-FP8). 1 is dense; the elements between are filled with
-    #: :data:`SCALE_GAP`.
+    #: (spec 6.6 "Scale strides"; R-FP8). 1 is dense, and so is 0 (the field left unset); past 1 the
+    #: elements between are filled with :data:`SCALE_GAP`.
     stride: int = 1
 
     def buffer(self) -> np.ndarray:
         """The F32 buffer ``data`` points at: the values ``stride`` elements apart."""
         vals = np.asarray(self.values, np.float32).reshape(-1)
-        if self.stride == 1 or vals.size <= 1:
+        if self.stride in (0, 1) or vals.size <= 1:  # 0: the field left unset, adjacent values (R-FP8)
             return vals
-        if self.stride < 1:
-            raise ValueError(f"scale stride {self.stride}: the suites place values at strides >= 1")
+        if self.stride < 0:
+            raise ValueError(f"scale stride {self.stride}: the suites place values at strides >= 0")
         out = np.full((vals.size - 1) * self.stride + 1, SCALE_GAP, np.float32)
         out[::self.stride] = vals
         return out

@@ -12,11 +12,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, seed as hyp_seed, settings, strategies as st
 
 from ..abi.descriptors import Geometry
-from ..abi.header import BASELINE_DTYPES, CACHE_DTYPES, FP8_DTYPES, INDEX_DTYPES, DType, Memory, Status, TableFormat
+from ..abi.header import (
+    BASELINE_DTYPES,
+    CACHE_DTYPES,
+    FP8_DTYPES,
+    INDEX_DTYPES,
+    DType,
+    Fp4Format,
+    Layout,
+    Memory,
+    Status,
+    TableFormat,
+)
 from . import generators as gen
+from .generators import fp4 as gfp4
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,24 @@ class Drawn:
 seeds = st.integers(min_value=0, max_value=2 ** 31 - 1)
 
 
+def hypothesis_settings(rc, share: int = 1):
+    """A decorator giving a generated test the run's hypothesis settings (``rc``: the plugin's
+    ``kvx_run_config``): its ``hypothesis_max_examples`` examples (``share`` > 1: that fraction of
+    them, at least 3, for the costlier cases), derandomized (fixed seed, no example database) unless
+    the run was given ``--kvx-seed``, so two runs of one provider draw the same cases."""
+    n = getattr(rc, "hypothesis_max_examples", None) or getattr(rc, "hypothesis_examples", None) or 100
+    n = int(n) if share == 1 else max(3, int(n) // share)
+    run_seed = getattr(rc, "seed", None)
+    s = settings(max_examples=int(n), derandomize=run_seed is None, database=None, deadline=None, print_blob=False,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+
+    def apply(fn):
+        fn = s(fn)
+        return hyp_seed(run_seed)(fn) if run_seed is not None else fn
+    return apply
+
+
 @st.composite
 def geometries(draw, pow2_block: bool = False) -> Geometry:
     blocks = (1, 2, 4, 8, 16) if pow2_block else (1, 2, 3, 4, 5, 8, 16)
@@ -57,12 +87,13 @@ BATCH_MIN_TOKENS = 25
 
 @st.composite
 def batch_geometries(draw, pow2_block: bool = False) -> Geometry:
-    """Engine-sized caches: blocks of 1 to 128 tokens, 1 to 64 heads of 1 to 256 dims (powers of two and
-    the head dims of models that are not: 24, 40, 72, 80, 96, 112, 160), at least 64
-    slots, at most ``BATCH_ELEMENTS`` elements a tensor."""
-    bs = draw(st.sampled_from((1, 2, 4, 8, 16, 32, 64, 128) if pow2_block else (1, 2, 3, 4, 5, 8, 16, 32, 64, 128)))
-    heads = draw(st.sampled_from((1, 2, 3, 4, 5, 8, 12, 16, 32, 40, 64)))
-    dim = draw(st.sampled_from((1, 2, 4, 8, 16, 24, 32, 40, 64, 72, 80, 96, 112, 128, 160, 256)))
+    """Engine-sized caches: blocks of 1 to 256 tokens, 1 to 128 heads of 1 to 576 dims (powers of two and
+    the head dims of models that are not: 24, 40, 72, 80, 96, 112, 160, 576), at least 64 slots, at most
+    ``BATCH_ELEMENTS`` elements a tensor."""
+    bs = draw(st.sampled_from((1, 2, 4, 8, 16, 32, 64, 128, 256) if pow2_block
+                              else (1, 2, 3, 4, 5, 8, 16, 32, 64, 128, 200, 256)))
+    heads = draw(st.sampled_from((1, 2, 3, 4, 5, 8, 12, 16, 32, 40, 64, 96, 128)))
+    dim = draw(st.sampled_from((1, 2, 4, 8, 16, 24, 32, 40, 64, 72, 80, 96, 112, 128, 160, 256, 512, 576)))
     least = -(-64 // bs)
     most = max(least, BATCH_ELEMENTS // (heads * dim) // bs)
     return Geometry(num_blocks=draw(st.integers(least, most)), block_size=bs, num_kv_heads=heads, head_dim=dim)
@@ -153,7 +184,7 @@ def gather_cases(draw, core: bool = False, profile: gen.Profile | None = None, b
     elif draw(st.booleans()):
         kw["k_dtype"] = draw(st.sampled_from(CACHE_DTYPES))
     if kvo:
-        kw["beam_width"] = draw(st.integers(1, 3))
+        kw["beam_width"] = draw(st.sampled_from((1, 2, 3, 4, 8)))
         kw["secondary"] = draw(st.booleans()) and prof.secondary
     seed = draw(seeds)
     with gen.using_profile(prof):
@@ -218,3 +249,40 @@ def violations(draw, rules: list[str] | None = None, profile=None) -> Drawn:
     seed = draw(seeds)
     v = rule_case(rule, seed, profile)
     return Drawn(v.case, f"random_invalid_case(rule={rule!r})", seed, rule=rule, status=v.status, clause=v.clause)
+
+
+#: generated FP4 calls: at most this many values in a cache side or in a call's rows
+FP4_ELEMENTS = 1 << 18
+
+
+@st.composite
+def fp4_plans(draw, op: str) -> Drawn:
+    """A valid KVX 1.2 FP4 call (``op`` "write" or "gather", :class:`generators.fp4.Fp4Plan`) of any
+    geometry: every format, NHD or HND, blocks of 1 to 128 tokens, 1 to 40 heads, head dims that are
+    multiples of the format's block (16 or 32) up to 576, F32 / F16 / BF16 IO (gathers: raw F4_E2M1
+    too), NVFP4 global scales absent, per tensor or per head; writes of 1 to 4096 tokens (some -1 or
+    a non-negative ``invalid_slot``), gathers of 1 to 128 sequences through PACKED or RAGGED tables."""
+    fmt = draw(st.sampled_from((Fp4Format.NVFP4, Fp4Format.MXFP4, Fp4Format.MXFP4_OCP)))
+    B = 32 if fmt == Fp4Format.MXFP4_OCP else 16
+    heads = draw(st.sampled_from((1, 2, 3, 4, 5, 8, 12, 16, 32, 40)))
+    dim = draw(st.sampled_from([d for d in (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256, 576) if d % B == 0]))
+    bs = draw(st.sampled_from((1, 2, 3, 4, 5, 8, 16, 32, 64, 128)))
+    row = heads * dim
+    least = -(-64 // bs)
+    nb = draw(st.integers(least, max(least, FP4_ELEMENTS // row // bs)))
+    kw = dict(op=op, fmt=fmt, layout=draw(st.sampled_from((Layout.BLOCK_NHD, Layout.BLOCK_HND))), num_blocks=nb,
+              block_size=bs, heads=heads, head_dim=dim, seed=draw(seeds))
+    if fmt == Fp4Format.NVFP4:
+        kw.update(k_global=draw(st.sampled_from(gfp4.GLOBAL_KINDS)), v_global=draw(st.sampled_from(gfp4.GLOBAL_KINDS)))
+    if op == "write":
+        kw.update(io=draw(st.sampled_from((DType.F32, DType.F16, DType.BF16))),
+                  tokens=draw(st.integers(1, max(1, min(nb * bs, 4096, FP4_ELEMENTS // row)))),
+                  slot_dtype=draw(st.sampled_from(INDEX_DTYPES)), sentinel=draw(st.booleans()))
+    else:
+        seqs = draw(st.integers(1, 128))
+        kw.update(io=draw(st.sampled_from((DType.F32, DType.F16, DType.BF16, DType.F4_E2M1))),
+                  table=draw(st.sampled_from(("packed", "ragged"))), index_dtype=draw(st.sampled_from(INDEX_DTYPES)),
+                  seqs=seqs, max_seq_len=draw(st.integers(1, max(1, min(256, FP4_ELEMENTS // row // seqs)))))
+    plan = gfp4.Fp4Plan(**kw)
+    knobs = ", ".join(f"{k}={getattr(v, 'name', v)}" for k, v in kw.items())
+    return Drawn(plan, f"Fp4Plan({knobs})", plan.seed)

@@ -20,7 +20,7 @@ Single-rule violations may combine features: the descriptor rules come before an
 """
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, seed as hyp_seed, settings
+from hypothesis import given
 
 from kvx_conformance.abi.header import Status
 from kvx_conformance.cases import build as cb, generators as gen, served, strategies as strat
@@ -36,22 +36,6 @@ from kvx_conformance.results.outcomes import RECOMMENDED, REQUIRED, ConformanceF
 
 CL_VALID = "spec 4-7 (hypothesis-generated valid calls); R-CACHE, R-IO, R-WRITE, R-GATHER, R-CONVERT, R-FP8"
 CL_INVALID = "spec 6, 7.1 (hypothesis-generated single-rule violations)"
-
-
-def _settings(rc, share: int = 1):
-    """The run's hypothesis settings; ``share`` > 1: that fraction of its examples (at least 3), for
-    the engine-sized cases."""
-    n = getattr(rc, "hypothesis_max_examples", None) or getattr(rc, "hypothesis_examples", None) or 100
-    n = int(n) if share == 1 else max(3, int(n) // share)
-    run_seed = getattr(rc, "seed", None)
-    s = settings(max_examples=int(n), derandomize=run_seed is None, database=None, deadline=None, print_blob=False,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                        HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
-
-    def apply(fn):
-        fn = s(fn)
-        return hyp_seed(run_seed)(fn) if run_seed is not None else fn
-    return apply
 
 
 def _check(drawn: strat.Drawn, claims, run, core: str | None = None) -> None:
@@ -91,7 +75,7 @@ def _call(provider, drawn: strat.Drawn, opts, *, clause, feature, **kw):
 def _valid_test(strategy, provider, opts, rc, claims, share: int = 1):
     core = cb.core_layout(provider, opts.memory)
 
-    @_settings(rc, share)
+    @strat.hypothesis_settings(rc, share)
     @given(drawn=strategy)
     def inner(drawn):
         # a zero-token call is a no-op only at the recommended level (R-WRITE, R-GATHER):
@@ -129,7 +113,7 @@ BATCH_SHARE = 2
 @conformance("generated.batch.write", CL_BATCH, REQUIRED, "generated", "write", seeded=True)
 def test_generated_batch_write(kvx_provider, kvx_call_options, kvx_run_config, kvx_claims, kvx_generator_features):
     """``generated.valid.write`` at engine size: 25 to 4096 tokens into caches of 64 slots or more, blocks of
-    1 to 128 tokens, 1 to 8 heads of 1 to 256 dims, in every layout, dtype and scale kind the provider
+    1 to 256 tokens, 1 to 128 heads of 1 to 576 dims, in every layout, dtype and scale kind the provider
     serves. Every explicit test of an optional feature writes a few tokens, and the other generated
     writes at most 24: a path taken past some size in one layout or dtype alone is met here."""
     prof = gen.profile_for(kvx_generator_features)
@@ -173,7 +157,7 @@ def test_generated_invalid(kvx_provider, kvx_call_options, kvx_run_config, kvx_c
     # INVALID_ARGUMENT the rule expects, would pass without reaching the rule (R-REFUSAL)
     profile = served.rule_profile(kvx_provider, opts.memory, kvx_claims)
 
-    @_settings(kvx_run_config)
+    @strat.hypothesis_settings(kvx_run_config)
     @given(drawn=strat.violations(strat.REQUIRED_RULES, profile))
     def inner(drawn):
         clause = f"{drawn.clause} (rule {drawn.rule})"
@@ -192,7 +176,7 @@ def test_generated_data_errors(kvx_provider, kvx_call_options, kvx_run_config, k
     core = cb.core_layout(kvx_provider, opts.memory)
     profile = served.rule_profile(kvx_provider, opts.memory, kvx_claims)
 
-    @_settings(kvx_run_config)
+    @strat.hypothesis_settings(kvx_run_config)
     @given(drawn=strat.violations(strat.DATA_RULES, profile))
     def inner(drawn):
         clause = f"{drawn.clause} (rule {drawn.rule})"

@@ -16,11 +16,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given
 
 from kvx_conformance.abi.header import DType, Fp4Format, Layout, Status
 from kvx_conformance.abi.loader import status_name
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases import fp4 as fx
+from kvx_conformance.cases import strategies as strat
+from kvx_conformance.cases.generators import fp4 as gfp4
 from kvx_conformance.cases.checks import CL_INPUTS
 from kvx_conformance.cases.threads import BarrierProvider, run_threads
 from kvx_conformance.results.outcomes import (
@@ -1275,3 +1278,78 @@ def test_concurrent_fp4_gathers(kvx_provider, kvx_call_options, fmt):
             _fail_if(fx.gather_problems(res.out, want, DType.F16, "compatible"),
                      "concurrent FP4 gathers from caches of their own differ from the serial result",
                      "the serial result (compatible tier)", CL_THREADS, seed, case)
+
+
+# ----------------------------------------------------------------------------- generated FP4 calls
+
+CL_GENERATED = (CL_COMPAT + "; spec 4.1, 5.1, 5.2; R-CACHE, R-WRITE, R-GATHER, R-DATA (hypothesis-generated FP4 "
+                "calls of any geometry)")
+#: the generated FP4 tests draw a quarter of the run's examples each (25 in a certification run, 3 with --quick)
+FP4_SHARE = 4
+
+
+def _generated(kvx_provider, kvx_run_config, op: str, run) -> None:
+    """Draw FP4 calls (``strategies.fp4_plans``) and ``run`` each; a refused draw is not retried by
+    hypothesis (a refusal is no counterexample): once every draw is made, the first refusal stands as
+    the test's outcome (``unsupported``: acceptable while the features it names are unclaimed, as for
+    the explicit tests)."""
+    _need_fp4(kvx_provider)
+    refused: list[Unsupported] = []
+
+    @strat.hypothesis_settings(kvx_run_config, FP4_SHARE)
+    @given(drawn=strat.fp4_plans(op))
+    def inner(drawn):
+        try:
+            run(drawn)
+        except Unsupported as e:
+            refused.append(e)
+
+    inner()
+    if refused:
+        raise refused[0]
+
+
+@conformance("fp4.generated.write", CL_GENERATED, REQUIRED, "fp4", "write", feature="fp4", seeded=True)
+def test_generated_write(kvx_provider, kvx_call_options, kvx_run_config):
+    """Quantizing writes of 1 to 4096 tokens from F32 / F16 / BF16 rows into caches of any geometry the
+    format allows (NHD or HND; blocks of 1 to 128 tokens; 1 to 40 heads of 16 to 576 dims; NVFP4 global
+    scales absent, per tensor or per head; S32 / S64 slots, some -1 or a non-negative ``invalid_slot``),
+    each held to the compatible tier. The explicit FP4 tests fix most of these; a path taken past one
+    of their sizes or in one combination alone is met here."""
+    opts = kvx_call_options()
+
+    def run(drawn):
+        plan = drawn.case
+        cache, k, v, slots, invalid = gfp4.write_case(plan)
+        res = fx.run_write(kvx_provider, cache, k, v, slots, memory=opts.memory, invalid_slot=invalid,
+                           slot_dtype=plan.slot_dtype)
+        case = repr(drawn)
+        _status(res.status, Status.OK, "FP4 write", CL_GENERATED, plan.seed, case)
+        _check_guards(res, CL_GENERATED, plan.seed, case)
+        k32, v32 = k.astype(np.float32), v.astype(np.float32)
+        want = fx.expected_write(cache, k32, v32, slots, invalid_slot=invalid)
+        _fail_if(fx.compatible_write_problems(cache, res.cache, want, k32, v32, slots, invalid_slot=invalid),
+                 "generated FP4 write outside the compatible tier", "scales within one step, codes within one grid "
+                 "step of the oracle's, error within 5 %, zero blocks exactly 0; tokens whose slot is -1 or "
+                 "invalid_slot and every other row untouched", CL_GENERATED, plan.seed, case)
+
+    _generated(kvx_provider, kvx_run_config, "write", run)
+
+
+@conformance("fp4.generated.gather", CL_GENERATED, REQUIRED, "fp4", "gather", feature="fp4", seeded=True)
+def test_generated_gather(kvx_provider, kvx_call_options, kvx_run_config):
+    """Gathers of 1 to 128 sequences (lengths 0 to past ``max_seq_len``) through PACKED or RAGGED tables of
+    S32 / S64 ids, from caches of any geometry the format allows, dequantized into F32 / F16 / BF16 (one
+    ulp) or copied raw (F4_E2M1: codes and scales, bit for bit)."""
+    opts = kvx_call_options()
+
+    def run(drawn):
+        plan = drawn.case
+        cache, table, lens, msl, indptr, mbps = gfp4.gather_case(plan)
+        res = fx.run_gather(kvx_provider, cache, table, lens, msl, plan.io, memory=opts.memory,
+                            index_dtype=plan.index_dtype, indptr=indptr, indptr_dtype=plan.index_dtype,
+                            max_blocks_per_seq=mbps)
+        _judge_gather(res, cache, table, lens, msl, plan.io, CL_GENERATED, plan.seed, repr(drawn),
+                      feature=("fp4", "ragged") if indptr is not None else "fp4", indptr=indptr)
+
+    _generated(kvx_provider, kvx_run_config, "gather", run)

@@ -627,6 +627,30 @@ def test_fp8_write_scale_strides(kvx_provider, kvx_call_options, strides, dtype)
                  served=("R-FP8.scale_stride",))
 
 
+CL_SCALE_UNSET = ("spec 6.6, 4.2; R-FP8 (PER_HEAD values: stride[0] 0 or 1 reads them as adjacent, 0 being the "
+                  "field left unset)")
+
+
+@conformance("fp8.write.scale_stride_unset", CL_SCALE_UNSET, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_scale_stride_unset(kvx_provider, kvx_call_options, dtype):
+    """PER_HEAD scales of 8 heads whose descriptor leaves ``stride[0]`` at 0 (every other test sends 1):
+    the values are adjacent, head h's at ``data[h]`` (R-FP8). A provider that reads stride 0 as a
+    broadcast quantizes every head by head 0's scale."""
+    opts = kvx_call_options()
+    g = Geometry(num_blocks=6, block_size=4, num_kv_heads=8, head_dim=8)
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=21)
+    rng = cb.rng_for(22)
+    kvals = (0.05 * 1.3 ** rng.permutation(8)).astype(np.float32).tolist()
+    vvals = (0.04 * 1.37 ** rng.permutation(8)).astype(np.float32).tolist()
+    k = cb.replace(cb.scale_spec(kvals, ScaleGranularity.PER_HEAD), stride=0)
+    v = cb.replace(cb.scale_spec(vvals, ScaleGranularity.PER_HEAD), stride=0)
+    case = cb.write_case(cache, cb.spread_slots(g, 12, 23), io_dtype=DType.F32, seed=24, k_scale_desc=k,
+                         v_scale_desc=v, label=f"F32 -> {NAMES[dtype]} cache, 8 heads, PER_HEAD scales with stride[0] "
+                                               f"0 (K and V)")
+    verify_write(kvx_provider, case, opts, clause=CL_SCALE_UNSET, feature="fp8")
+
+
 CL_FP8_MIXED = CL_FP8 + " (each cache quantized to its own format); R-CACHE (K and V dtypes may differ)"
 FP8_PAIRS = [pytest.param(DType.F8_E4M3, DType.F8_E5M2, id="k_e4m3-v_e5m2"),
              pytest.param(DType.F8_E5M2, DType.F8_E4M3, id="k_e5m2-v_e4m3")]

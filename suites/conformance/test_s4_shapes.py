@@ -76,6 +76,44 @@ def test_model_heads_dtypes(kvx_provider, kvx_call_options, op, dtype, heads):
     _model_heads_call(kvx_provider, kvx_call_options(), op, *MODEL_HEADS[heads], dtype, 410)
 
 
+#: id -> (num_blocks, block_size, num_kv_heads, head_dim): the extremes of the explicit shape tests, past
+#: the sizes the generated tests draw (64 heads, 256 dims, blocks of 128 tokens)
+SHAPE_EXTREMES = {"h96_d128": (6, 4, 96, 128), "h1_d576": (6, 4, 1, 576), "bs528_h2_d8": (3, 528, 2, 8)}
+EXTREME_KINDS = ["nhd", "hnd", "hnd_packed"]
+#: each layout meets each baseline dtype over the three shapes, and each shape each dtype over the layouts
+_EXTREME_DTYPES = [DType.F16, DType.BF16, DType.F32]
+
+
+@conformance("shapes.layouts", CL_SHAPES + "; R-CACHE (every layout: each element of every head, at every "
+             "block offset)", REQUIRED, "core", ("write", "gather"))
+@pytest.mark.parametrize("shape", list(SHAPE_EXTREMES))
+@pytest.mark.parametrize("kind", EXTREME_KINDS)
+@pytest.mark.parametrize("op", ["write", "gather"])
+def test_shape_extremes_in_every_layout(kvx_provider, kvx_call_options, op, kind, shape):
+    """96 heads of 128 dims, one head of 576 dims and blocks of 528 tokens, in NHD, HND and HND_PACKED
+    caches of F16, BF16 or F32 (each layout in each dtype over the three shapes). ``shapes.model_heads``
+    and the non-power-of-two block sizes run in the core layout's F16 caches only: a kernel of another
+    layout that launches at most 64 head rows, or tiles block offsets by 128, was never run on them. A
+    refusal of a layout other than the provider's core one is the layout's (R-REFUSAL)."""
+    opts = kvx_call_options()
+    nb, bs, h, d = SHAPE_EXTREMES[shape]
+    i, j = EXTREME_KINDS.index(kind), list(SHAPE_EXTREMES).index(shape)
+    dtype = _EXTREME_DTYPES[(i + j) % 3]
+    seed = 420 + 10 * i + j
+    geom = Geometry(num_blocks=nb, block_size=bs, num_kv_heads=h, head_dim=d)
+    cache = cb.simple_cache(geom, kind, dtype, seed=seed)
+    label = f"{kind.upper()} {dtype.name} cache of {nb} blocks of {bs} tokens, {h} heads x head_dim {d}"
+    if op == "write":  # 24 tokens at random distinct slots (with blocks of 528: offsets past 128 among them), one -1
+        slots = cb.spread_slots(geom, 24, seed + 1).tolist()
+        slots[7] = -1
+        case = cb.write_case(cache, slots, seed=seed + 2, label=label)
+        verify_write(kvx_provider, case, opts, clause=CL_SHAPES, feature=())
+        return
+    lens, msl, mb = ([600, 301], 600, 2) if bs > 128 else ([12, 5], 12, 3)
+    case = cb.packed_gather(cache, cb.distinct_table(geom, 2, mb, seed + 3), lens, msl, seed=seed + 4, label=label)
+    verify_gather(kvx_provider, case, opts, clause=CL_SHAPES, feature=())
+
+
 #: head counts that are not powers of two, past 4 (Phi-3-medium 10, GPT-2 XL 25, 5 / 6 / 7 / 12 after tensor
 #: parallelism of odd head counts): the other suites use 1, 2, 3, 4, 8, 16 and 32 heads only
 ODD_HEADS = [5, 6, 7, 10, 12, 25]

@@ -531,8 +531,12 @@ def test_kv_offsets_cache_layouts(kvx_provider, kvx_call_options, kind):
 
 
 @conformance("gather.kv_offsets.beams", CL_KVOFF, REQUIRED, "tables", "gather", feature="kv_offsets")
-@pytest.mark.parametrize("beams", [2, 3])
+@pytest.mark.parametrize("beams", [2, 3, 4, 8])
 def test_kv_offsets_beams(kvx_provider, kvx_call_options, beams):
+    """Each (sequence, beam) row reads its own K and V entries (R-GATHER: entry (s, beam, kv, j) at
+    ``((s * beam_width + beam) * 2 + kv) * max_blocks_per_seq + j``), at the beam widths of beam search
+    in engines (4 and 8 besides 2 and 3): a provider that reads beam 0's entries for every beam past
+    some width is seen."""
     opts = kvx_call_options()
     case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 63), _offsets(2, beams, 2, 64 + beams),
                                 [7, 5], 8, seed=65, label=f"beam_width {beams}")
