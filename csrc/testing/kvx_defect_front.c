@@ -312,6 +312,18 @@ static inline int ragged_ok(const kvx_block_table_t* t) {
          t->indptr_count == t->seq_count + 1 && t->indices_count > 0;
 }
 
+/* The gather through a copy of `desc` whose table ids are `ids` (malloc'd; freed here). */
+static inline kvx_status_t gather_with_ids(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* ids,
+                                           void* stream) {
+  return gather_with_ids(cache, desc, ids, stream);
+}
+
+/* The write through a copy of `desc` whose slots are `slots` (malloc'd; freed here). */
+static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* slots,
+                                            void* stream) {
+  return write_with_slots(cache, desc, slots, stream);
+}
+
 #if KVX_FRONT_DEFECT == FRONT_RAGGED_SCRATCH
 #define SCRATCH_IDS 65536
 static int64_t scratch_ids[SCRATCH_IDS]; /* shared by every call: the defect */
@@ -365,13 +377,7 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   memcpy(ids, t->indices, (size_t)t->indices_count * 4);
   for (uint32_t i = 0; i < t->indices_count; ++i)
     if (ids[i] != 0xFFFFFFFFu) ids[i] &= 0x7FFFFFFFu; /* the defect: every entry from the primary pool */
-  kvx_gather_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.block_table.indices = ids;
-  const kvx_status_t st = ref.gather(cache, &local, stream);
-  free(ids);
-  return st;
+  return gather_with_ids(cache, desc, ids, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP4_DIM64 || KVX_FRONT_DEFECT == FRONT_BF16_DIM_TAIL
 /* The gather, dims [from, head_dim) of every dense 3-D F16 / BF16 / F32 output row kept as they were. */
@@ -454,13 +460,7 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   for (uint64_t q = 0; q < S; ++q) /* the defect: every beam through beam 0's K and V entries */
     for (uint64_t b = 0; b < B; ++b)
       memcpy(ids + (q * B + b) * 2 * M, src + q * B * 2 * M, 2 * M * 4);
-  kvx_gather_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.block_table.indices = ids;
-  const kvx_status_t st = ref.gather(cache, &local, stream);
-  free(ids);
-  return st;
+  return gather_with_ids(cache, desc, ids, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_HND_HEADS64
 /* The heads axis of a dense 3-D or 4-D gather output of H heads, or -1. */
@@ -531,13 +531,7 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
       else ((int32_t*)ids)[i] = ((const int32_t*)t->indices)[src];
     }
   }
-  kvx_gather_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.block_table.indices = ids;
-  st = ref.gather(cache, &local, stream);
-  free(ids);
-  return st;
+  return gather_with_ids(cache, desc, ids, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_RAGGED_S64_LENS
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
@@ -721,13 +715,7 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
     if (el == 8) ((int64_t*)slots)[i] = -1;
     else ((int32_t*)slots)[i] = -1;
   }
-  kvx_write_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.slots.slots = slots;
-  const kvx_status_t st = ref.write(cache, &local, stream);
-  free(slots);
-  return st;
+  return write_with_slots(cache, desc, slots, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP8_STRIDE0
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
