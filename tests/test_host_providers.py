@@ -69,6 +69,12 @@
   RAGGED gathers of 256 or more sequences read S64 lengths as S32; each certified, since the engine-sized
   tests crossed the layouts with F16 only and the RAGGED and FP8 tests ran in the core layout; now the
   ``matrix.*`` tests (every layout with every dtype and table format at engine size) see it.
+- ``front_hnd_bf16_rtz`` / ``front_misaligned_hnd_tail`` / ``front_fp8_v_k_scale`` / ``front_kvo_fp8_v_from_k``:
+  one pair of a call's parameters broken past 32 tokens or sequences: F32 rows truncated into HND BF16
+  caches (R-CONVERT), a misaligned HND cache's row tails not gathered (4.4), V quantized with K's
+  PER_TENSOR scale into HND FP8 caches (R-FP8), V read through K's entries in KV_OFFSETS gathers from FP8
+  pools (R-GATHER); each certified, since those pairs met only in small calls; now the all-pairs designs
+  ``pairwise.write`` / ``pairwise.gather`` see it.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -298,6 +304,10 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_ragged_hndp_ids", ["matrix.ragged.gather*"], "tables"),
     ("front_hnd_bf16_tail", ["matrix.write*"], "core"),
     ("front_ragged_s64_lens", ["matrix.ragged.gather*"], "tables"),
+    ("front_hnd_bf16_rtz", ["pairwise.write"], "generated"),
+    ("front_misaligned_hnd_tail", ["pairwise.gather"], "generated"),
+    ("front_fp8_v_k_scale", ["pairwise.write"], "generated"),
+    ("front_kvo_fp8_v_from_k", ["pairwise.gather"], "generated"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure
@@ -309,6 +319,8 @@ def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     assert doc["profiles"][profile]["verdict"] == "not certified", doc["profiles"][profile]
     assert doc["profiles"][profile]["blocking"], doc["profiles"][profile]
     assert not doc["claimed_profiles_certified"]
+    # caught by a verdict on the defect, not by a front that hangs (a timeout would block as well)
+    assert not [t["id"] for t in doc["tests"] if t["outcome"] == "timeout"], _explain(p)
     if variant in ("scribble_input", "touch_desc"):
         # a store into an input or a descriptor, undone or changing nothing: only the read-only
         # pages of the call see it, and the crash says so

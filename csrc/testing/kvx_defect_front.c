@@ -96,6 +96,16 @@
  *       `matrix.write[hnd-bf16]`.
  *   libkvx_testing_front_ragged_s64_lens.so  FRONT_RAGGED_S64_LENS: a RAGGED gather of 256 or more
  *       sequences reads S64 lengths as S32 (spec 5.3, R-WIDE-IDS): `matrix.ragged.gather[*]`.
+ *   libkvx_testing_front_hnd_bf16_rtz.so  FRONT_HND_BF16_RTZ: a write of more than 32 tokens converts
+ *       F32 rows into a BLOCK_HND BF16 cache side by truncation (R-CONVERT): `pairwise.write`.
+ *   libkvx_testing_front_misaligned_hnd_tail.so  FRONT_MISALIGNED_HND_TAIL: a gather from a misaligned
+ *       BLOCK_HND K cache leaves the last head_dim % (16 / output element size) dims of every output row
+ *       as they were (4.4: correct or refused; R-REFUSAL): `pairwise.gather`.
+ *   libkvx_testing_front_fp8_v_k_scale.so  FRONT_FP8_V_K_SCALE: a write of more than 32 tokens into an
+ *       HND / HND_PACKED FP8 V cache from baseline rows, both scales PER_TENSOR, quantizes V with K's
+ *       scale (R-FP8: each side its own descriptor): `pairwise.write`.
+ *   libkvx_testing_front_kvo_fp8_v_from_k.so  FRONT_KVO_FP8_V_FROM_K: a KV_OFFSETS gather of 32 or more
+ *       sequences from FP8 pools reads V through K's entries (spec 5.1, R-GATHER): `pairwise.gather`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -124,6 +134,10 @@
 #define FRONT_RAGGED_HNDP_IDS 23
 #define FRONT_HND_BF16_TAIL 24
 #define FRONT_RAGGED_S64_LENS 25
+#define FRONT_HND_BF16_RTZ 26
+#define FRONT_MISALIGNED_HND_TAIL 27
+#define FRONT_FP8_V_K_SCALE 28
+#define FRONT_KVO_FP8_V_FROM_K 29
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -315,13 +329,25 @@ static inline int ragged_ok(const kvx_block_table_t* t) {
 /* The gather through a copy of `desc` whose table ids are `ids` (malloc'd; freed here). */
 static inline kvx_status_t gather_with_ids(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* ids,
                                            void* stream) {
-  return gather_with_ids(cache, desc, ids, stream);
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.block_table.indices = ids;
+  const kvx_status_t st = ref.gather(cache, &local, stream);
+  free(ids);
+  return st;
 }
 
 /* The write through a copy of `desc` whose slots are `slots` (malloc'd; freed here). */
 static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* slots,
                                             void* stream) {
-  return write_with_slots(cache, desc, slots, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.slots.slots = slots;
+  const kvx_status_t st = ref.write(cache, &local, stream);
+  free(slots);
+  return st;
 }
 
 #if KVX_FRONT_DEFECT == FRONT_RAGGED_SCRATCH
@@ -379,7 +405,8 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
     if (ids[i] != 0xFFFFFFFFu) ids[i] &= 0x7FFFFFFFu; /* the defect: every entry from the primary pool */
   return gather_with_ids(cache, desc, ids, stream);
 }
-#elif KVX_FRONT_DEFECT == FRONT_FP4_DIM64 || KVX_FRONT_DEFECT == FRONT_BF16_DIM_TAIL
+#elif KVX_FRONT_DEFECT == FRONT_FP4_DIM64 || KVX_FRONT_DEFECT == FRONT_BF16_DIM_TAIL || \
+    KVX_FRONT_DEFECT == FRONT_MISALIGNED_HND_TAIL
 /* The gather, dims [from, head_dim) of every dense 3-D F16 / BF16 / F32 output row kept as they were. */
 static kvx_status_t gather_keeping_dims(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream,
                                         uint32_t from) {
@@ -419,6 +446,12 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   if (!gather_plain(cache, desc)) return ref.gather(cache, desc, stream);
 #if KVX_FRONT_DEFECT == FRONT_FP4_DIM64
   if (fp4_call(cache) && cache->head_dim > 64) return gather_keeping_dims(cache, desc, stream, 64);
+#elif KVX_FRONT_DEFECT == FRONT_MISALIGNED_HND_TAIL
+  const kvx_dtype_t o = desc->io.key.dtype;
+  const uint32_t vec = o == KVX_DTYPE_F32 ? 4 : o == KVX_DTYPE_F16 || o == KVX_DTYPE_BF16 ? 8 : 0;
+  if (vec && cache->k.layout == KVX_LAYOUT_BLOCK_HND && ((uintptr_t)cache->k.data & 15u) &&
+      desc->block_table.format != KVX_BLOCK_TABLE_KV_OFFSETS && cache->head_dim > vec && cache->head_dim % vec)
+    return gather_keeping_dims(cache, desc, stream, cache->head_dim - cache->head_dim % vec);
 #else
   if (cache->k.dtype == KVX_DTYPE_BF16 && cache->head_dim > 32 && cache->head_dim % 32)
     return gather_keeping_dims(cache, desc, stream, cache->head_dim - cache->head_dim % 32);
@@ -460,6 +493,20 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   for (uint64_t q = 0; q < S; ++q) /* the defect: every beam through beam 0's K and V entries */
     for (uint64_t b = 0; b < B; ++b)
       memcpy(ids + (q * B + b) * 2 * M, src + q * B * 2 * M, 2 * M * 4);
+  return gather_with_ids(cache, desc, ids, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_KVO_FP8_V_FROM_K
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  const uint64_t S = t->seq_count, B = t->beam_width, M = t->max_blocks_per_seq;
+  if (!gather_plain(cache, desc) || (cache->k.dtype != KVX_DTYPE_F8_E4M3 && cache->k.dtype != KVX_DTYPE_F8_E5M2) ||
+      t->format != KVX_BLOCK_TABLE_KV_OFFSETS || t->index_dtype != KVX_DTYPE_S32 || !t->indices || S < 32 || B == 0 ||
+      M == 0 || (uint64_t)t->indices_count != S * B * 2 * M)
+    return ref.gather(cache, desc, stream);
+  int32_t* ids = (int32_t*)malloc((size_t)t->indices_count * 4);
+  if (!ids) return KVX_STATUS_INTERNAL_ERROR;
+  memcpy(ids, t->indices, (size_t)t->indices_count * 4);
+  for (uint64_t r = 0; r < S * B; ++r) memcpy(ids + (r * 2 + 1) * M, ids + r * 2 * M, M * 4); /* the defect: V's = K's */
   return gather_with_ids(cache, desc, ids, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_HND_HEADS64
@@ -605,7 +652,18 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   }
   return st;
 }
-#elif KVX_FRONT_DEFECT == FRONT_CONVERT_BULK_RTZ
+#elif KVX_FRONT_DEFECT == FRONT_CONVERT_BULK_RTZ || KVX_FRONT_DEFECT == FRONT_HND_BF16_RTZ
+/* Whether the F32 rows of the side whose cache tensor is `t` are truncated in a write of n tokens:
+ * CONVERT_BULK_RTZ, past 4096 tokens; HND_BF16_RTZ, past 32 tokens into an HND BF16 cache. */
+static int truncates(const kvx_tensor_desc_t* t, uint32_t n) {
+#if KVX_FRONT_DEFECT == FRONT_CONVERT_BULK_RTZ
+  (void)t;
+  return n > 4096;
+#else
+  return n > 32 && t->layout == KVX_LAYOUT_BLOCK_HND && t->dtype == KVX_DTYPE_BF16;
+#endif
+}
+
 /* F32 bits truncated to the F16 (normal range) or BF16 grid: what the cache's rounding then keeps exactly. */
 static uint32_t truncated_bits(uint32_t b, kvx_dtype_t to) {
   const uint32_t e = (b >> 23) & 0xFFu;
@@ -631,13 +689,14 @@ static float* truncated_rows(const kvx_tensor_desc_t* t, kvx_dtype_t to, uint32_
 }
 
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
-  if (!write_plain(cache, desc) || cache->k.memory != KVX_MEMORY_HOST || desc->io.num_tokens <= 4096 ||
+  const uint32_t n = write_plain(cache, desc) ? desc->io.num_tokens : 0;
+  if (!n || cache->k.memory != KVX_MEMORY_HOST || (!truncates(&cache->k, n) && !truncates(&cache->v, n)) ||
       desc->io.num_kv_heads != cache->num_kv_heads || desc->io.head_dim != cache->head_dim ||
       ref.validate(cache) != KVX_STATUS_OK)
     return ref.write(cache, desc, stream);
-  const uint32_t n = desc->io.num_tokens, H = cache->num_kv_heads, D = cache->head_dim;
-  float* k = truncated_rows(&desc->io.key, cache->k.dtype, n, H, D);
-  float* v = truncated_rows(&desc->io.value, cache->v.dtype, n, H, D);
+  const uint32_t H = cache->num_kv_heads, D = cache->head_dim;
+  float* k = truncates(&cache->k, n) ? truncated_rows(&desc->io.key, cache->k.dtype, n, H, D) : NULL;
+  float* v = truncates(&cache->v, n) ? truncated_rows(&desc->io.value, cache->v.dtype, n, H, D) : NULL;
   kvx_write_desc_t local;
   memset(&local, 0, sizeof local);
   memcpy(&local, desc, desc->size);
@@ -716,6 +775,26 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
     else ((int32_t*)slots)[i] = -1;
   }
   return write_with_slots(cache, desc, slots, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_V_K_SCALE
+static int per_tensor_f32(const kvx_scale_desc_t* sd) {
+  return sd->size >= sizeof(kvx_scale_desc_t) && sd->data && sd->dtype == KVX_DTYPE_F32 &&
+         sd->granularity == KVX_SCALE_PER_TENSOR && (sd->ndim == 0 || (sd->ndim == 1 && sd->shape[0] == 1));
+}
+
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const kvx_dtype_t io = desc ? desc->io.value.dtype : KVX_DTYPE_F32;
+  if (!write_plain(cache, desc) || desc->io.num_tokens <= 32 ||
+      (cache->v.layout != KVX_LAYOUT_BLOCK_HND && cache->v.layout != KVX_LAYOUT_BLOCK_HND_PACKED) ||
+      (cache->v.dtype != KVX_DTYPE_F8_E4M3 && cache->v.dtype != KVX_DTYPE_F8_E5M2) ||
+      (io != KVX_DTYPE_F16 && io != KVX_DTYPE_BF16 && io != KVX_DTYPE_F32) || !per_tensor_f32(&desc->k_scale_desc) ||
+      !per_tensor_f32(&desc->v_scale_desc))
+    return ref.write(cache, desc, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.v_scale_desc = desc->k_scale_desc; /* the defect: V quantized with K's scale */
+  return ref.write(cache, &local, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP8_STRIDE0
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {

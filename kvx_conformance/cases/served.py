@@ -10,6 +10,7 @@ provider is never failed by a generated example for a feature it refuses.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -20,7 +21,7 @@ from . import build as cb
 
 #: Features the generators can draw, each with the probe case that shows it served.
 PROBED = ("nhd", "hnd", "hnd_packed", "custom_layout", "noncanonical_strides", "mixed_layouts",
-          "mixed_io_dtype", "fp8", "io_strides", "gather_4d", "ragged", "kv_offsets", "secondary_pool")
+          "mixed_io_dtype", "fp8", "io_strides", "gather_4d", "ragged", "kv_offsets", "secondary_pool", "misaligned")
 
 _G = cb.TINY
 _CACHE: dict[tuple[str, int], frozenset[str]] = {}
@@ -75,6 +76,8 @@ def _probes(core: str) -> dict[str, Callable]:
                                                                        label="served-feature probe")),
         "kv_offsets": kv_offsets(False),
         "secondary_pool": kv_offsets(True),
+        # every data pointer 2 bytes past a 256-byte boundary (4.4)
+        "misaligned": lambda p, o: _write(p, dataclasses.replace(o, misalign=2), cache()),
     }
 
 
@@ -109,7 +112,7 @@ def _probe(core: str, feature: str, entry: str) -> Callable:
     probes of ``_probes`` (every feature of ``PROBED``); a validate or a gather, a cache of layout
     ``feature`` (``ENTRY_PROBED``: "nhd", "hnd", "hnd_packed", "custom_layout") or of K and V of
     two dtypes ("mixed_layouts")."""
-    from .execute import run_gather, run_validate
+    from .execute import run_validate
 
     def cache():
         if feature != "mixed_layouts":
@@ -219,8 +222,6 @@ def rule_profile(provider, memory: abi.Memory, claims=(), entry: str = "write"):
     claims, or None where it serves or claims them all. A rule's case in a layout the provider
     refuses would meet that refusal, often the INVALID_ARGUMENT the rule expects, and not the rule
     (R-REFUSAL)."""
-    import dataclasses
-
     from .generators.values import CORE
 
     wanted = LAYOUT_FEATURES

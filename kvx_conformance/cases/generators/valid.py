@@ -262,6 +262,7 @@ def random_gather_case(
     index_dtype: DType | None = None,
     secondary: bool | None = None,
     min_tokens: int = 0,
+    lens_dtype: DType | None = None,
 ) -> GatherCase:
     """A valid gather. ``min_tokens`` > 0 makes sure some sequence gathers at least that many tokens."""
     prof = _profile.get()
@@ -311,6 +312,8 @@ def random_gather_case(
     mb = (int(need.max(initial=0)) + int(rng.integers(0, 3))) if max_blocks_per_seq is None else max_blocks_per_seq
     used = np.minimum(need, mb)
     seq_lens_dtype = _pick(rng, INDEX_DTYPES)
+    if lens_dtype is not None:
+        seq_lens_dtype = lens_dtype
     if seq_lens_dtype == DType.S32 and any(x > INT32_MAX for x in lens):
         seq_lens_dtype = DType.S64
 
