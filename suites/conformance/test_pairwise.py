@@ -28,22 +28,20 @@ CL = ("spec 4-7 (every pair of a call's parameters, at engine size); R-CACHE, R-
 def _run(provider, call_options, claims, features, op: str) -> None:
     prof = gen.profile_for(features)
     core = cb.core_layout(provider, call_options().memory)
+    verify = verify_write if op == "write" else verify_gather
     refused, rows = [], pairwise.design(op, prof, features)
     for row in rows:
-        case = pairwise.build(row, prof)
-        opts = call_options(misalign=pairwise.misalign_of(row))
-        verify = verify_write if op == "write" else verify_gather
-        feats = refusable_features(case, core=core)
-        if pairwise.misalign_of(row):
-            feats = tuple(dict.fromkeys(feats + ("misaligned",)))
+        case, misalign = pairwise.build(row, prof), pairwise.misalign_of(row)
+        opts = call_options(misalign=misalign)
+        # the case names its own optional features; misalignment is the call's, not the case's
+        feats = tuple(dict.fromkeys(refusable_features(case, core=core) + (("misaligned",) if misalign else ())))
         try:
             verify(provider, case, opts, clause=CL, feature=feats or None)
         except Unsupported as e:
             if not any(f not in claims for f in feats):
                 raise ConformanceFailure(f"{row.describe()}: refused although every optional feature it uses is claimed",
                                          expected="a correct result", got=f"{e.refused_with} ({e})", clause=CL,
-                                         case=repr(case.describe()) if hasattr(case, "describe") else "",
-                                         seed=row.seed) from None
+                                         case=row.describe(), seed=row.seed) from None
             refused.append(row)
         except ConformanceFailure as e:
             raise ConformanceFailure(e.what, expected=e.expected, got=e.got, clause=e.clause,
