@@ -360,21 +360,22 @@ __device__ __forceinline__ uint32_t thr_mag(uint32_t w, const uint32_t* t) {
 
 /* The packed codes of 8 values from thr_mag of their 4 words `c` and the words
  * (the signs): [n0 n2 n1 n3] and [n4 n6 n5 n7] with their signs (bit 3: the
- * replicated sign byte), then the even and the odd elements, odd ones << 4. */
-__device__ __forceinline__ uint32_t thr_pack8(const uint32_t* c, const uint32_t* w) {
-  const uint32_t p = prmt(c[0], c[1], 0x6240u) | (prmt(w[0], w[1], 0xFBD9u) & 0x08080808u);
-  const uint32_t q = prmt(c[2], c[3], 0x6240u) | (prmt(w[2], w[3], 0xFBD9u) & 0x08080808u);
+ * replicated sign byte, where the sign mask sm, 0x08080808 or 0, keeps it), then
+ * the even and the odd elements, odd ones << 4. */
+__device__ __forceinline__ uint32_t thr_pack8m(const uint32_t* c, const uint32_t* w, uint32_t sm) {
+  const uint32_t p = prmt(c[0], c[1], 0x6240u) | (prmt(w[0], w[1], 0xFBD9u) & sm);
+  const uint32_t q = prmt(c[2], c[3], 0x6240u) | (prmt(w[2], w[3], 0xFBD9u) & sm);
   return prmt(p, q, 0x5410u) + (prmt(p, q, 0x7632u) << 4);
 }
 
 /* The two words of packed codes of 16 values (8 words w), mag(word) giving thr_mag's bytes. */
 template <class Mag>
-__device__ __forceinline__ void codes16_by(const uint32_t* w, uint32_t* out, Mag mag) {
+__device__ __forceinline__ void codes16_by(const uint32_t* w, uint32_t* out, Mag mag, uint32_t sm = 0x08080808u) {
   uint32_t c[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) c[k] = mag(w[k]);
-  out[0] = thr_pack8(c, w);
-  out[1] = thr_pack8(c + 4, w + 4);
+  out[0] = thr_pack8m(c, w, sm);
+  out[1] = thr_pack8m(c + 4, w + 4, sm);
 }
 
 /* The two words of packed codes of 16 values (8 words w) from their thresholds' row. */
@@ -385,13 +386,18 @@ __device__ __forceinline__ void thr_codes16(const uint32_t* w, const uint4* row,
 }
 
 /* The same from a compact row (KVX_FP4_LEAN_THR_C): B_1..B_7 as the halves of c.x, c.y, c.z and
- * the low half of c.w, each compared in both halves of a word by the compare's operand selector. */
+ * the low half of c.w, each compared in both halves of a word by the compare's operand selector;
+ * SIGNED: the signs where the row's flag (c.w's high half, 0x0808 or 0) has them, else always. */
+template <bool SIGNED = false>
 __device__ __forceinline__ void thr_codes16_c(const uint32_t* w, const uint4 c, uint32_t* out) {
   const __half2 x = as_h2(c.x), y = as_h2(c.y), z = as_h2(c.z), v = as_h2(c.w);
-  codes16_by(w, out, [&](uint32_t wd) {
-    return thr_count(__habs2(as_h2(wd)), __low2half2(x), __high2half2(x), __low2half2(y), __high2half2(y),
-                     __low2half2(z), __high2half2(z), __low2half2(v));
-  });
+  codes16_by(
+      w, out,
+      [&](uint32_t wd) {
+        return thr_count(__habs2(as_h2(wd)), __low2half2(x), __high2half2(x), __low2half2(y), __high2half2(y),
+                         __low2half2(z), __high2half2(z), __low2half2(v));
+      },
+      SIGNED ? prmt(c.w, c.w, 0x3232u) : 0x08080808u);
 }
 
 /* Per-side constants of the fast write. */
@@ -566,7 +572,8 @@ __device__ __forceinline__ uint32_t encode16(const uint32_t* w, const WSide& ws,
 /* The thresholds' table of a CTA (KVX_FP4_THR): 256 rows of B_1..B_7 and a
  * live flag (d > 0); NVFP4: row side * 128 + s8 (d = float(s8) g), MXFP4:
  * row e + 127 (d = 2^e). The caller synchronizes. */
-template <int DT, int FMT, bool COMPACT = false> /* COMPACT: one uint4 per row (thr_codes16_c), the flag in c.w's high half */
+template <int DT, int FMT, bool COMPACT = false> /* COMPACT: one uint4 per row (thr_codes16_c), the flag in c.w's high
+                                                   half (0x0808 live: the codes' sign mask, thr_codes16_c<true>) */
 __device__ __forceinline__ void build_thr(uint4* thr_tab, const WSide* ws) {
   for (unsigned k = threadIdx.x; k < 256; k += blockDim.x) {
     float d = 0.0f;
@@ -583,7 +590,7 @@ __device__ __forceinline__ void build_thr(uint4* thr_tab, const WSide* ws) {
     }
     if (COMPACT) {
       thr_tab[k] = make_uint4(__byte_perm(t[0], t[1], 0x5410u), __byte_perm(t[2], t[3], 0x5410u),
-                              __byte_perm(t[4], t[5], 0x5410u), (t[6] & 0xFFFFu) | (t[7] << 16));
+                              __byte_perm(t[4], t[5], 0x5410u), (t[6] & 0xFFFFu) | (t[7] ? 0x08080000u : 0u));
     } else {
       thr_tab[2 * k] = make_uint4(t[0], t[1], t[2], t[3]);
       thr_tab[2 * k + 1] = make_uint4(t[4], t[5], t[6], t[7]);
@@ -908,12 +915,42 @@ struct LeanB {
   static constexpr int value = FMT == kvx_ref::FP4_MXFP4_OCP ? 32 : 16;
 };
 
+#ifndef KVX_FP4_BULK_NV_LITE
+#define KVX_FP4_BULK_NV_LITE 1 /* the staged write's NVFP4 blocks by encode_nv16_lite (0: encode_lean's tests) */
+#endif
+
+/* The staged write's NVFP4 block of 16 values from 16-bit IO (KVX_FP4_BULK_NV_LITE): encode_lean's
+ * codes with its per-block tests folded into one. On a side with ws.r6 != 0 (g and 6 g in
+ * [2^-60, 2^60), so every scale byte from 1 to 0x7E has a positive finite divisor and a live
+ * row), a block whose amax is 0 or in [2^-60, 2^60) takes Markstein's quotient, its scale byte's
+ * row of thresholds and the codes with the row's sign mask: row 0 (a dead block, byte 0) has
+ * every threshold +inf and the mask 0, so its codes are 0 without a branch. Any other block
+ * (a NaN or an infinity, a BF16 amax out of range, or a side without r6) takes encode_slow. */
+template <int DT>
+__device__ __forceinline__ uint32_t encode_nv16_lite(const uint32_t* w, const WSide& ws, const char* src,
+                                                     uint32_t* out, unsigned thr_a) {
+  const float amax = amax16<DT, 1>(w);
+  const uint32_t ab = __float_as_uint(amax);
+  if (ws.r6 != 0.0f && (pos_range(ab) || ab == 0u)) {
+    const uint32_t s8 = kvx_fp4_fast::e4m3_sat(div_rcp(amax, ws.sixg, ws.r6));
+    thr_codes16_c<true>(w, lds_u4(thr_a + s8 * 16u), out);
+    return s8;
+  }
+  const Packed<16> pk = encode_slow<16, DT>(kvx_ref::FP4_NVFP4, (const uint4*)src, ws.g);
+  out[0] = pk.w[0];
+  out[1] = pk.w[1];
+  return pk.sbyte;
+}
+
 /* One block of B = LeanB<FMT> values (B / 2 words): its packed codes in out[0 .. B / 8 - 1], its
- * scale byte returned; the slow blocks by encode_slow from `src`. */
-template <int DT, int FMT, bool DEEP>
+ * scale byte returned; the slow blocks by encode_slow from `src`. LITE (the staged write): NVFP4
+ * from 16-bit IO by encode_nv16_lite. */
+template <int DT, int FMT, bool DEEP, bool LITE = false>
 __device__ __forceinline__ uint32_t encode_lean(const uint32_t* w, const WSide& ws, const uint4* thr,
                                                 const char* src, uint32_t* out, unsigned thr_a = 0) {
   constexpr int B = LeanB<FMT>::value, NG = B / 16;
+  if constexpr (LITE && FMT == kvx_ref::FP4_NVFP4 && DT != KVX_DTYPE_F32 && KVX_FP4_LEAN_THR_C && KVX_FP4_W_SADDR)
+    return encode_nv16_lite<DT>(w, ws, src, out, thr_a);
   const float amax = amax16<DT, NG>(w);
   const uint32_t ab = __float_as_uint(amax);
   int row = -1;   /* the thresholds' row; -1: slow */
@@ -1079,9 +1116,10 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
  * in flight no longer depend on the registers a warp holds (the lean kernel keeps one side of one
  * row in flight per warp, at 16 warps per SM). Rows are split evenly over the warps of a grid of
  * the resident CTAs. Taken for OCP MXFP4 and NVFP4 on devices of memory depth 2 or more (the
- * H200: OCP 16-bit writes 79-86 -> 89-91 %, NVFP4 84-86 -> 86-87 %; MXFP4's 16-value blocks lose
- * 2-3 points and keep the lean write; on the H100, forced on, every format loses 1-9 points:
- * docs/fp4.md, "Sixteenth round"). */
+ * H200: OCP 16-bit writes 79-86 -> 89-91 %, NVFP4 84-86 -> 86-87 %, docs/fp4.md, "Sixteenth round";
+ * then the NVFP4 blocks by encode_nv16_lite, +0.3 to +3.0 points, "Twenty-fourth round"); MXFP4's
+ * 16-value blocks read within two points of the lean write either way and keep it; on the H100,
+ * forced on, every format lost 1-9 points in the sixteenth round. */
 #ifndef KVX_FP4_BULK
 #define KVX_FP4_BULK 1 /* 0 never; 1 on devices of memory depth KVX_FP4_BULK_MIN_DEPTH or more; needs sm_90 */
 #endif
@@ -1089,7 +1127,8 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
 #define KVX_FP4_BULK_MIN_DEPTH 2
 #endif
 #ifndef KVX_FP4_BULK_MX16
-#define KVX_FP4_BULK_MX16 0 /* 1: MXFP4 (16-value blocks) too */
+#define KVX_FP4_BULK_MX16 0 /* 1: MXFP4 (16-value blocks) too (at three CTAs per SM: -1.7 to +1.4 points against the \
+                                 lean write over eight runs, docs/fp4.md "Twenty-fourth round") */
 #endif
 #ifndef KVX_FP4_BULK_WARPS
 #define KVX_FP4_BULK_WARPS 8 /* warps per CTA, each with its own ring */
@@ -1097,15 +1136,24 @@ __global__ void __launch_bounds__(KVX_FP4_LEAN_THREADS, KVX_FP4_LEAN_MIN_BLOCKS)
 #ifndef KVX_FP4_BULK_STAGES
 #define KVX_FP4_BULK_STAGES 2 /* rows in each warp's ring */
 #endif
+#ifndef KVX_FP4_BULK_CTAS16
+#define KVX_FP4_BULK_CTAS16 3 /* 16-value blocks (NVFP4, MXFP4): CTAs per SM the registers must allow, as many as
+                                 the rings fit in shared memory (OCP blocks: 2, their codes need 128 registers) */
+#endif
+#ifndef KVX_FP4_BULK_SB_UNROLL
+#define KVX_FP4_BULK_SB_UNROLL 1 /* blocks of a side per unrolled step of a lane (2: within noise, one more register) */
+#endif
 #ifndef KVX_FP4_BULK_MAX_ROW
 #define KVX_FP4_BULK_MAX_ROW 4096 /* bytes of one side's IO row, at most */
 #endif
 
 template <int DT, int FMT>
-__global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS) write_bulk_kernel(Params P) {
+__global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS, FMT != kvx_ref::FP4_MXFP4_OCP ? KVX_FP4_BULK_CTAS16 : 2)
+    write_bulk_kernel(Params P) {
   kvx_cuda::dependent_entry();
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* the sm_80 build: an empty kernel, never launched */
   constexpr int ES = Es<DT>::value, B = LeanB<FMT>::value, NV = B * ES / 16, S = KVX_FP4_BULK_STAGES;
+  constexpr int SBU = KVX_FP4_BULK_SB_UNROLL;
   extern __shared__ __align__(128) unsigned char bulk_ring[];
   __shared__ unsigned long long bar[KVX_FP4_BULK_WARPS][S];
   __shared__ uint4 thr_tab[512];
@@ -1152,19 +1200,20 @@ __global__ void __launch_bounds__(32 * KVX_FP4_BULK_WARPS) write_bulk_kernel(Par
           const Side& Sd = P.side[sd];
           const uint4* src_s = (const uint4*)(ring + ((size_t)st * 2 + sd) * row_bytes);
           const char* io_row = Sd.io + (long long)row * Sd.io_token * ES;
-          char* code_row = Sd.codes + ((long long)b * Sd.c_block + (long long)t * Sd.c_token) / 2;
+          /* fast_ok: c_block and c_token are multiples of B, so the nibble offset is even and >> 1 halves it */
+          char* code_row = Sd.codes + (((long long)b * Sd.c_block + (long long)t * Sd.c_token) >> 1);
           char* sc_row = Sd.scales + (long long)b * Sd.s_block + (long long)t * Sd.s_token;
           const unsigned toff = FMT == kvx_ref::FP4_NVFP4 ? (KVX_FP4_LEAN_THR_C ? 128 : 256) * sd : 0;
           const uint4* thr = thr_tab + toff;
-#pragma unroll 2
+#pragma unroll SBU
           for (unsigned sb = lane; sb < NS; sb += 32u) {
             uint4 raw[NV];
 #pragma unroll
             for (int v = 0; v < NV; ++v) raw[v] = src_s[sb * NV + v];
             uint32_t out[B / 8];
             const uint32_t sbyte =
-                encode_lean<DT, FMT, true>((const uint32_t*)raw, ws[sd], thr, io_row + sb * (unsigned)B * ES, out,
-                                           thr_a + toff * 16u);
+                encode_lean<DT, FMT, true, KVX_FP4_BULK_NV_LITE>((const uint32_t*)raw, ws[sd], thr,
+                                                                 io_row + sb * (unsigned)B * ES, out, thr_a + toff * 16u);
             if constexpr (B == 32) {
               *(uint4*)(code_row + sb * 16u) = make_uint4(out[0], out[1], out[2], out[3]);
             } else {
