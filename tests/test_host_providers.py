@@ -75,6 +75,13 @@
   PER_TENSOR scale into HND FP8 caches (R-FP8), V read through K's entries in KV_OFFSETS gathers from FP8
   pools (R-GATHER); each certified, since those pairs met only in small calls; now the all-pairs designs
   ``pairwise.write`` / ``pairwise.gather`` see it.
+- ``front_nhd_convert_sentinel`` / ``front_hnd_grid16`` / ``front_offset_sum_overflow``: a non-negative
+  ``invalid_slot`` written by converting writes of more than 24 tokens into NHD caches, tokens past 65535
+  dropped from writes into HND / HND_PACKED caches, a tensor whose farthest offset overflows int64 only as
+  a sum of its dims' terms validated OK; each certified, since the sentinel batch wrote same-dtype rows,
+  the 65600-token write ran in the core layout and every overflow case overflowed in one term; now
+  ``write.prefill_batch_sentinel_convert``, ``write.prefill_batch_65600[hnd*]`` and
+  ``validate.field_invalid[*offset_overflow_sum]`` see it.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -308,6 +315,9 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_misaligned_hnd_tail", ["pairwise.gather"], "generated"),
     ("front_fp8_v_k_scale", ["pairwise.write"], "generated"),
     ("front_kvo_fp8_v_from_k", ["pairwise.gather"], "generated"),
+    ("front_nhd_convert_sentinel", ["write.prefill_batch_sentinel_convert*"], "core"),
+    ("front_hnd_grid16", ["write.prefill_batch_65600*"], "core"),
+    ("front_offset_sum_overflow", ["validate.field_invalid*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

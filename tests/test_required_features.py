@@ -41,10 +41,12 @@ COMBINED = {
         "K and V that differ, written / gathered through F32 IO: mixed_layouts with mixed_io_dtype "
         "(excused unless both are claimed)",
     r"layout\.padded_rows\[.*hnd_packed.*\]": "padding of an HND_PACKED cache needs HND_PACKED",
-    r"(write\.prefill_batch(_sentinel)?|gather\.decode_batch|concurrency\.threads\.layouts|shapes\.layouts)"
+    r"(write\.prefill_batch(_sentinel|_sentinel_convert|_65600)?|gather\.decode_batch|concurrency\.threads\.layouts|"
+    r"shapes\.layouts)"
     r"\[.*hnd_packed.*\]":
         "the engine-sized batches, the thread tests and the shape extremes run in each cache layout: their "
-        "HND_PACKED case is that layout's (hnd_packed), excused as the case's own optional feature unless claimed",
+        "HND_PACKED case is that layout's (hnd_packed), excused as the case's own optional feature unless claimed "
+        "(the converting sentinel batch: with mixed_io_dtype, excused unless both are claimed)",
     r"matrix\..*\[.*(hnd_packed|e4m3|e5m2).*\]":
         "the matrix crosses every layout with every cache dtype and table format: a case's HND_PACKED layout, "
         "FP8 dtype or table is its own optional feature, excused unless claimed",

@@ -106,6 +106,17 @@
  *       scale (R-FP8: each side its own descriptor): `pairwise.write`.
  *   libkvx_testing_front_kvo_fp8_v_from_k.so  FRONT_KVO_FP8_V_FROM_K: a KV_OFFSETS gather of 32 or more
  *       sequences from FP8 pools reads V through K's entries (spec 5.1, R-GATHER): `pairwise.gather`.
+ *   libkvx_testing_front_nhd_convert_sentinel.so  FRONT_NHD_CONVERT_SENTINEL: a converting write (both IO
+ *       dtypes other than their caches') of more than 24 tokens into NHD K and V caches skips negative
+ *       slots only, so tokens whose slot is a non-negative invalid_slot are written (spec 5.2, 7; R-WRITE):
+ *       `write.prefill_batch_sentinel_convert`.
+ *   libkvx_testing_front_hnd_grid16.so  FRONT_HND_GRID16: a write of more than 65535 tokens into a cache
+ *       whose K or V is BLOCK_HND or BLOCK_HND_PACKED stores tokens 0 to 65535 only (a grid dimension of
+ *       16 bits; spec 7, 5.2: every token): `write.prefill_batch_65600[hnd]`, `[hnd_packed]`.
+ *   libkvx_testing_front_offset_sum_overflow.so  FRONT_OFFSET_SUM_OVERFLOW: kvx_validate_cache_desc
+ *       bounds each stride * (extent - 1) of a tensor but not their sum, and answers OK for a tensor
+ *       whose farthest element offset overflows int64 that way (R-CACHE; spec 7 MUST validate strides):
+ *       `validate.field_invalid[offset_overflow_sum]`, `[v_offset_overflow_sum]`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -138,6 +149,9 @@
 #define FRONT_MISALIGNED_HND_TAIL 27
 #define FRONT_FP8_V_K_SCALE 28
 #define FRONT_KVO_FP8_V_FROM_K 29
+#define FRONT_NHD_CONVERT_SENTINEL 30
+#define FRONT_HND_GRID16 31
+#define FRONT_OFFSET_SUM_OVERFLOW 32
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -598,13 +612,19 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
 }
 #endif
 
-#if KVX_FRONT_DEFECT == FRONT_HND_SENTINEL || KVX_FRONT_DEFECT == FRONT_FP4_BULK_SENTINEL
-/* HND_SENTINEL: more than 24 tokens into HND K and V caches; FP4_BULK_SENTINEL: more than 16 tokens
- * into an FP4 cache: only negative slots skipped (invalid_slot -1). */
+#if KVX_FRONT_DEFECT == FRONT_HND_SENTINEL || KVX_FRONT_DEFECT == FRONT_FP4_BULK_SENTINEL || \
+    KVX_FRONT_DEFECT == FRONT_NHD_CONVERT_SENTINEL
+/* HND_SENTINEL: more than 24 tokens into HND K and V caches; NHD_CONVERT_SENTINEL: more than 24
+ * tokens into NHD K and V caches, both sides converting; FP4_BULK_SENTINEL: more than 16 tokens into
+ * an FP4 cache: only negative slots skipped (invalid_slot -1). */
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
 #if KVX_FRONT_DEFECT == FRONT_HND_SENTINEL
   const int gated = write_plain(cache, desc) && cache->k.layout == KVX_LAYOUT_BLOCK_HND &&
                     cache->v.layout == KVX_LAYOUT_BLOCK_HND && desc->io.num_tokens > 24;
+#elif KVX_FRONT_DEFECT == FRONT_NHD_CONVERT_SENTINEL
+  const int gated = write_plain(cache, desc) && cache->k.layout == KVX_LAYOUT_BLOCK_NHD &&
+                    cache->v.layout == KVX_LAYOUT_BLOCK_NHD && desc->io.key.dtype != cache->k.dtype &&
+                    desc->io.value.dtype != cache->v.dtype && desc->io.num_tokens > 24;
 #else
   const int gated = write_plain(cache, desc) && fp4_call(cache) && desc->io.num_tokens > 16;
 #endif
@@ -735,14 +755,27 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   }
   return ref.write(cache, &local, stream);
 }
-#elif KVX_FRONT_DEFECT == FRONT_HND_WIDE_BLOCKS || KVX_FRONT_DEFECT == FRONT_HND_BF16_TAIL
+#elif KVX_FRONT_DEFECT == FRONT_HND_WIDE_BLOCKS || KVX_FRONT_DEFECT == FRONT_HND_BF16_TAIL || \
+    KVX_FRONT_DEFECT == FRONT_HND_GRID16
 /* HND_WIDE_BLOCKS: into HND caches of blocks above 128 tokens, no token at a block offset of 128 or
  * more stored; HND_BF16_TAIL: of more than 128 BF16 rows into HND BF16 caches, only whole tiles of
- * 128 tokens stored. The tokens dropped get slot -1. */
+ * 128 tokens stored; HND_GRID16: into caches with an HND or HND_PACKED side, no token past 65535
+ * stored. The tokens dropped get slot -1. */
+#if KVX_FRONT_DEFECT == FRONT_HND_GRID16
+static int hnd_side(const kvx_cache_desc_t* cache) {
+  const kvx_layout_t k = cache->k.layout, v = cache->v.layout;
+  return k == KVX_LAYOUT_BLOCK_HND || k == KVX_LAYOUT_BLOCK_HND_PACKED || v == KVX_LAYOUT_BLOCK_HND ||
+         v == KVX_LAYOUT_BLOCK_HND_PACKED;
+}
+#endif
+
 static int dropped(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, size_t i, int64_t slot) {
 #if KVX_FRONT_DEFECT == FRONT_HND_WIDE_BLOCKS
   (void)desc, (void)i;
   return slot % cache->block_size >= 128;
+#elif KVX_FRONT_DEFECT == FRONT_HND_GRID16
+  (void)cache, (void)desc, (void)slot;
+  return i > 65535;
 #else
   (void)cache, (void)slot;
   return i >= desc->io.num_tokens / 128 * 128;
@@ -754,6 +787,8 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
 #if KVX_FRONT_DEFECT == FRONT_HND_WIDE_BLOCKS
   const int gated = write_plain(cache, desc) && cache->block_size > 128 &&
                     (cache->k.layout == KVX_LAYOUT_BLOCK_HND || cache->v.layout == KVX_LAYOUT_BLOCK_HND);
+#elif KVX_FRONT_DEFECT == FRONT_HND_GRID16
+  const int gated = write_plain(cache, desc) && hnd_side(cache) && desc->io.num_tokens > 65535;
 #else
   const int gated = write_plain(cache, desc) && cache->k.layout == KVX_LAYOUT_BLOCK_HND &&
                     cache->v.layout == KVX_LAYOUT_BLOCK_HND && cache->k.dtype == KVX_DTYPE_BF16 &&
@@ -884,6 +919,26 @@ static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) {
   if (cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC && (fp8_pack_broken(cache, &cache->k) ||
                                                              fp8_pack_broken(cache, &cache->v)))
     return KVX_STATUS_OK; /* the defect: the pack rule checked on the 16-bit path only */
+  return ref.validate(cache);
+}
+#elif KVX_FRONT_DEFECT == FRONT_OFFSET_SUM_OVERFLOW
+/* A tensor each of whose stride * (extent - 1) fits in int64 but whose sum, the farthest element
+ * offset, does not (non-negative strides). */
+static int offset_sum_overflows(const kvx_tensor_desc_t* t) {
+  if (t->size < sizeof(kvx_tensor_desc_t) || t->ndim < 1 || t->ndim > KVX_MAX_TENSOR_DIMS) return 0;
+  int64_t sum = 0, term;
+  int over = 0;
+  for (uint32_t i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] < 1 || t->stride[i] < 0 || __builtin_mul_overflow(t->stride[i], t->shape[i] - 1, &term)) return 0;
+    over |= __builtin_add_overflow(sum, term, &sum);
+  }
+  return over;
+}
+
+static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) {
+  if (cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC && (offset_sum_overflows(&cache->k) ||
+                                                             offset_sum_overflows(&cache->v)))
+    return KVX_STATUS_OK; /* the defect: each term bounded, not their sum */
   return ref.validate(cache);
 }
 #else

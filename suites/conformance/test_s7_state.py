@@ -24,7 +24,6 @@ reuse the caller's buffers, and batches of engine size.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from kvx_conformance.abi.descriptors import Geometry
@@ -373,21 +372,45 @@ def test_prefill_sized_write_sentinel(kvx_provider, kvx_call_options, kind, slot
     verify_write(kvx_provider, case, opts, clause=CL_BATCH_NOOP, feature=())
 
 
+@conformance("write.prefill_batch_sentinel_convert", CL_BATCH_NOOP + " (converting writes)", REQUIRED, "core", "write",
+             feature="mixed_io_dtype")
+@pytest.mark.parametrize("io_dtype", [DType.F32, DType.BF16], ids=["f32", "bf16"])
+@BATCH_LAYOUTS
+def test_prefill_sized_write_sentinel_convert(kvx_provider, kvx_call_options, kind, io_dtype):
+    """``write.prefill_batch_sentinel`` from F32 or BF16 rows into the F16 caches: a converting write
+    takes its own path in many kernels (a conversion per element), and the sentinel must be a no-op
+    on that path too, in each layout (a refusal is the layout's or ``mixed_io_dtype``'s)."""
+    opts = kvx_call_options()
+    cache = _batch_cache(kind, 368)
+    slots = cb.spread_slots(BATCH, 4096, 369, exclude={BATCH_SENTINEL}).tolist()
+    for i in (3, 999, 2048, 4095):
+        slots[i] = BATCH_SENTINEL
+    slots[17] = -1
+    case = cb.write_case(cache, slots, io_dtype=io_dtype, invalid_slot=BATCH_SENTINEL, seed=370,
+                         label=f"4096-token write, {io_dtype.name} rows into a {kind.upper()} F16 cache, "
+                               f"invalid_slot={BATCH_SENTINEL} on 4 tokens, -1 on 1")
+    verify_write(kvx_provider, case, opts, clause=CL_BATCH_NOOP, feature=())
+
+
 BIG_BATCH = Geometry(num_blocks=4112, block_size=16, num_kv_heads=1, head_dim=8)  # 65792 slots, 1 MiB per tensor
 BIG_TOKENS = 65600
 CL_BIG_BATCH = "spec 7 (kvx_write_kv writes K/V for tokens using a slot mapping), 5.2 (every token of the batch)"
 
 
 @conformance("write.prefill_batch_65600", CL_BIG_BATCH, REQUIRED, "core", "write")
-def test_prefill_write_past_65535_tokens(kvx_provider, kvx_call_options):
-    """65600 tokens in one write (1 head x 8 dims F16, 4112 blocks), random distinct slots: tokens
-    65535 and later must land like the others (a grid dimension capped at 65535 drops them)."""
+@BATCH_LAYOUTS
+def test_prefill_write_past_65535_tokens(kvx_provider, kvx_call_options, kind):
+    """65600 tokens in one write (1 head x 8 dims F16, 4112 blocks), random distinct slots, in each
+    cache layout: tokens 65535 and later must land like the others (a grid dimension capped at 65535
+    drops them; a kernel per layout may cap it in one layout only). A refusal of a layout other than
+    the provider's core one is the layout's."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(BIG_BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=380)
+    cache = cb.simple_cache(BIG_BATCH, kind, DType.F16, seed=380, **({"pack": 8} if kind == "hnd_packed" else {}))
     slots = cb.spread_slots(BIG_BATCH, BIG_TOKENS, 381)
     slots[[7, 65536]] = -1  # a no-op on each side of 65535
-    verify_write(kvx_provider, cb.write_case(cache, slots, seed=382, label=f"{BIG_TOKENS}-token write"), opts,
-                 clause=CL_BIG_BATCH)
+    verify_write(kvx_provider, cb.write_case(cache, slots, seed=382,
+                                             label=f"{BIG_TOKENS}-token write, {kind.upper()} cache"), opts,
+                 clause=CL_BIG_BATCH, feature=())
 
 
 def _decode_batch(kvx_provider, opts, seed: int, kind: str | None = None):

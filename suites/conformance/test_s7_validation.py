@@ -233,18 +233,30 @@ FIELD_CASES = {
     # V's strides are checked like K's (a validator that checks K twice passes the K cases)
     "v_stride_zero": {"cache.v.stride[1]": 0},
     "v_offset_overflow": {"cache.v.stride[0]": 2 ** 62},
+    # the farthest element offset overflows int64 only as a sum: each stride * (extent - 1) of dims 0
+    # and 1 lies in [2^62, 2^63), so a validator that bounds each term alone misses it
+    "offset_overflow_sum": "k",
+    "v_offset_overflow_sum": "v",
 }
+
+
+def _sum_overflow(side: str, shape) -> dict:
+    """Strides of dims 0 and 1 of ``side`` whose terms stride * (extent - 1) each fit in int64 and
+    whose sum does not (both extents above 1 in either core layout)."""
+    return {f"cache.{side}.stride[{i}]": -(-(2 ** 62) // (int(shape[i]) - 1)) for i in (0, 1)}
 
 
 @conformance("validate.field_invalid", "spec 4.2, 4.3, 6.2, 7; R-CACHE", REQUIRED, "core", "validate")
 @pytest.mark.parametrize("which", list(FIELD_CASES))
 def test_field_invalid(kvx_provider, kvx_call_options, which):
     opts = kvx_call_options()
-    ov = dict(FIELD_CASES[which])
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    ov = FIELD_CASES[which]
+    ov = _sum_overflow(ov, cb.simple_cache(G, kind, DType.F16, seed=1).k.shape) if isinstance(ov, str) else dict(ov)
     if which == "k_v_memory_differ" and opts.memory == Memory.UNIFIED:
         ov = {"cache.v.memory": int(Memory.HOST)}
     # the provider's core layout: stride[1] (tokens in NHD, heads in HND) has an extent above 1 in both
-    verify_validate(kvx_provider, _vcase(cb.core_layout(kvx_provider, opts.memory), overrides=ov, label=which), opts,
+    verify_validate(kvx_provider, _vcase(kind, overrides=ov, label=which), opts,
                     clause="spec 4.2, 4.3, 6.2, 7; R-CACHE", expect=INVALID)
 
 
