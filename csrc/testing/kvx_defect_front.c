@@ -117,6 +117,11 @@
  *       bounds each stride * (extent - 1) of a tensor but not their sum, and answers OK for a tensor
  *       whose farthest element offset overflows int64 that way (R-CACHE; spec 7 MUST validate strides):
  *       `validate.field_invalid[offset_overflow_sum]`, `[v_offset_overflow_sum]`.
+ *   libkvx_testing_front_hnd_u32_offset.so  FRONT_HND_U32_OFFSET: writes and PACKED / RAGGED gathers on
+ *       canonical BLOCK_HND K and V caches of more than 2^32 elements (a power-of-two block stride)
+ *       compute element offsets in 32 bits, so block b stands for block b mod (2^32 / block stride)
+ *       (spec 4.1, 4.2; R-CACHE: 64-bit offsets): `large_cache.write_high_slots[hnd-*]`,
+ *       `large_cache.gather_high_blocks[hnd]`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -152,6 +157,7 @@
 #define FRONT_NHD_CONVERT_SENTINEL 30
 #define FRONT_HND_GRID16 31
 #define FRONT_OFFSET_SUM_OVERFLOW 32
+#define FRONT_HND_U32_OFFSET 33
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -230,7 +236,7 @@ static void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
   return ref.own ? (void*)ref.own : stream;
 }
 #else
-static void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
+static inline void* stream_for(const kvx_cache_desc_t* cache, void* stream) {
   (void)cache;
   return stream;
 }
@@ -363,6 +369,40 @@ static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const
   free(slots);
   return st;
 }
+
+#if KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET
+/* 2^32 / block stride when K and V are canonical BLOCK_HND caches of one power-of-two block stride
+ * and more than 2^32 elements on host memory (the blocks an offset of 32 bits tells apart), else 0. */
+static uint64_t wrap_blocks(const kvx_cache_desc_t* cache) {
+  const kvx_tensor_desc_t* t[2] = {&cache->k, &cache->v};
+  const int64_t H = cache->num_kv_heads, bs = cache->block_size, D = cache->head_dim;
+  for (int i = 0; i < 2; ++i)
+    if (t[i]->size < sizeof(kvx_tensor_desc_t) || t[i]->layout != KVX_LAYOUT_BLOCK_HND || t[i]->ndim != 4 ||
+        t[i]->memory != KVX_MEMORY_HOST || t[i]->stride[3] != 1 || t[i]->stride[2] != D ||
+        t[i]->stride[1] != bs * D || t[i]->stride[0] != H * bs * D)
+      return 0;
+  const uint64_t s0 = (uint64_t)H * bs * D;
+  if (s0 == 0 || (s0 & (s0 - 1)) || s0 > (1ull << 32) || (uint64_t)cache->num_blocks * s0 <= (1ull << 32)) return 0;
+  return (1ull << 32) / s0;
+}
+
+/* `n` ids (or slots, `per` > 1: block * per + offset) of dtype `dt` with their blocks taken mod `w`
+ * (the defect), below `limit`; malloc'd. */
+static void* wrapped(const void* src, kvx_dtype_t dt, size_t n, uint64_t w, int64_t per, int64_t skip, int64_t limit) {
+  const size_t el = dt == KVX_DTYPE_S64 ? 8 : 4;
+  void* out = malloc(n * el);
+  if (!out) return NULL;
+  memcpy(out, src, n * el);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t v = index_at(src, dt, i);
+    if (v < 0 || v == skip || v >= limit) continue;
+    const int64_t nv = (int64_t)((uint64_t)(v / per) % w) * per + v % per;
+    if (el == 8) ((int64_t*)out)[i] = nv;
+    else ((int32_t*)out)[i] = (int32_t)nv;
+  }
+  return out;
+}
+#endif
 
 #if KVX_FRONT_DEFECT == FRONT_RAGGED_SCRATCH
 #define SCRATCH_IDS 65536
@@ -593,6 +633,16 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
     }
   }
   return gather_with_ids(cache, desc, ids, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = desc ? &desc->block_table : NULL;
+  const uint64_t w = gather_plain(cache, desc) ? wrap_blocks(cache) : 0;
+  if (!w || (t->format != KVX_BLOCK_TABLE_PACKED && t->format != KVX_BLOCK_TABLE_RAGGED) || !t->indices ||
+      t->indices_count == 0 || (t->index_dtype != KVX_DTYPE_S32 && t->index_dtype != KVX_DTYPE_S64))
+    return ref.gather(cache, desc, stream);
+  void* ids = wrapped(t->indices, t->index_dtype, t->indices_count, w, 1, -1, (int64_t)cache->num_blocks);
+  return ids ? gather_with_ids(cache, desc, ids, stream) : KVX_STATUS_INTERNAL_ERROR;
 }
 #elif KVX_FRONT_DEFECT == FRONT_RAGGED_S64_LENS
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
@@ -853,6 +903,18 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
     sc[sd]->stride[0] = 1;
   }
   return ref.write(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const kvx_slot_mapping_t* sm = desc ? &desc->slots : NULL;
+  const uint64_t w = write_plain(cache, desc) ? wrap_blocks(cache) : 0;
+  if (!w || !sm->slots || sm->token_count == 0 || sm->token_count != desc->io.num_tokens ||
+      (sm->dtype != KVX_DTYPE_S32 && sm->dtype != KVX_DTYPE_S64))
+    return ref.write(cache, desc, stream);
+  const int64_t bs = cache->block_size;
+  void* slots =
+      wrapped(sm->slots, sm->dtype, sm->token_count, w, bs, sm->invalid_slot, (int64_t)cache->num_blocks * bs);
+  return slots ? write_with_slots(cache, desc, slots, stream) : KVX_STATUS_INTERNAL_ERROR;
 }
 #else
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {

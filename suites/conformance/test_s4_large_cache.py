@@ -30,6 +30,9 @@ written and gathered at the rows that cross those lines (and KV_OFFSETS pools re
   of 1024 elements, 12 GiB; a write of 2^22 + 2^10 tokens, 8 GiB of input, all but 8 of them with
   slot -1), read and written through sparse buffers like the caches.
 
+The write and the gather run in NHD and in HND caches (a layout other than the provider's core one
+refusable as well): a kernel per layout may compute offsets in 32 bits in one of them only.
+
 The cache (and the pools) are never materialized: on HOST memory a private anonymous mapping
 whose untouched pages read as the zero page, scanned only where the process touched it
 (``buffers.SparseBuffer``); on DEVICE memory zeroed GPU memory (16 GiB) scanned on the GPU;
@@ -106,9 +109,16 @@ def _pow2(n: int) -> str:
     return f"2^{p}" + ("" if rest == 0 else f" {'+' if rest > 0 else '-'} {abs(rest)}")
 
 
-def _layout(provider, memory: Memory) -> TensorLayout:
-    """The provider's core layout (NHD or HND, canonical): required of it, never the reason to refuse."""
-    return cb.layout(GEOM, cb.core_layout(provider, memory), DType.F16)
+#: the canonical layouts of the large-cache write and gather: offsets computed in 32 bits in one
+#: layout's kernel alone go wrong there only. A layout other than the provider's core one is also
+#: its own optional feature (R-REFUSAL).
+KINDS = pytest.mark.parametrize("kind", ["nhd", "hnd"])
+
+
+def _kind_features(provider, memory: Memory, kind: str) -> tuple[str, ...]:
+    """What excuses a refusal of the large cache in layout ``kind``: ``large_cache``, and the layout
+    unless it is the provider's core one."""
+    return (FEATURE,) if kind == cb.core_layout(provider, memory) else (FEATURE, kind)
 
 
 def _locate(t: TensorLayout, off: int) -> tuple[int, int, int, int]:
@@ -293,10 +303,11 @@ def _answered(st, got: Result, label: str, clause: str, case: str, seed: int, ch
 
 @conformance("large_cache.write_high_slots", CL_WRITE, REQUIRED, "robustness", "write", feature=FEATURE)
 @pytest.mark.parametrize("slot_dtype", [DType.S64, DType.S32], ids=["s64", "s32"])
-def test_write_high_slots(kvx_provider, kvx_call_options, slot_dtype):
+@KINDS
+def test_write_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
     opts = kvx_call_options()
     mem = opts.memory
-    t = _layout(kvx_provider, mem)
+    t = cb.layout(GEOM, kind, DType.F16)
     seed = SEED_WRITE + int(slot_dtype)
     rng = cb.rng_for(seed)
     slots = np.array(list(WRITE_SLOTS), np.int64)
@@ -334,7 +345,7 @@ def test_write_high_slots(kvx_provider, kvx_call_options, slot_dtype):
             return stray
 
         _answered(st, got, f"a write into a {_geom_text(t)}", CL_WRITE, case, seed, written,
-                  "status (OK, or a refusal of the large cache)")
+                  "status (OK, or a refusal of the large cache)", _kind_features(kvx_provider, mem, kind))
         bad: list[str] = []
         for side, io_bits in (("k", key), ("v", value)):
             want = io_bits.reshape(n, H, D)
@@ -428,10 +439,10 @@ def _gather_desc(arena: "execute._Arena", proxy, table: BlockTable, lens: SeqLen
 
 
 @conformance("large_cache.gather_high_blocks", CL_GATHER, REQUIRED, "robustness", "gather", feature=FEATURE)
-def test_gather_high_blocks(kvx_provider, kvx_call_options):
+@KINDS
+def test_gather_high_blocks(kvx_provider, kvx_call_options, kind):
     opts = kvx_call_options()
     mem = opts.memory
-    kind = cb.core_layout(kvx_provider, mem)
     t = cb.layout(GEOM, kind, DType.F16)
     seed = SEED_GATHER
     rng = cb.rng_for(seed)
@@ -487,7 +498,8 @@ def test_gather_high_blocks(kvx_provider, kvx_call_options):
                                      clause="spec 7.2 (kvx_abi.h declares the inputs const); R-INPUTS",
                                      case=case, seed=seed)
         _answered(st, got, f"a gather from a {_geom_text(t)}", CL_GATHER, case, seed,
-                  lambda: _outputs_changed(got, proxy), "status (OK, or a refusal of the large cache)")
+                  lambda: _outputs_changed(got, proxy), "status (OK, or a refusal of the large cache)",
+                  _kind_features(kvx_provider, mem, kind))
         bad = []
         slot_ids = np.array([b * BS + j for b in ids for j in range(BS)], np.int64)
         for side, label in (("k", "gathered keys"), ("v", "gathered values")):
