@@ -324,9 +324,9 @@ BATCH = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
 BATCH_LAYOUTS = pytest.mark.parametrize("kind", ["nhd", "hnd", "hnd_packed"])
 
 
-def _batch_cache(kind: str, seed: int):
-    """An F16 cache of BATCH in layout ``kind`` (HND_PACKED: 8 elements, 16 bytes, a pack)."""
-    return cb.simple_cache(BATCH, kind, DType.F16, seed=seed, **({"pack": 8} if kind == "hnd_packed" else {}))
+def _batch_cache(kind: str, seed: int, geom: Geometry = BATCH):
+    """An F16 cache of ``geom`` in layout ``kind`` (HND_PACKED: 8 elements, 16 bytes, a pack)."""
+    return cb.simple_cache(geom, kind, DType.F16, seed=seed, **({"pack": 8} if kind == "hnd_packed" else {}))
 
 
 @conformance("write.prefill_batch", CL_BATCH, REQUIRED, "core", "write")
@@ -405,7 +405,7 @@ def test_prefill_write_past_65535_tokens(kvx_provider, kvx_call_options, kind):
     drops them; a kernel per layout may cap it in one layout only). A refusal of a layout other than
     the provider's core one is the layout's."""
     opts = kvx_call_options()
-    cache = cb.simple_cache(BIG_BATCH, kind, DType.F16, seed=380, **({"pack": 8} if kind == "hnd_packed" else {}))
+    cache = _batch_cache(kind, 380, BIG_BATCH)
     slots = cb.spread_slots(BIG_BATCH, BIG_TOKENS, 381)
     slots[[7, 65536]] = -1  # a no-op on each side of 65535
     verify_write(kvx_provider, cb.write_case(cache, slots, seed=382,
