@@ -85,6 +85,8 @@
 - ``front_hnd_u32_offset``: element offsets of HND caches of more than 2^32 elements taken in 32 bits
   (R-CACHE); certified while the ``large_cache.*`` tests ran in the core layout (NHD) only; now
   ``large_cache.write_high_slots`` and ``large_cache.gather_high_blocks`` run in NHD and HND.
+- ``front_hndp_u32_offset``: the same in HND_PACKED caches (a packed layout's own kernel); certified
+  while those two tests ran in NHD and HND only; now in HND_PACKED as well.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -322,6 +324,7 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_hnd_grid16", ["write.prefill_batch_65600*"], "core"),
     ("front_offset_sum_overflow", ["validate.field_invalid*"], "core"),
     ("front_hnd_u32_offset", ["large_cache.write_high_slots*", "large_cache.gather_high_blocks*"], "robustness"),
+    ("front_hndp_u32_offset", ["large_cache.write_high_slots*", "large_cache.gather_high_blocks*"], "robustness"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

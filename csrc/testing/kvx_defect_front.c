@@ -122,6 +122,9 @@
  *       compute element offsets in 32 bits, so block b stands for block b mod (2^32 / block stride)
  *       (spec 4.1, 4.2; R-CACHE: 64-bit offsets): `large_cache.write_high_slots[hnd-*]`,
  *       `large_cache.gather_high_blocks[hnd]`.
+ *   libkvx_testing_front_hndp_u32_offset.so  FRONT_HNDP_U32_OFFSET: the same defect in canonical
+ *       BLOCK_HND_PACKED caches of more than 2^32 elements (a kernel of its own for the packed layout):
+ *       `large_cache.write_high_slots[hnd_packed-*]`, `large_cache.gather_high_blocks[hnd_packed]`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -158,6 +161,7 @@
 #define FRONT_HND_GRID16 31
 #define FRONT_OFFSET_SUM_OVERFLOW 32
 #define FRONT_HND_U32_OFFSET 33
+#define FRONT_HNDP_U32_OFFSET 34
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -370,17 +374,27 @@ static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const
   return st;
 }
 
+#if KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET || KVX_FRONT_DEFECT == FRONT_HNDP_U32_OFFSET
+/* Whether `t` is a canonical host tensor of the defect's layout: BLOCK_HND, or BLOCK_HND_PACKED
+ * ([blocks, heads, head_dim / pack, block_size, pack]). */
+static int wrap_layout(const kvx_tensor_desc_t* t, int64_t H, int64_t bs, int64_t D) {
+  if (t->size < sizeof(kvx_tensor_desc_t) || t->memory != KVX_MEMORY_HOST || t->stride[0] != H * bs * D) return 0;
 #if KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET
-/* 2^32 / block stride when K and V are canonical BLOCK_HND caches of one power-of-two block stride
- * and more than 2^32 elements on host memory (the blocks an offset of 32 bits tells apart), else 0. */
+  return t->layout == KVX_LAYOUT_BLOCK_HND && t->ndim == 4 && t->stride[3] == 1 && t->stride[2] == D &&
+         t->stride[1] == bs * D;
+#else
+  const int64_t pack = t->ndim == 5 ? t->shape[4] : 0;
+  return t->layout == KVX_LAYOUT_BLOCK_HND_PACKED && pack > 0 && t->stride[4] == 1 && t->stride[3] == pack &&
+         t->stride[2] == bs * pack && t->stride[1] == bs * D;
+#endif
+}
+
+/* 2^32 / block stride when K and V are canonical caches of the defect's layout of one power-of-two
+ * block stride and more than 2^32 elements on host memory (the blocks an offset of 32 bits tells
+ * apart), else 0. */
 static uint64_t wrap_blocks(const kvx_cache_desc_t* cache) {
-  const kvx_tensor_desc_t* t[2] = {&cache->k, &cache->v};
   const int64_t H = cache->num_kv_heads, bs = cache->block_size, D = cache->head_dim;
-  for (int i = 0; i < 2; ++i)
-    if (t[i]->size < sizeof(kvx_tensor_desc_t) || t[i]->layout != KVX_LAYOUT_BLOCK_HND || t[i]->ndim != 4 ||
-        t[i]->memory != KVX_MEMORY_HOST || t[i]->stride[3] != 1 || t[i]->stride[2] != D ||
-        t[i]->stride[1] != bs * D || t[i]->stride[0] != H * bs * D)
-      return 0;
+  if (!wrap_layout(&cache->k, H, bs, D) || !wrap_layout(&cache->v, H, bs, D)) return 0;
   const uint64_t s0 = (uint64_t)H * bs * D;
   if (s0 == 0 || (s0 & (s0 - 1)) || s0 > (1ull << 32) || (uint64_t)cache->num_blocks * s0 <= (1ull << 32)) return 0;
   return (1ull << 32) / s0;
@@ -634,7 +648,7 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   }
   return gather_with_ids(cache, desc, ids, stream);
 }
-#elif KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET
+#elif KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET || KVX_FRONT_DEFECT == FRONT_HNDP_U32_OFFSET
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
   const kvx_block_table_t* t = desc ? &desc->block_table : NULL;
   const uint64_t w = gather_plain(cache, desc) ? wrap_blocks(cache) : 0;
@@ -904,7 +918,7 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   }
   return ref.write(cache, &local, stream);
 }
-#elif KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET
+#elif KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET || KVX_FRONT_DEFECT == FRONT_HNDP_U32_OFFSET
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
   const kvx_slot_mapping_t* sm = desc ? &desc->slots : NULL;
   const uint64_t w = write_plain(cache, desc) ? wrap_blocks(cache) : 0;

@@ -30,8 +30,9 @@ written and gathered at the rows that cross those lines (and KV_OFFSETS pools re
   of 1024 elements, 12 GiB; a write of 2^22 + 2^10 tokens, 8 GiB of input, all but 8 of them with
   slot -1), read and written through sparse buffers like the caches.
 
-The write and the gather run in NHD and in HND caches (a layout other than the provider's core one
-refusable as well): a kernel per layout may compute offsets in 32 bits in one of them only.
+The write and the gather run in NHD, HND and HND_PACKED caches (HND_PACKED with 8-element, 16-byte
+groups; a layout other than the provider's core one refusable as well): a kernel per layout may
+compute offsets in 32 bits in one of them only.
 
 The cache (and the pools) are never materialized: on HOST memory a private anonymous mapping
 whose untouched pages read as the zero page, scanned only where the process touched it
@@ -112,7 +113,18 @@ def _pow2(n: int) -> str:
 #: the canonical layouts of the large-cache write and gather: offsets computed in 32 bits in one
 #: layout's kernel alone go wrong there only. A layout other than the provider's core one is also
 #: its own optional feature (R-REFUSAL).
-KINDS = pytest.mark.parametrize("kind", ["nhd", "hnd"])
+KINDS = pytest.mark.parametrize("kind", ["nhd", "hnd", "hnd_packed"])
+#: HND_PACKED's pack: 8 F16 elements, the 16-byte groups of the engines' packed caches (R-CACHE)
+PACK = 8
+
+
+def _layout(geom: Geometry, kind: str) -> TensorLayout:
+    """The F16 cache tensor of ``geom`` in layout ``kind`` (HND_PACKED with PACK-element groups)."""
+    return cb.layout(geom, kind, DType.F16, pack=PACK if kind == "hnd_packed" else None)
+
+
+def _pack(t: TensorLayout) -> int:
+    return t.shape[4] if t.layout == Layout.BLOCK_HND_PACKED else 1
 
 
 def _kind_features(provider, memory: Memory, kind: str) -> tuple[str, ...]:
@@ -122,10 +134,16 @@ def _kind_features(provider, memory: Memory, kind: str) -> tuple[str, ...]:
 
 
 def _locate(t: TensorLayout, off: int) -> tuple[int, int, int, int]:
-    """(block, token, head, dim) of the element at element offset ``off`` of a canonical NHD / HND tensor."""
+    """(block, token, head, dim) of the element at element offset ``off`` of a canonical NHD / HND /
+    HND_PACKED tensor."""
     s = t.stride
     b, r = divmod(int(off), s[0])
-    if t.layout == Layout.BLOCK_HND:
+    if t.layout == Layout.BLOCK_HND_PACKED:
+        h, r = divmod(r, s[1])
+        group, r = divmod(r, s[2])
+        tok, lane = divmod(r, s[3])
+        dim = group * _pack(t) + lane
+    elif t.layout == Layout.BLOCK_HND:
         h, r = divmod(r, s[1])
         tok, dim = divmod(r, s[2])
     else:
@@ -145,7 +163,7 @@ def _row_offsets(t: TensorLayout, slots: np.ndarray) -> np.ndarray:
     s = np.asarray(slots, np.int64)[:, None, None]
     h = np.arange(H, dtype=np.int64)[None, :, None]
     dd = np.arange(D, dtype=np.int64)[None, None, :]
-    return cache_offsets(t.layout, tuple(t.stride), 1, s // BS, s % BS, h, dd)
+    return cache_offsets(t.layout, tuple(t.stride), _pack(t), s // BS, s % BS, h, dd)
 
 
 def _f16_bits(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -263,7 +281,7 @@ def _whose(have: np.ndarray, rows: np.ndarray, slots: np.ndarray | None = None) 
 def _geom_text(t: TensorLayout) -> str:
     n = t.span_elements()
     return (f"cache of {GEOM.num_blocks} ({_pow2(GEOM.num_blocks)}) blocks x {BS} slots x {H} heads x {D} "
-            f"({t.layout.name} F16, strides {t.stride}): {GEOM.num_slots} ({_pow2(GEOM.num_slots)}) slots, "
+            f"({t.layout.name}{f' pack {_pack(t)}' if _pack(t) > 1 else ''} F16, strides {t.stride}): {GEOM.num_slots} ({_pow2(GEOM.num_slots)}) slots, "
             f"{n} ({_pow2(n)}) elements, {n * ITEM / 2**30:.2f} GiB per tensor")
 
 
@@ -307,7 +325,7 @@ def _answered(st, got: Result, label: str, clause: str, case: str, seed: int, ch
 def test_write_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
     opts = kvx_call_options()
     mem = opts.memory
-    t = cb.layout(GEOM, kind, DType.F16)
+    t = _layout(GEOM, kind)
     seed = SEED_WRITE + int(slot_dtype)
     rng = cb.rng_for(seed)
     slots = np.array(list(WRITE_SLOTS), np.int64)
@@ -397,9 +415,9 @@ def _compact_case(t_kind: str, contents: dict[int, dict[str, np.ndarray]], seed:
     oracle's answer for it is the answer for the large cache."""
     ids = sorted(contents)
     g = Geometry(num_blocks=len(ids), block_size=BS, num_kv_heads=H, head_dim=D)
-    t = cb.layout(g, t_kind, DType.F16)
+    t = _layout(g, t_kind)
     bb, tt, hh, dd = np.indices((len(ids), BS, H, D), dtype=np.int64)
-    off = cache_offsets(t.layout, tuple(t.stride), 1, bb, tt, hh, dd)
+    off = cache_offsets(t.layout, tuple(t.stride), _pack(t), bb, tt, hh, dd)
     init = {}
     for side in ("k", "v"):
         flat = np.zeros(t.span_elements(), np.uint16)
@@ -443,7 +461,7 @@ def _gather_desc(arena: "execute._Arena", proxy, table: BlockTable, lens: SeqLen
 def test_gather_high_blocks(kvx_provider, kvx_call_options, kind):
     opts = kvx_call_options()
     mem = opts.memory
-    t = cb.layout(GEOM, kind, DType.F16)
+    t = _layout(GEOM, kind)
     seed = SEED_GATHER
     rng = cb.rng_for(seed)
     contents = _gather_contents(rng)
