@@ -7,7 +7,8 @@
 #   CASES="write-nhd-f16-t65536-h8-d128-bs16-random-device gather-hnd-f16-t65536-h8-d128-bs16-packed-sl2048-device" \
 #   OUT=/tmp/variants bash tools/kernel_variants.sh
 # VARIANTS: name=flag,flag ... (the flags become CMAKE_CUDA_FLAGS; -DKVX_NOP builds the defaults);
-# CASES: case ids or globs (as results.json names them: reports/h100-reference/results.json); REPS: runs per build (default "1 2").
+# CASES: case ids or globs (as results.json names them: reports/h100-reference/results.json); REPS: runs per build (default "1 2");
+# PRESET: the bench preset the cases come from (default standard; full has E5M2 and more token counts).
 # PREBUILT=DIR: no build here; each variant's libkvx_reference.so and libkvx_bench_copy.so are taken from DIR/NAME/
 # (built elsewhere with the same CMake line for sm_90 and carried to the GPU machine; VARIANTS then names them only).
 # Writes $OUT/NAME-REP/results.json per run and $OUT/variants.txt: % of that run's roofline per case
@@ -35,7 +36,7 @@ for rep in ${REPS:-1 2}; do
     n=${v%%=*}
     d=$(lib_dir "$n")
     KVX_CONFORM_NATIVE_DIR=$d python3 -m kvx_conformance.cli bench \
-      "$d/libkvx_reference.so" --preset standard --memory device --no-peers --quiet $FILT \
+      "$d/libkvx_reference.so" --preset "${PRESET:-standard}" --memory device --no-peers --quiet $FILT \
       --output-dir "$OUT/$n-$rep" > "$OUT/bench-$n-$rep.log" 2>&1
     echo "$n run $rep: exit $?"
   done

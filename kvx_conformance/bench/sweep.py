@@ -257,6 +257,20 @@ DECODE_SEQS = 4  # gathers: the rows come from up to this many sequences
 DECODE_FP8_SCALE = 0.0173
 
 
+def _fp8_io_sweep(tokens, memory: str) -> list[BenchCase]:
+    """FP8 quantizing writes from BF16 and F32 rows with one per-tensor scale that is not 1 (the
+    division runs): the engines' usual FP8 cache behind a BF16 model, every layout."""
+    out = []
+    for lay in LAYOUTS:
+        for dt in ("fp8_e4m3", "fp8_e5m2"):
+            for io in ("bf16", "f32"):
+                for t in tokens:
+                    for table in (("prefill", "random") if lay == "hnd_packed" else ("random",)):
+                        out.append(BenchCase("write", lay, dt, io, t, table=table, memory=memory, sweep="tokens",
+                                             scale=DECODE_FP8_SCALE))
+    return out
+
+
 def _decode_sweep(memory: str) -> list[BenchCase]:
     common = dict(heads=8, head_dim=128, block_size=16, memory=memory, cache_blocks=DECODE_BLOCKS,
                   replay=DECODE_REPLAY)
@@ -301,6 +315,7 @@ def preset(name: str, memory: str = "device", extra_dtypes: tuple[str, ...] = ()
         for lay in layouts:
             cases += _block_sweep(65536, (16, 32, 64, 128), memory, layouts=(lay,))
         cases += _table_sweep((1, 16, 256, 4096, 65536, 262144), memory)
+        cases += _fp8_io_sweep((4096, 65536, 262144), memory)
     elif name == "decode":
         cases = _decode_sweep(memory)
     else:

@@ -368,14 +368,17 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
    * read at random; one row per task (with several, the slots no row writes idle their lanes)
    * and at least KVX_CUDA_ROWS_INVERT_MIN_BYTES of rows, against which the inversion's fixed
    * cost (a memset and a pass over the slots) is small (docs/cuda-reference.md, "Thirteenth
-   * round"). */
+   * round"); FP8 quantizing writes only over a cache of at most KVX_CUDA_ROWS_INVERT_FP8_COVER slots
+   * per row ("Twenty-fifth round": a warp per slot, the slots no row writes idle). */
   p.early = p.rows && p.kind == KIND_WRITE && rows_write_early_for((int)depth);
   p.inv = nullptr;
   const bool inv_tiles = (tiles || qtiles) && !p.decode && packed_invert_ok(p, rows, H, chunks);
   const bool inv_rows = p.rows && p.kind == KIND_WRITE && p.lg_tg == 0 && rows_invert_for((int)depth) &&
                         KVX_CUDA_ROWS_INVERT_MIN_BYTES > 0 &&
                         rows * task_bytes >= (uint64_t)KVX_CUDA_ROWS_INVERT_MIN_BYTES &&
-                        rows_serve(jobs[0].src, jobs[0].dst) && invert_ok(p, rows, 1);
+                        rows_serve(jobs[0].src, jobs[0].dst) && invert_ok(p, rows, 1) &&
+                        (!kvx_ref::is_fp8(jobs[0].dst) || jobs[0].src == jobs[0].dst ||
+                         p.num_slots <= rows * (uint64_t)KVX_CUDA_ROWS_INVERT_FP8_COVER);
   if (inv_tiles || inv_rows) {
     const InvKernel k = inv_rows ? INV_ROWS : qtiles ? INV_QTILES : INV_TILES;
     const cudaError_t e = launch_inverted(k, jobs[0].src, jobs[0].dst, p, rows, stream);

@@ -68,6 +68,11 @@ constexpr int kThreads = 256;
       at least this many bytes of rows (K and V, wider side) may go over the cache's slots, at the memory depth \
       rows_invert_for takes (0: never; H200, 256 MiB: -0.2 to -1.3 points, 512 MiB and more: +0.7 to +6) */
 #endif
+#ifndef KVX_CUDA_ROWS_INVERT_FP8_COVER
+#define KVX_CUDA_ROWS_INVERT_FP8_COVER 1 /* ... FP8 quantizing writes only where the cache has at most this many \
+      slots per row written (a warp per slot: at 2, half of them idle; H200, F32 -> E4M3 at 65536 rows: \
+      70-71 % inverted, 84-86 % in row order; at 1: inverted +1 to +6 points) */
+#endif
 #ifndef KVX_CUDA_ROWS_TASK_CHUNKS
 #define KVX_CUDA_ROWS_TASK_CHUNKS KVX_CUDA_TASK_CHUNKS /* the same for the lean kernel over the IO rows */
 #endif

@@ -87,6 +87,17 @@ namespace kvx_cuda {
 #ifndef KVX_CUDA_ROWS_MIN_BLOCKS
 #define KVX_CUDA_ROWS_MIN_BLOCKS 4 /* move_rows: at most 64 registers, four 256-thread blocks per SM */
 #endif
+#ifndef KVX_CUDA_ROWS_GATHER_CS
+#define KVX_CUDA_ROWS_GATHER_CS 0 /* move_rows: a gather's output stores marked streaming (st.global.cs; \
+                                     H200: -0.5 to -1.5 points) */
+#endif
+#ifndef KVX_CUDA_ROWS_WRITE_CS
+#define KVX_CUDA_ROWS_WRITE_CS 0 /* move_rows: an unscaled write's cache stores marked streaming (H200: 0 to -1) */
+#endif
+#ifndef KVX_CUDA_ROWS_FP8_CS
+#define KVX_CUDA_ROWS_FP8_CS 1 /* move_rows: an FP8 write's cache stores marked streaming (H200: +2.7 to +3 \
+                                  points, docs/cuda-reference.md, "Twenty-fifth round") */
+#endif
 #ifndef KVX_CUDA_ROWS_FP8
 #define KVX_CUDA_ROWS_FP8 1 /* large FP8 quantizing writes into NHD/HND caches: move_rows too (where the planner \
                                sets p.rows) */
@@ -95,7 +106,8 @@ namespace kvx_cuda {
 #define KVX_CUDA_ROWS_FP8_UNROLL 2 /* (4 loads in flight and four blocks per SM: -5 to -6 points on an H200) */
 #endif
 #ifndef KVX_CUDA_ROWS_FP8_MIN_BLOCKS
-#define KVX_CUDA_ROWS_FP8_MIN_BLOCKS 6 /* at most 40 registers, six blocks per SM, no spill (4: -10 points) */
+#define KVX_CUDA_ROWS_FP8_MIN_BLOCKS 6 /* at most 40 registers, six blocks per SM (4: -10 points; 5, no spill: \
+                                          -1 to -3 from F16 / BF16, "Twenty-fifth round") */
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -362,6 +374,11 @@ __device__ __forceinline__ T ld_vec(const char* p) {
 template <class T>
 __device__ __forceinline__ void st_vec(char* p, const T& v) {
   *reinterpret_cast<T*>(p) = v;
+}
+/* The same store marked streaming (st.global.cs: evict first from L1 and L2). */
+template <class T>
+__device__ __forceinline__ void st_vec_cs(char* p, const T& v) {
+  __stcs(reinterpret_cast<T*>(p), v);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -700,7 +717,12 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
               rc = fp8_rcp(s);
             }
           }
-          st_vec<typename Op::OutVec>(gather ? (jj ? io1 : io0) + ioff : crow + coff, Op::run(v[k], s, rc, p.default_nan));
+          char* const dst = gather ? (jj ? io1 : io0) + ioff : crow + coff;
+          const typename Op::OutVec out = Op::run(v[k], s, rc, p.default_nan);
+          if (gather ? KVX_CUDA_ROWS_GATHER_CS : Op::kScaled ? KVX_CUDA_ROWS_FP8_CS : KVX_CUDA_ROWS_WRITE_CS)
+            st_vec_cs<typename Op::OutVec>(dst, out);
+          else
+            st_vec<typename Op::OutVec>(dst, out);
         }
       }
     }
