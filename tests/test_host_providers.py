@@ -87,6 +87,21 @@
   ``large_cache.write_high_slots`` and ``large_cache.gather_high_blocks`` run in NHD and HND.
 - ``front_hndp_u32_offset``: the same in HND_PACKED caches (a packed layout's own kernel); certified
   while those two tests ran in NHD and HND only; now in HND_PACKED as well.
+- ``front_bulk_bf16_nan``, ``front_bf16_ftz_write``: F32 -> BF16 conversions of more than 4096 rows
+  that turn NaNs with low payload bits into inf or +-0 (R-NAN-CLASS), or flush F32 subnormals (R-CONVERT);
+  certified while the conversion batches held the quiet NaN and no subnormal that survives BF16
+  rounding; now ``dtype.*.convert_batch`` starts with low-payload NaNs and subnormals.
+- ``front_s32_sentinel_narrow``: batches of S32 slots compared with ``(int32_t)invalid_slot`` (spec 5.2,
+  7): ``write.prefill_batch_sentinel[*-high_bits|*-negative_high]`` (sentinels outside int32).
+- ``front_ue8m0_cache``: a UE8M0 K or V dtype validated OK (spec 7): ``validate.field_invalid[*_ue8m0]``.
+- ``front_wide_len_batch``: S64 lengths of batches of 16 or more sequences narrowed to int32
+  (R-WIDE-IDS): ``gather.decode_batch_wide_indices[*_past_int32|*_low_word_negative]`` and the RAGGED
+  and KV_OFFSETS batches' ``lens_s64_past_int32`` cases.
+- ``front_fp4_raw_sentinel``, ``front_fp4_raw_pad_zero``: raw FP4 writes that store a non-negative
+  ``invalid_slot``, raw FP4 gathers of more than 64 rows that zero their padding rows (R-DATA):
+  ``fp4.write.raw_slots``, ``fp4.gather.raw_batch``.
+- ``front_fp8_recip_prefill``: FP8 writes of more than 1024 tokens by a reciprocal multiply (R-FP8):
+  ``fp8.write.division_not_reciprocal_batch``.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -325,6 +340,14 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_offset_sum_overflow", ["validate.field_invalid*"], "core"),
     ("front_hnd_u32_offset", ["large_cache.write_high_slots*", "large_cache.gather_high_blocks*"], "robustness"),
     ("front_hndp_u32_offset", ["large_cache.write_high_slots*", "large_cache.gather_high_blocks*"], "robustness"),
+    ("front_bulk_bf16_nan", ["dtype.write.convert_batch*", "dtype.gather.convert_batch*"], "core"),
+    ("front_bf16_ftz_write", ["dtype.write.convert_batch*"], "core"),
+    ("front_s32_sentinel_narrow", ["write.prefill_batch_sentinel[*"], "core"),
+    ("front_ue8m0_cache", ["validate.field_invalid*"], "core"),
+    ("front_wide_len_batch", ["gather.decode_batch_wide_indices*", "gather.ragged.decode_batch*"], "core"),
+    ("front_fp4_raw_sentinel", ["fp4.write.raw_slots*"], "fp4"),
+    ("front_fp4_raw_pad_zero", ["fp4.gather.raw_batch*"], "fp4"),
+    ("front_fp8_recip_prefill", ["fp8.write.division_not_reciprocal_batch*"], "fp8"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

@@ -125,6 +125,24 @@
  *   libkvx_testing_front_hndp_u32_offset.so  FRONT_HNDP_U32_OFFSET: the same defect in canonical
  *       BLOCK_HND_PACKED caches of more than 2^32 elements (a kernel of its own for the packed layout):
  *       `large_cache.write_high_slots[hnd_packed-*]`, `large_cache.gather_high_blocks[hnd_packed]`.
+ *   libkvx_testing_front_bulk_bf16_nan.so  FRONT_BULK_BF16_NAN: F32 -> BF16 conversions of more than 4096
+ *       rows (writes into BF16 caches, gathers from F32 caches into BF16) round by the integer trick with
+ *       no NaN case: NaNs with low payload bits become inf or carry into +-0 (R-NAN-CLASS).
+ *   libkvx_testing_front_bf16_ftz_write.so  FRONT_BF16_FTZ_WRITE: F32 -> BF16 writes of more than 4096
+ *       tokens flush F32 subnormal inputs to +-0 (R-CONVERT: no DAZ / FTZ).
+ *   libkvx_testing_front_s32_sentinel_narrow.so  FRONT_S32_SENTINEL_NARROW: writes of more than 24 tokens
+ *       with S32 slots compare them with (int32_t)invalid_slot: an invalid_slot outside int32 drops the
+ *       valid slot of its low 32 bits (spec 5.2, 7; R-WRITE).
+ *   libkvx_testing_front_ue8m0_cache.so  FRONT_UE8M0_CACHE: validation takes a UE8M0 K or V dtype for a
+ *       byte cache dtype (spec 7: MUST validate dtype; R-CACHE).
+ *   libkvx_testing_front_wide_len_batch.so  FRONT_WIDE_LEN_BATCH: gathers of 16 or more sequences narrow
+ *       each S64 length to int32 before min(L, max_seq_len) (R-WIDE-IDS).
+ *   libkvx_testing_front_fp4_raw_sentinel.so  FRONT_FP4_RAW_SENTINEL: raw FP4 writes (F4_E2M1 IO) skip
+ *       negative slots only: a non-negative invalid_slot is stored (spec 5.2, 7).
+ *   libkvx_testing_front_fp4_raw_pad_zero.so  FRONT_FP4_RAW_PAD_ZERO: raw FP4 gathers of more than 64
+ *       rows zero-fill the padding rows of the codes and of both scale outputs (R-DATA).
+ *   libkvx_testing_front_fp8_recip_prefill.so  FRONT_FP8_RECIP_PREFILL: quantizing FP8 writes of more
+ *       than 1024 tokens from F32 / BF16 rows multiply by RN32(1 / scale) (R-FP8: IEEE division).
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -162,6 +180,14 @@
 #define FRONT_OFFSET_SUM_OVERFLOW 32
 #define FRONT_HND_U32_OFFSET 33
 #define FRONT_HNDP_U32_OFFSET 34
+#define FRONT_BULK_BF16_NAN 35
+#define FRONT_BF16_FTZ_WRITE 36
+#define FRONT_S32_SENTINEL_NARROW 37
+#define FRONT_UE8M0_CACHE 38
+#define FRONT_WIDE_LEN_BATCH 39
+#define FRONT_FP4_RAW_SENTINEL 40
+#define FRONT_FP4_RAW_PAD_ZERO 41
+#define FRONT_FP8_RECIP_PREFILL 42
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -418,6 +444,43 @@ static void* wrapped(const void* src, kvx_dtype_t dt, size_t n, uint64_t w, int6
 }
 #endif
 
+#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_BF16_FTZ_WRITE || \
+    KVX_FRONT_DEFECT == FRONT_FP8_RECIP_PREFILL
+/* The descriptor's IO and cache tensors are at least this header's size (the front reads them). */
+static inline int tensors_plain(const kvx_cache_desc_t* cache, const kvx_kv_io_desc_t* io) {
+  return io->key.size >= sizeof(kvx_tensor_desc_t) && io->value.size >= sizeof(kvx_tensor_desc_t) &&
+         cache->k.size >= sizeof(kvx_tensor_desc_t) && cache->v.size >= sizeof(kvx_tensor_desc_t) &&
+         io->key.ndim == 3 && io->value.ndim == 3 && io->num_kv_heads == cache->num_kv_heads &&
+         io->head_dim == cache->head_dim && io->key.data && io->value.data;
+}
+#endif
+
+#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_BF16_FTZ_WRITE
+/* The bulk path's F32 -> BF16 conversion of more than BULK_ROWS rows. BULK_BF16_NAN: round to nearest
+ * even by the integer trick (x + 0x7FFF + lsb) >> 16 with no NaN case (a NaN whose payload lies in the
+ * low 16 bits becomes inf, 0x7FFFFFFF carries into -0.0). BF16_FTZ_WRITE: F32 subnormals read as zero
+ * (denormals-are-zero, as under nvcc --use_fast_math), so BF16 subnormal results become +-0. */
+#define BULK_ROWS 4096u
+#define BULK_MAX_ELEMS (1ull << 28)
+static inline int bulk_hit(uint32_t x) {
+#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN
+  return (x & 0x7F800000u) == 0x7F800000u && (x & 0x007FFFFFu);
+#else
+  return (x & 0x7F800000u) == 0 && (x & 0x007FFFFFu);
+#endif
+}
+static inline uint16_t bulk_bits(uint32_t x) {
+#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN
+  return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+#else
+  return (uint16_t)((x >> 16) & 0x8000u);
+#endif
+}
+static inline size_t io_esize(kvx_dtype_t dt) {
+  return dt == KVX_DTYPE_F32 ? 4 : dt == KVX_DTYPE_F16 || dt == KVX_DTYPE_BF16 ? 2 : 0;
+}
+#endif
+
 #if KVX_FRONT_DEFECT == FRONT_RAGGED_SCRATCH
 #define SCRATCH_IDS 65536
 static int64_t scratch_ids[SCRATCH_IDS]; /* shared by every call: the defect */
@@ -669,6 +732,122 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   memcpy(&local, desc, desc->size);
   local.seq_lens.dtype = KVX_DTYPE_S32; /* the defect: 64-bit lengths read as 32-bit ones */
   return ref.gather(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN
+/* The reference's gather, then every BF16 output element gathered from an F32 cache whose source is a
+ * NaN rewritten with the bulk trick's bits (the sources read through a second gather into dense F32
+ * rows); gathers of more than BULK_ROWS rows. */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_status_t st = ref.gather(cache, desc, stream);
+  if (st != KVX_STATUS_OK || !gather_plain(cache, desc) || desc->io.size < sizeof(kvx_kv_io_desc_t) ||
+      desc->io.key.size < sizeof(kvx_tensor_desc_t) || desc->io.value.size < sizeof(kvx_tensor_desc_t) ||
+      desc->io.num_tokens <= BULK_ROWS)
+    return st;
+  const int conv[2] = {desc->io.key.dtype == KVX_DTYPE_BF16 && cache->k.dtype == KVX_DTYPE_F32,
+                       desc->io.value.dtype == KVX_DTYPE_BF16 && cache->v.dtype == KVX_DTYPE_F32};
+  const uint64_t n = desc->io.num_tokens, H = desc->io.num_kv_heads, D = desc->io.head_dim;
+  if ((!conv[0] && !conv[1]) || n * H * D > BULK_MAX_ELEMS) return st;
+  const uint32_t msl = desc->max_seq_len;
+  float* tmp[2] = {(float*)calloc(n * H * D, 4), (float*)calloc(n * H * D, 4)};
+  if (!tmp[0] || !tmp[1]) {
+    free(tmp[0]);
+    free(tmp[1]);
+    return st;
+  }
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  kvx_tensor_desc_t* io[2] = {&local.io.key, &local.io.value};
+  for (int sd = 0; sd < 2; ++sd) {
+    io[sd]->dtype = KVX_DTYPE_F32;
+    io[sd]->data = tmp[sd];
+    io[sd]->ndim = 3;
+    io[sd]->shape[0] = (int64_t)n;
+    io[sd]->shape[1] = (int64_t)H;
+    io[sd]->shape[2] = (int64_t)D;
+    io[sd]->stride[0] = (int64_t)(H * D);
+    io[sd]->stride[1] = (int64_t)D;
+    io[sd]->stride[2] = 1;
+  }
+  if (ref.gather(cache, &local, stream) == KVX_STATUS_OK) {
+    const kvx_tensor_desc_t* out[2] = {&desc->io.key, &desc->io.value};
+    for (int sd = 0; sd < 2; ++sd) {
+      if (!conv[sd]) continue;
+      const kvx_tensor_desc_t* o = out[sd];
+      for (uint64_t r = 0; r < n; ++r)
+        for (uint64_t h = 0; h < H; ++h)
+          for (uint64_t e = 0; e < D; ++e) {
+            uint32_t x;
+            memcpy(&x, &tmp[sd][(r * H + h) * D + e], 4);
+            if (!bulk_hit(x)) continue;
+            const int64_t off = o->ndim == 4 && msl
+                                    ? (int64_t)(r / msl) * o->stride[0] + (int64_t)(r % msl) * o->stride[1] +
+                                          (int64_t)h * o->stride[2] + (int64_t)e * o->stride[3]
+                                    : (int64_t)r * o->stride[0] + (int64_t)h * o->stride[1] + (int64_t)e * o->stride[2];
+            const uint16_t b = bulk_bits(x); /* the defect */
+            memcpy((unsigned char*)o->data + off * 2, &b, 2);
+          }
+    }
+  }
+  free(tmp[0]);
+  free(tmp[1]);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_WIDE_LEN_BATCH
+/* Gathers of 16 or more sequences with S64 lengths: each length narrowed to int32 before
+ * min(L, max_seq_len). */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!gather_plain(cache, desc) || desc->seq_lens.dtype != KVX_DTYPE_S64 || !desc->seq_lens.lengths ||
+      desc->seq_lens.seq_count < 16 || desc->seq_lens.seq_count != desc->block_table.seq_count)
+    return ref.gather(cache, desc, stream);
+  const size_t n = desc->seq_lens.seq_count;
+  int64_t* lens = (int64_t*)malloc(n * 8);
+  if (!lens) return KVX_STATUS_INTERNAL_ERROR;
+  for (size_t i = 0; i < n; ++i) lens[i] = (int64_t)(int32_t)((const int64_t*)desc->seq_lens.lengths)[i]; /* the defect */
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.seq_lens.lengths = lens;
+  const kvx_status_t st = ref.gather(cache, &local, stream);
+  free(lens);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP4_RAW_PAD_ZERO
+/* Rows t in [from, msl) of sequence `seq` of a dense raw FP4 output (codes: two per byte, or scale
+ * bytes) cleared. */
+static void zero_rows(const kvx_tensor_desc_t* t, uint64_t seq, uint64_t from, uint64_t msl, uint64_t H, int nibbles) {
+  const int four = t->ndim == 4;
+  for (uint64_t r = from; r < msl; ++r)
+    for (uint64_t h = 0; h < H; ++h) {
+      const int64_t el = four ? (int64_t)seq * t->stride[0] + (int64_t)r * t->stride[1] + (int64_t)h * t->stride[2]
+                              : (int64_t)(seq * msl + r) * t->stride[0] + (int64_t)h * t->stride[1];
+      const int64_t n = four ? t->shape[3] : t->shape[2];
+      unsigned char* p = (unsigned char*)t->data + (nibbles ? el / 2 : el);
+      memset(p, 0, (size_t)(nibbles ? n / 2 : n)); /* the defect: padding rows cleared */
+    }
+}
+
+/* Raw FP4 gathers (F4_E2M1 outputs) of more than 64 rows: the padding rows of the codes and of both
+ * scale outputs zero-filled. */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_status_t st = ref.gather(cache, desc, stream);
+  if (st != KVX_STATUS_OK || !gather_plain(cache, desc) || desc->size < sizeof(kvx_gather_desc_t) ||
+      desc->io.key.dtype != KVX_DTYPE_F4_E2M1 || desc->io.value.dtype != KVX_DTYPE_F4_E2M1 ||
+      desc->io.num_tokens <= 64 || desc->block_table.beam_width > 1 || desc->fp4.size < sizeof(kvx_fp4_io_scales_t) ||
+      !desc->max_seq_len || (desc->seq_lens.dtype != KVX_DTYPE_S32 && desc->seq_lens.dtype != KVX_DTYPE_S64) ||
+      !desc->seq_lens.lengths)
+    return st;
+  const kvx_tensor_desc_t* t[4] = {&desc->io.key, &desc->io.value, &desc->fp4.key_scales, &desc->fp4.value_scales};
+  for (int i = 0; i < 4; ++i) /* dense rows only: the last dim contiguous */
+    if (t[i]->size < sizeof(kvx_tensor_desc_t) || !t[i]->data || (t[i]->ndim != 3 && t[i]->ndim != 4) ||
+        t[i]->stride[t[i]->ndim - 1] != 1)
+      return st;
+  for (uint32_t s = 0; s < desc->seq_lens.seq_count; ++s) {
+    const int64_t L = index_at(desc->seq_lens.lengths, desc->seq_lens.dtype, s);
+    const uint64_t n = L < 0 ? 0 : (uint64_t)L < desc->max_seq_len ? (uint64_t)L : desc->max_seq_len;
+    for (int i = 0; i < 4; ++i) zero_rows(t[i], s, n, desc->max_seq_len, desc->io.num_kv_heads, i < 2);
+  }
+  return st;
 }
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
@@ -930,6 +1109,204 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
       wrapped(sm->slots, sm->dtype, sm->token_count, w, bs, sm->invalid_slot, (int64_t)cache->num_blocks * bs);
   return slots ? write_with_slots(cache, desc, slots, stream) : KVX_STATUS_INTERNAL_ERROR;
 }
+#elif KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_BF16_FTZ_WRITE
+/* Writes of more than BULK_ROWS tokens from F32 rows into a BF16 cache side: the live tokens copied
+ * densely, every input the defect changes replaced by the F32 value of what the bulk path stores. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const kvx_slot_mapping_t* sm = &desc->slots;
+  if (!write_plain(cache, desc) || !tensors_plain(cache, &desc->io) || cache->k.memory != KVX_MEMORY_HOST ||
+      desc->io.num_tokens <= BULK_ROWS || sm->token_count != desc->io.num_tokens || !sm->slots ||
+      (sm->dtype != KVX_DTYPE_S32 && sm->dtype != KVX_DTYPE_S64))
+    return ref.write(cache, desc, stream);
+  const int conv[2] = {desc->io.key.dtype == KVX_DTYPE_F32 && cache->k.dtype == KVX_DTYPE_BF16,
+                       desc->io.value.dtype == KVX_DTYPE_F32 && cache->v.dtype == KVX_DTYPE_BF16};
+  const size_t es[2] = {io_esize(desc->io.key.dtype), io_esize(desc->io.value.dtype)};
+  if ((!conv[0] && !conv[1]) || !es[0] || !es[1] || ref.validate(cache) != KVX_STATUS_OK)
+    return ref.write(cache, desc, stream);
+  const uint64_t n = desc->io.num_tokens, H = desc->io.num_kv_heads, D = desc->io.head_dim;
+  uint64_t m = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const int64_t s = index_at(sm->slots, sm->dtype, i);
+    m += s >= 0 && s != sm->invalid_slot;
+  }
+  if (m * H * D > BULK_MAX_ELEMS) return ref.write(cache, desc, stream);
+  int64_t* slots = (int64_t*)malloc((m ? m : 1) * 8);
+  unsigned char* rows[2] = {(unsigned char*)malloc((m ? m : 1) * H * D * es[0]),
+                            (unsigned char*)malloc((m ? m : 1) * H * D * es[1])};
+  if (!slots || !rows[0] || !rows[1]) {
+    free(slots);
+    free(rows[0]);
+    free(rows[1]);
+    return KVX_STATUS_INTERNAL_ERROR;
+  }
+  const kvx_tensor_desc_t* in[2] = {&desc->io.key, &desc->io.value};
+  uint64_t j = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const int64_t s = index_at(sm->slots, sm->dtype, i);
+    if (s < 0 || s == sm->invalid_slot) continue;
+    slots[j] = s;
+    for (int sd = 0; sd < 2; ++sd)
+      for (uint64_t h = 0; h < H; ++h)
+        for (uint64_t e = 0; e < D; ++e) {
+          const unsigned char* src = (const unsigned char*)in[sd]->data +
+              (int64_t)(i * in[sd]->stride[0] + h * in[sd]->stride[1] + e * in[sd]->stride[2]) * (int64_t)es[sd];
+          unsigned char* dst = rows[sd] + ((j * H + h) * D + e) * es[sd];
+          memcpy(dst, src, es[sd]);
+          uint32_t x;
+          if (conv[sd] && (memcpy(&x, dst, 4), bulk_hit(x))) {
+            x = (uint32_t)bulk_bits(x) << 16; /* the defect */
+            memcpy(dst, &x, 4);
+          }
+        }
+    ++j;
+  }
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  kvx_tensor_desc_t* io[2] = {&local.io.key, &local.io.value};
+  for (int sd = 0; sd < 2; ++sd) {
+    io[sd]->data = rows[sd];
+    io[sd]->shape[0] = (int64_t)m;
+    io[sd]->stride[0] = (int64_t)(H * D);
+    io[sd]->stride[1] = (int64_t)D;
+    io[sd]->stride[2] = 1;
+  }
+  local.io.num_tokens = (uint32_t)m;
+  local.slots.token_count = (uint32_t)m;
+  local.slots.dtype = KVX_DTYPE_S64;
+  local.slots.invalid_slot = -1;
+  local.slots.slots = slots;
+  const kvx_status_t st = ref.write(cache, &local, stream);
+  free(slots);
+  free(rows[0]);
+  free(rows[1]);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_S32_SENTINEL_NARROW
+/* Writes of more than 24 tokens with S32 slots: the slots compared with (int32_t)invalid_slot, so an
+ * invalid_slot outside int32 drops the valid slot of its low 32 bits. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const kvx_slot_mapping_t* sm = &desc->slots;
+  if (!write_plain(cache, desc) || sm->dtype != KVX_DTYPE_S32 || !sm->slots || sm->token_count <= 24 ||
+      sm->token_count != desc->io.num_tokens || (sm->invalid_slot >= INT32_MIN && sm->invalid_slot <= INT32_MAX))
+    return ref.write(cache, desc, stream);
+  const int32_t narrowed = (int32_t)sm->invalid_slot; /* the defect: the sentinel at the slots' width */
+  int32_t* slots = (int32_t*)malloc((size_t)sm->token_count * 4);
+  if (!slots) return KVX_STATUS_INTERNAL_ERROR;
+  memcpy(slots, sm->slots, (size_t)sm->token_count * 4);
+  for (uint32_t i = 0; i < sm->token_count; ++i)
+    if (slots[i] == narrowed) slots[i] = -1;
+  return write_with_slots(cache, desc, slots, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP4_RAW_SENTINEL
+/* Raw FP4 writes (F4_E2M1 IO: codes and scale bytes copied): only negative slots skipped. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || desc->io.key.size < sizeof(kvx_tensor_desc_t) ||
+      desc->io.key.dtype != KVX_DTYPE_F4_E2M1 || desc->slots.invalid_slot < 0)
+    return ref.write(cache, desc, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.slots.invalid_slot = -1; /* the defect */
+  return ref.write(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_RECIP_PREFILL
+#define RECIP_MIN 1024u
+/* The F32 scale of FP8 side `sd` for each of `H` heads (per tensor or per head, F32 descriptors or the
+ * v1.1 pointer); 0 when the call is not one this defect handles. */
+static int side_scales(const kvx_write_desc_t* d, int sd, uint32_t H, float* out) {
+  const kvx_scale_desc_t* s = sd ? &d->v_scale_desc : &d->k_scale_desc;
+  const void* ptr = sd ? d->v_scale : d->k_scale;
+  if (s->size < sizeof *s) return 0;
+  if (s->data) {
+    if (s->dtype != KVX_DTYPE_F32) return 0;
+    if (s->granularity == KVX_SCALE_PER_TENSOR && (s->ndim == 0 || (s->ndim == 1 && s->shape[0] == 1))) {
+      for (uint32_t h = 0; h < H; ++h) out[h] = ((const float*)s->data)[0];
+      return 1;
+    }
+    if (s->granularity == KVX_SCALE_PER_HEAD && s->ndim == 1 && s->shape[0] == (int64_t)H &&
+        (H == 1 || s->stride[0] == 1)) {
+      for (uint32_t h = 0; h < H; ++h) out[h] = ((const float*)s->data)[h];
+      return 1;
+    }
+    return 0;
+  }
+  for (uint32_t h = 0; h < H; ++h) out[h] = ptr ? *(const float*)ptr : 1.0f;
+  return 1;
+}
+
+/* Quantizing FP8 writes of more than RECIP_MIN tokens from F32 / BF16 rows: each side's rows passed as
+ * F32 `x * RN32(1 / scale)` with a scale of 1, so the reference quantizes what a reciprocal-multiply
+ * kernel computes (R-FP8 asks for IEEE division). */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || !tensors_plain(cache, &desc->io) || cache->k.memory != KVX_MEMORY_HOST ||
+      desc->io.num_tokens <= RECIP_MIN || cache->num_kv_heads > 4096)
+    return ref.write(cache, desc, stream);
+  const uint64_t n = desc->io.num_tokens, H = cache->num_kv_heads, D = cache->head_dim;
+  const kvx_tensor_desc_t* in[2] = {&desc->io.key, &desc->io.value};
+  const kvx_dtype_t cd[2] = {cache->k.dtype, cache->v.dtype};
+  static __thread float sc[2][4096];
+  int quant[2];
+  for (int sd = 0; sd < 2; ++sd)
+    quant[sd] = (cd[sd] == KVX_DTYPE_F8_E4M3 || cd[sd] == KVX_DTYPE_F8_E5M2) &&
+                (in[sd]->dtype == KVX_DTYPE_BF16 || in[sd]->dtype == KVX_DTYPE_F32) &&
+                side_scales(desc, sd, (uint32_t)H, sc[sd]);
+  if ((!quant[0] && !quant[1]) || n * H * D > (1ull << 26) || ref.validate(cache) != KVX_STATUS_OK)
+    return ref.write(cache, desc, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  float* rows[2] = {NULL, NULL};
+  static const float one = 1.0f;
+  for (int sd = 0; sd < 2; ++sd) {
+    if (!quant[sd]) continue;
+    rows[sd] = (float*)malloc(n * H * D * 4);
+    if (!rows[sd]) {
+      free(rows[0]);
+      return KVX_STATUS_INTERNAL_ERROR;
+    }
+    const int f32 = in[sd]->dtype == KVX_DTYPE_F32;
+    for (uint64_t h = 0; h < H; ++h) {
+      const float r = 1.0f / sc[sd][h]; /* the defect: the reciprocal, rounded to F32, then a multiply */
+      for (uint64_t i = 0; i < n; ++i)
+        for (uint64_t e = 0; e < D; ++e) {
+          const unsigned char* p = (const unsigned char*)in[sd]->data +
+              (int64_t)(i * in[sd]->stride[0] + h * in[sd]->stride[1] + e * in[sd]->stride[2]) * (f32 ? 4 : 2);
+          uint32_t bits = 0;
+          if (f32) {
+            memcpy(&bits, p, 4);
+          } else {
+            uint16_t b;
+            memcpy(&b, p, 2);
+            bits = (uint32_t)b << 16;
+          }
+          float x;
+          memcpy(&x, &bits, 4);
+          volatile float y = x * r;
+          rows[sd][(i * H + h) * D + e] = y;
+        }
+    }
+    kvx_tensor_desc_t* t = sd ? &local.io.value : &local.io.key;
+    t->dtype = KVX_DTYPE_F32;
+    t->data = rows[sd];
+    t->stride[0] = (int64_t)(H * D);
+    t->stride[1] = (int64_t)D;
+    t->stride[2] = 1;
+    kvx_scale_desc_t* s = sd ? &local.v_scale_desc : &local.k_scale_desc;
+    s->dtype = KVX_DTYPE_F32;
+    s->granularity = KVX_SCALE_PER_TENSOR;
+    s->ndim = 0;
+    s->data = &one;
+    if (sd)
+      local.v_scale = NULL;
+    else
+      local.k_scale = NULL;
+  }
+  const kvx_status_t st = ref.write(cache, &local, stream);
+  free(rows[0]);
+  free(rows[1]);
+  return st;
+}
 #else
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
   return ref.write(cache, desc, stream_for(cache, stream));
@@ -1016,6 +1393,21 @@ static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) {
                                                              offset_sum_overflows(&cache->v)))
     return KVX_STATUS_OK; /* the defect: each term bounded, not their sum */
   return ref.validate(cache);
+}
+#elif KVX_FRONT_DEFECT == FRONT_UE8M0_CACHE
+/* Validation by element size: UE8M0 (a 1-byte dtype of the 1.2 size table, the MXFP4 scale byte)
+ * passes as a byte (FP8-like) K / V cache dtype. */
+static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) {
+  if (!cache || cache->size < KVX_V1_1_SIZEOF_CACHE_DESC || cache->size > sizeof(kvx_cache_desc_t) ||
+      cache->k.size < sizeof(kvx_tensor_desc_t) || cache->v.size < sizeof(kvx_tensor_desc_t) ||
+      (cache->k.dtype != KVX_DTYPE_UE8M0 && cache->v.dtype != KVX_DTYPE_UE8M0))
+    return ref.validate(cache);
+  kvx_cache_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, cache, cache->size);
+  if (local.k.dtype == KVX_DTYPE_UE8M0) local.k.dtype = KVX_DTYPE_F8_E4M3; /* the defect */
+  if (local.v.dtype == KVX_DTYPE_UE8M0) local.v.dtype = KVX_DTYPE_F8_E4M3;
+  return ref.validate(&local);
 }
 #else
 static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) { return ref.validate(cache); }

@@ -327,6 +327,72 @@ def test_gather_raw(kvx_provider, kvx_call_options, fmt):
     _gather(kvx_provider, kvx_call_options(), fmt, DType.F4_E2M1, layout, 70 + int(fmt), "exact")
 
 
+CL_RAW_BATCH = (CL + " (F4_E2M1 IO copies codes and scales); R-DATA (rows t >= min(L, max_seq_len) untouched, "
+                "required: the codes and both scale outputs)")
+#: ``fp4.gather.raw_batch``: 16 sequences of max_seq_len 10 (160 output rows): full, short, one empty,
+#: two longer than max_seq_len
+RAW_BATCH_LENS, RAW_BATCH_MSL = [10, 3, 0, 14, 7, 1, 10, 5, 9, 2, 13, 6, 4, 8, 10, 1], 10
+
+
+def _padding_changes(out: dict, init: dict, lens, msl: int) -> list[str]:
+    """Rows t >= min(L, max_seq_len) of each sequence that a gather changed, per output (codes
+    and scales), against their contents before the call."""
+    probs = []
+    for k in ("k", "v", "k_scales", "v_scales"):
+        g, e = out.get(k), init.get(k)
+        if g is None or e is None or g.shape != e.shape:
+            continue  # a missing output or one of another shape: gather_problems says so
+        hit = []
+        for s, L in enumerate(lens):
+            n = max(0, min(int(L), msl))
+            if n == msl:
+                continue  # no padding rows
+            rows = slice(s * msl + n, (s + 1) * msl)
+            changed = (g[rows] != e[rows]).reshape(msl - n, -1).any(axis=1)
+            hit += [(s, n + int(t)) for t in np.flatnonzero(changed)]
+        if hit:
+            s, t = hit[0]
+            row = g[s * msl + t].reshape(-1)
+            probs.append(f"{k}: {len(hit)} padding rows changed (sequence, t) {hit[:4]}; row {s * msl + t} "
+                         f"now begins {bytes(row[:6]).hex()}, was {bytes(e[s * msl + t].reshape(-1)[:6]).hex()}")
+    return probs
+
+
+@conformance("fp4.gather.raw_batch", CL_RAW_BATCH, REQUIRED, "fp4", "gather", feature="fp4")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gather_raw_batch(kvx_provider, kvx_call_options, fmt):
+    """A raw FP4 gather (F4_E2M1 outputs: codes, K and V scales) of 16 sequences into 160 rows whose
+    every byte holds 0xA5 before the call: full sequences, short ones, one of length 0 and two longer
+    than ``max_seq_len``. The padding rows of each sequence (``t >= min(L, max_seq_len)``) of the codes
+    and of both scale outputs stay 0xA5 (R-DATA), the gathered rows are the cache's bytes. A provider
+    that clears the padding rows of a batch (a zero-fill past the length in a batched raw kernel) fails;
+    ``fp4.gather.raw`` gathers 20 rows."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    layout = _core(kvx_provider, kvx_call_options)
+    seed = 540 + int(fmt)
+    cache, blocks = _filled_cache(fmt, layout, seed)
+    lens, msl = RAW_BATCH_LENS, RAW_BATCH_MSL
+    rng = np.random.default_rng(seed + 1)
+    table = np.array([rng.permutation(blocks)[:-(-msl // BS)] for _ in lens], np.int32)  # filled blocks, shuffled
+    out = DType.F4_E2M1
+    res = fx.run_gather(kvx_provider, cache, table, lens, msl, out, memory=opts.memory)
+    case = _case(fmt, out, layout, seed, f", gather of {len(lens)} sequences ({len(lens) * msl} output rows, "
+                                         f"pre-filled {fx.POISON:#04x}) table {table.tolist()} seq_lens {lens} "
+                                         f"max_seq_len {msl}")
+    init = fx.out_init(cache, len(lens) * msl, out)
+    _check_guards(res, CL_RAW_BATCH, seed, case)
+    _refusal_wrote_nothing(res, init, None, CL_RAW_BATCH, seed, case)
+    _status(res.status, Status.OK, "raw FP4 gather", CL_RAW_BATCH, seed, case)
+    _fail_if(_padding_changes(res.out, init, lens, msl), "raw FP4 gather wrote padding rows",
+             f"rows t >= min(L, max_seq_len) of each sequence untouched in the codes and in the K and V scale "
+             f"outputs (every byte still {fx.POISON:#04x})", CL_RAW_BATCH, seed, case)
+    want = fx.expected_gather(cache, table, lens, msl, out, init)
+    _fail_if(fx.gather_problems(res.out, want, out, "exact"), "raw FP4 gather (codes and scales)",
+             "bit-identical to the oracle: the cache's codes and scale bytes at rows t < min(L, max_seq_len), "
+             "the other rows untouched", CL_RAW_BATCH, seed, case)
+
+
 INVALID_CASES = {
     "head_dim_not_multiple": {"cache.head_dim": 40, "cache.k.shape[3]": 40, "cache.v.shape[3]": 40},
     "bad_format": {"cache.fp4.format": 9},
@@ -692,6 +758,88 @@ def test_write_raw(kvx_provider, kvx_call_options, fmt, layout):
     _fail_if(fx.exact_write_problems(res.cache, want), "raw FP4 write did not store the given bytes",
              "the cache holds exactly the codes and scale bytes written (K's scales to K, V's to V), other rows "
              "untouched", CL_RAW_WRITE, seed, case)
+
+
+CL_RAW_SLOTS = (CL + " (IO F4_E2M1 with desc.fp4 scales copies codes and scale bytes into the cache); spec 5.2, 7 "
+                "(a token whose slot is < 0 or equals invalid_slot, any int64 value, also a valid slot's, is a no-op, "
+                "whatever the IO dtype); R-WRITE")
+#: (slot dtype, tokens) of ``fp4.write.raw_slots``: 14 tokens (3 carry the sentinel, 1 carries -1) into the suite's
+#: cache of 12 blocks; 300 tokens (a prefill batch: whole blocks in order, 21 sentinel tokens, 16 of them a padding
+#: tail, 4 carry -1) into a cache of RAW_BATCH_BLOCKS blocks
+RAW_SLOT_CASES = [pytest.param(dt, n, id=f"{dt.name.lower()}-{n}tok") for dt in (DType.S32, DType.S64)
+                  for n in (14, 300)]
+RAW_BATCH_BLOCKS = 80
+
+
+def _raw_slot_plan(n: int, nb: int, seed: int) -> tuple[np.ndarray, int]:
+    """Slots of ``n`` raw tokens into ``nb`` blocks of BS and the non-negative ``invalid_slot``: a valid
+    slot's value that no token writes, carried by 3 (n < 50) or 21 tokens, one or four tokens -1.
+    Few tokens: scattered slots. Many: whole shuffled blocks, each in order (a prefill), the last one
+    partly, the sentinel its next free offset (where an engine's padding would land); 5 sentinel tokens
+    among the others and a tail of 16."""
+    rng = np.random.default_rng(seed)
+    small = n < 50
+    n_sent, n_neg, tail = (3, 1, 0) if small else (21, 4, 16)
+    real = n - n_sent - n_neg
+    if small:
+        perm = rng.permutation(nb * BS)
+        body, sentinel = [int(s) for s in perm[:real]], int(perm[real])
+    else:
+        blocks = rng.permutation(nb)
+        full, rem = divmod(real, BS)
+        assert full < nb
+        body = [int(b) * BS + t for b in blocks[:full] for t in range(BS)]
+        body += [int(blocks[full]) * BS + t for t in range(rem)]
+        sentinel = int(blocks[full]) * BS + rem
+    for extra in [sentinel] * (n_sent - tail) + [-1] * n_neg:
+        body.insert(int(rng.integers(0, len(body) + 1)), extra)
+    return np.array(body + [sentinel] * tail, np.int64), sentinel
+
+
+@conformance("fp4.write.raw_slots", CL_RAW_SLOTS, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("slot_dtype,n", RAW_SLOT_CASES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_write_raw_slots(kvx_provider, kvx_call_options, fmt, slot_dtype, n):
+    """``fp4.write.raw`` (codes and scale bytes copied, nothing quantized) with S32 and S64 slots and a
+    non-negative ``invalid_slot`` that is a valid slot's value, carried by several tokens beside -1, in
+    a call of 14 tokens and in a prefill batch of 300: the sentinel's row stays untouched. A raw path that
+    skips negative slots only (``slot < 0``), where the quantizing path honours ``invalid_slot``, stores
+    the sentinel tokens there."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    layout = _core(kvx_provider, kvx_call_options)
+    seed = 500 + 10 * int(fmt) + 2 * (slot_dtype == DType.S64) + (n > 50)
+    nb = NB if n < 50 else RAW_BATCH_BLOCKS
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, nb, BS, H, D, layout, k_global=gk, v_global=gv)
+    key, value = _data(seed, n, cache.B)
+    value = value * np.float32(37.0)  # V's scales unlike K's
+    kc, ks = fx.encode_rows(fmt, key, cache.g_per_head("k"))
+    vc, vs = fx.encode_rows(fmt, value, cache.g_per_head("v"))
+    slots, sentinel = _raw_slot_plan(n, nb, seed + 99)
+    res = fx.run_write(kvx_provider, cache, np.ascontiguousarray(kc), np.ascontiguousarray(vc), slots,
+                       memory=opts.memory, invalid_slot=sentinel, slot_dtype=slot_dtype,
+                       raw_scales=(np.ascontiguousarray(ks), np.ascontiguousarray(vs)))
+    carriers = np.flatnonzero(slots == sentinel).tolist()
+    shown = slots.tolist() if n < 50 else f"{slots[:8].tolist()}... ({n} tokens)"
+    case = (f"{fx.FORMAT_NAMES[fmt]} cache ({layout.name}) of {nb} blocks, F4_E2M1 IO (raw codes and scales, K's "
+            f"unlike V's), H={H} D={D} block_size={BS}, {slot_dtype.name} slots {shown}, invalid_slot {sentinel} "
+            f"(a valid slot's value) on tokens {carriers}, -1 on tokens {np.flatnonzero(slots == -1).tolist()}")
+    _check_guards(res, CL_RAW_SLOTS, seed, case)
+    _refusal_wrote_nothing(res, None, cache, CL_RAW_SLOTS, seed, case)
+    _status(res.status, Status.OK, "raw FP4 write", CL_RAW_SLOTS, seed, case)
+    b, t = divmod(sentinel, BS)
+    stored = [f"{side}_{part}[block {b}, offset {t}]" for side in ("k", "v") for part in ("codes", "scales")
+              if not np.array_equal(cache.row(getattr(res.cache, f"{side}_{part}"), b, t),
+                                    cache.row(getattr(cache, f"{side}_{part}"), b, t))]
+    _fail_if(["changed: " + ", ".join(stored)] if stored else [],
+             f"raw FP4 write stored the tokens whose slot is invalid_slot {sentinel}",
+             f"a no-op for each of tokens {carriers} (slot {sentinel} == invalid_slot): the row of slot {sentinel} "
+             f"untouched", CL_RAW_SLOTS, seed, case)
+    want = fx.expected_write(cache, key, value, slots, invalid_slot=sentinel)
+    _fail_if(fx.exact_write_problems(res.cache, want), "raw FP4 write did not store the given bytes",
+             "the cache holds exactly the codes and scale bytes written (K's scales to K, V's to V) at every valid "
+             "slot; tokens whose slot is invalid_slot or -1 no-ops, other rows untouched", CL_RAW_SLOTS, seed, case)
 
 
 CL_BAD_ID = CL + "; spec 5.1, 8 (block id >= num_blocks: OUT_OF_RANGE); R-DATA (never out of bounds), R-DEVICE-STATUS"

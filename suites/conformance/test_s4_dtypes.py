@@ -4,7 +4,10 @@
   other two (feature ``mixed_io_dtype``): values move through FP32 and round to
   nearest even; inputs include infinities, NaN, signed zeros, subnormals and values
   that overflow the narrower format; writes of a few tokens and of 64 and more (a batched
-  path rounds as the short one); gathers whose key and value outputs differ in dtype.
+  path rounds as the short one), gathers of 1024 to 65600 rows, each batch holding NaNs with
+  low or all-ones payloads (both signs) and subnormals of its source dtype (a bulk path keeps
+  NaNs NaN and subnormals unflushed as the short one does); gathers whose key and value
+  outputs differ in dtype.
 - FP8 caches (profile fp8, feature ``fp8``): write quantizes ``x / scale`` (IEEE FP32
   division), saturating, RNE; the scale comes from ``k_scale_desc`` (PER_TENSOR, also as a
   0-d scalar; PER_HEAD, also with 8 and 16 heads), else the ``k_scale`` pointer, else 1.0;
@@ -319,6 +322,47 @@ def test_gather_nan_payloads_convert(kvx_provider, kvx_call_options, cache_dtype
                    _nan_mix(512, cache_dtype, 68), "NaNs with low payload bits", clause=CL_NAN)
 
 
+#: storage bits, per source dtype (the IO dtype of a write, the cache dtype of a gather), of the subnormals
+#: and near-subnormals of the batch conversions: F32 subnormals whose BF16 rounding is not zero (2^-127,
+#: 2^-130, the largest subnormal, BF16's smallest subnormal 2^-133, its tie 1.5 x 2^-133 (to even: 2^-132)
+#: and half of it (to 0), one F32 ulp above half (to 2^-133)), F32 normals that round to F16 subnormals
+#: (2^-24, 0.75 x 2^-24, the tie 2^-25 (to 0), -1.5 x 2^-24 (to even: -2^-23), F16's largest subnormal),
+#: F16 and BF16 subnormals (the smallest, the largest, others), both signs. A path that reads F32
+#: subnormals as zero (DAZ) or flushes subnormal results (FTZ) stores +-0 for many of them.
+BATCH_SUBNORMALS = {
+    DType.F32: [0x00400000, 0x80400000, 0x00080000, 0x80080000, 0x007FFFFF, 0x807FFFFF, 0x00010000, 0x80018000,
+                0x00008000, 0x80008001, 0x33800000, 0x33400000, 0x33000000, 0xB3C00000, 0x387FC000],
+    DType.F16: [0x0001, 0x8001, 0x03FF, 0x8200, 0x0155],
+    DType.BF16: [0x0001, 0x8001, 0x007F, 0x8040, 0x0055],
+}
+#: cb.with_specials' values come first (8 elements), then these
+_BATCH_SPECIALS_AT = 8
+
+
+def _batch_specials(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """``values`` (storage of ``dtype``, flat) with the special values of the batch conversions at
+    the start: ``cb.with_specials`` (+-inf, the quiet NaN, +-0, a tiny value, a large one), then
+    :data:`NAN_LOW_PAYLOADS` (NaNs whose payload lies only in the bits a narrowing drops, or fills
+    every mantissa bit: signalling and quiet, both signs), then :data:`BATCH_SUBNORMALS`."""
+    v = cb.with_specials(values, dtype)
+    raw = np.uint32 if dtype == DType.F32 else np.uint16
+    extra = np.array(NAN_LOW_PAYLOADS[dtype] + BATCH_SUBNORMALS[dtype], raw).view(np_dtype(dtype))
+    if v.size < _BATCH_SPECIALS_AT + extra.size:  # a harness fault (outcome "error"), never a skip
+        raise RuntimeError(f"batch special values: {_BATCH_SPECIALS_AT + extra.size} of them do not fit in "
+                           f"{v.size} elements")
+    v[_BATCH_SPECIALS_AT:_BATCH_SPECIALS_AT + extra.size] = extra
+    return v
+
+
+def _batch_specials_count(dtype: DType) -> int:
+    return _BATCH_SPECIALS_AT + len(NAN_LOW_PAYLOADS[dtype]) + len(BATCH_SUBNORMALS[dtype])
+
+
+#: the clause of a batch conversion's failure: the rounding, and the values the batch holds first
+CL_BATCH = (CL_CONVERT + " (through FP32, RNE, overflow to inf; subnormals are values: no DAZ / FTZ; NaN stays "
+                         "NaN, whatever its payload, never inf, a number or a zero: R-NAN-CLASS; the rule does not "
+                         "depend on the size of the call)")
+
 #: token counts of the batch conversion writes (the other conversion tests write at most 24
 #: tokens; a provider may take another, vectorized or batched, path past some count: 4096 is a
 #: prefill chunk, past the thresholds at which such paths start)
@@ -349,22 +393,30 @@ def _ties_in_second_half(case, cache_dtype: DType, io_dtype: DType, seed: int):
     return cb.replace(case, key=key, value=value)
 
 
-@conformance("dtype.write.convert_batch", CL_CONVERT + " (through FP32, RNE, overflow to inf; writes of 64 tokens "
-             "and more, a 4096-token prefill chunk and a 65600-token prefill included)", REQUIRED, "core", "write",
-             feature="mixed_io_dtype")
+@conformance("dtype.write.convert_batch", CL_CONVERT + " (through FP32, RNE, overflow to inf, no DAZ / FTZ, NaN "
+             "stays NaN whatever its payload (R-NAN-CLASS); writes of 64 tokens and more, a 4096-token prefill "
+             "chunk and a 65600-token prefill included)", REQUIRED, "core", "write", feature="mixed_io_dtype")
 @pytest.mark.parametrize("tokens", BATCH_TOKENS)
 @pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
 def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dtype, tokens):
-    """``dtype.write.convert`` with many tokens in one call: the special values first, then random
-    values; from F32 into F16 / BF16 the second half of K and V lies at or next to rounding ties,
-    so a path that truncates (or rounds ties away) on large writes changes many elements."""
+    """``dtype.write.convert`` with many tokens in one call: the special values of the IO dtype first
+    in K and V (:func:`_batch_specials`: +-inf, the quiet NaN, +-0, NaNs whose payload lies only in
+    the bits the cache dtype drops or fills every mantissa bit, both signs, and subnormals: F32 ones
+    whose BF16 rounding is not zero, F32 values that round to F16 subnormals, F16 / BF16 ones), then
+    random values; from F32 into F16 / BF16 the second half of K and V lies at or next to rounding
+    ties, so a path that truncates (or rounds ties away) on large writes changes many elements. A
+    bulk path that rounds by the bit trick ``(x + 0x7FFF + lsb) >> 16`` with no NaN case (NaNs to
+    inf or, from 0x7FFFFFFF, to -0) or reads F32 subnormals as zero fails at 65600 tokens, though the
+    12-token ``dtype.write.nan_payloads_convert`` and ``dtype.write.subnormals`` pass."""
     opts = kvx_call_options()
     g = _batch_geom(tokens)
     cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=46)
-    case = cb.write_case(cache, cb.spread_slots(g, tokens, 46), io_dtype=io_dtype, seed=47, specials=True,
-                         label=f"{tokens} tokens, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache")
+    case = cb.write_case(cache, cb.spread_slots(g, tokens, 46), io_dtype=io_dtype, seed=47,
+                         label=f"{tokens} tokens, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache, "
+                               f"specials with low-payload NaNs and subnormals first")
+    case = cb.replace(case, key=_batch_specials(case.key, io_dtype), value=_batch_specials(case.value, io_dtype))
     case = _ties_in_second_half(case, cache_dtype, io_dtype, 48)
-    verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
+    verify_write(kvx_provider, case, opts, clause=CL_BATCH, feature="mixed_io_dtype")
 
 
 DECODE_GEOM = Geometry(num_blocks=4, block_size=4, num_kv_heads=8, head_dim=16)  # one token: 128 values
@@ -395,21 +447,27 @@ GATHER_BATCHES = {"decode_64x16": (64, 16, BATCH_GEOM), "context_2x2048": (2, 20
                   "context_1x65600": (1, 65600, LONG_GEOM)}
 
 
-@conformance("dtype.gather.convert_batch", CL_CONVERT + " (cache -> FP32 -> IO dtype, RNE, overflow to inf; "
-             "gathers of 1024, 4096 and 65600 output rows)", REQUIRED, "core", "gather", feature="mixed_io_dtype")
+@conformance("dtype.gather.convert_batch", CL_CONVERT + " (cache -> FP32 -> IO dtype, RNE, overflow to inf, no DAZ "
+             "/ FTZ, NaN stays NaN whatever its payload (R-NAN-CLASS); gathers of 1024, 4096 and 65600 output rows)",
+             REQUIRED, "core", "gather", feature="mixed_io_dtype")
 @pytest.mark.parametrize("batch", list(GATHER_BATCHES))
 @pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
 def test_gather_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dtype, batch):
     """``dtype.gather.convert`` with many output rows in one call: PACKED gathers of 64 sequences x
-    16 rows and of 2 sequences x 2048 rows (lengths from half of ``max_seq_len`` to past it), the
-    special values in the first block gathered; from an F32 cache into F16 / BF16 outputs the second
-    half of the K and V storage lies at or next to rounding ties, so a path that truncates (or rounds
-    ties away) on large gathers changes many elements (R-CONVERT: the rule does not depend on the
-    size of the call)."""
+    16 rows, of 2 sequences x 2048 rows (lengths from half of ``max_seq_len`` to past it) and of one
+    sequence of 65600 rows, the special values of the cache dtype (:func:`_batch_specials`: +-inf,
+    the quiet NaN, +-0, NaNs with low or all-ones payloads, both signs, subnormals) at the start of
+    the K and V storage, in the first block gathered; from an F32 cache into F16 / BF16 outputs the
+    second half of the K and V storage lies at or next to rounding ties, so a path that truncates (or
+    rounds ties away) on large gathers changes many elements, and one that rounds F32 to BF16 by the
+    bit trick with no NaN case turns NaNs into inf or zeros (R-CONVERT, R-NAN-CLASS: the rule does
+    not depend on the size of the call)."""
     opts = kvx_call_options()
     seqs, msl, g = GATHER_BATCHES[batch]
     cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=50)
-    k, v = cb.with_specials(cache.k_init, cache_dtype), cache.v_init.copy()
+    if _batch_specials_count(cache_dtype) > g.block_size * g.num_kv_heads * g.head_dim:  # a harness fault
+        raise RuntimeError("dtype.gather.convert_batch: the special values do not fit in the first block gathered")
+    k, v = _batch_specials(cache.k_init, cache_dtype), _batch_specials(cache.v_init, cache_dtype)
     if cache_dtype == DType.F32 and io_dtype in (DType.F16, DType.BF16):
         half = k.size // 2
         k[half:] = _near_ties(k.size - half, io_dtype, 51)
@@ -422,8 +480,9 @@ def test_gather_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dt
     lens[::5] = msl + 3  # truncated by max_seq_len
     case = cb.packed_gather(cache, table, lens.tolist(), msl, io_dtype=io_dtype, seed=54,
                             label=f"{seqs} sequences x max_seq_len {msl} ({seqs * msl} output rows), "
-                                  f"{NAMES[cache_dtype]} cache -> {NAMES[io_dtype]}")
-    verify_gather(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
+                                  f"{NAMES[cache_dtype]} cache -> {NAMES[io_dtype]}, specials with low-payload "
+                                  f"NaNs and subnormals in the first block")
+    verify_gather(kvx_provider, case, opts, clause=CL_BATCH, feature="mixed_io_dtype")
 
 
 CL_KV_OUT = (CL_CONVERT + "; spec 6.8 (io.key and io.value are tensor descriptors of their own: each output "
@@ -836,18 +895,20 @@ def _division_values(dtype: DType, scale: float) -> np.ndarray:
     return x[by_div != by_recip]
 
 
-def _division_io(io: np.ndarray, dtype: DType, granularity: str, scales, n: int, seed: int) -> np.ndarray:
-    """``io`` (dense ``[n, H, D]`` F32) refilled with discriminating values for the scale of each head."""
+def _division_io(io: np.ndarray, dtype: DType, granularity: str, scales, n: int, seed: int,
+                 g: Geometry = G) -> np.ndarray:
+    """``io`` (dense ``[n, H, D]`` F32 of geometry ``g``) refilled with discriminating values for the
+    scale of each head."""
     rng = cb.rng_for(seed)
-    out = io.reshape(n, G.num_kv_heads, G.head_dim).copy()
-    for h in range(G.num_kv_heads):
+    out = io.reshape(n, g.num_kv_heads, g.head_dim).copy()
+    for h in range(g.num_kv_heads):
         s = scales[0] if granularity == "t" else scales[h]
         pool = _division_values(dtype, s)
         if len(pool) < DIV_MIN_VALUES:  # a harness fault (outcome "error"), never a skip
             raise RuntimeError(f"fp8.write.division_not_reciprocal: only {len(pool)} values found where "
                                f"{NAMES[dtype]}(x / {s}) and {NAMES[dtype]}(x * RN32(1 / {s})) differ, "
                                f"fewer than {DIV_MIN_VALUES}: the test would not tell division from a reciprocal")
-        out[:, h, :] = rng.choice(pool, size=(n, G.head_dim), replace=len(pool) < n * G.head_dim)
+        out[:, h, :] = rng.choice(pool, size=(n, g.head_dim), replace=len(pool) < n * g.head_dim)
     return out.reshape(io.shape)
 
 
@@ -870,3 +931,29 @@ def test_fp8_write_division_not_reciprocal(kvx_provider, kvx_call_options, scale
     value = _division_io(case.value, dtype, vg, vs, n, 21)
     case = cb.replace(case, key=key, value=value)
     verify_write(kvx_provider, case, opts, clause=CL_FP8_DIV, feature="fp8")
+
+
+CL_FP8_DIV_BATCH = CL_FP8_DIV + " - at any call size"
+
+
+@conformance("fp8.write.division_not_reciprocal_batch", CL_FP8_DIV_BATCH, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("scales", list(DIV_SCALES))
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_division_not_reciprocal_batch(kvx_provider, kvx_call_options, scales, dtype):
+    """``fp8.write.division_not_reciprocal`` in a 4096-token write (the geometry of ``fp8.write.batch``,
+    2 heads x 32): every element discriminating. The other quantizing writes past 1024 tokens hold
+    random values and scales of 0.5, 2 and 0.75, whose reciprocals are exact or leave almost no value
+    where division and a reciprocal multiply differ, so a bulk path that multiplies by the reciprocal
+    past some token count was never seen."""
+    opts = kvx_call_options()
+    spec = DIV_SCALES[scales]
+    g, tokens = FP8_BATCHES["h2_d32"]
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=38)
+    case = cb.write_case(cache, cb.spread_slots(g, tokens, 39).tolist(), io_dtype=DType.F32, seed=40,
+                         label=f"{tokens}-token f32 -> {NAMES[dtype]} write, {g.num_kv_heads} heads x {g.head_dim}, "
+                               f"x / scale vs x * (1 / scale) discriminating values", **_scale_kw(spec))
+    (kg, ks), (vg, vs) = spec["k_scale_desc"], spec["v_scale_desc"]
+    key = _division_io(case.key, dtype, kg, ks, tokens, 41, g)
+    value = _division_io(case.value, dtype, vg, vs, tokens, 42, g)
+    case = cb.replace(case, key=key, value=value)
+    verify_write(kvx_provider, case, opts, clause=CL_FP8_DIV_BATCH, feature="fp8")

@@ -556,16 +556,28 @@ def test_kv_offsets_secondary(kvx_provider, kvx_call_options, beams):
 
 
 KV_BATCH = Geometry(num_blocks=64, block_size=16, num_kv_heads=2, head_dim=32)
+#: S64 lengths past int32 (R-WIDE-IDS) and the sequences of the KV_OFFSETS batch that get them (in turn): each is
+#: above the batch's max_seq_len (64), so each such sequence gathers 64 tokens (R-DATA); narrowed to int32 they
+#: read 3, 0, 17 and 9 (non-negative: a provider that narrows them answers OK with rows missing, where an
+#: INVALID_ARGUMENT would be excused as a refusal of KV_OFFSETS)
+KV_BATCH_WIDE_LENS = (2 ** 32 + 3, 2 ** 32, 2 ** 33 + 17, 2 ** 62 + 9)
+KV_BATCH_WIDE_SEQS = (0, 3, 17, 64, 100, 127, 128, 159)
 
 
 @conformance("gather.kv_offsets.secondary_pool_batch", CL_KVOFF + " - in a decode-sized batch", REQUIRED, "tables",
              "gather", feature="secondary_pool")
-@pytest.mark.parametrize("beams", [1, 2])
-def test_kv_offsets_secondary_batch(kvx_provider, kvx_call_options, beams):
+@pytest.mark.parametrize("beams,past_int32", [pytest.param(1, False, id="1"), pytest.param(2, False, id="2"),
+                                              pytest.param(2, True, id="2-lens_s64_past_int32")])
+def test_kv_offsets_secondary_batch(kvx_provider, kvx_call_options, beams, past_int32):
     """``gather.kv_offsets.secondary_pool`` in a batch of 160 sequences (0 to 64 tokens, 16-token blocks),
     about a third of the K and V entries in the secondary pool: the other secondary-pool gathers hold
     at most 4 (sequence, beam) rows, so a batch kernel taken past some row count that reads every
-    entry from the primary pool (bit 31 dropped) was never reached."""
+    entry from the primary pool (bit 31 dropped) was never reached.
+
+    ``2-lens_s64_past_int32``: S64 lengths, 8 of them past int32 (2^32 + 3, 2^32, 2^33 + 17, 2^62 + 9),
+    each gathering min(L, max_seq_len) = 64 tokens of both beams (R-WIDE-IDS, R-DATA); a batch kernel
+    that narrows each length to int32 gathers 3, 0, 17 or 9 tokens of them
+    (``gather.decode_batch_wide_indices[*_past_int32]`` for PACKED)."""
     opts = kvx_call_options()
     c = cb.kv_offsets_cache(KV_BATCH, DType.F16, primary_blocks=96, secondary_blocks=40, seed=75)
     t = cb.layout(KV_BATCH, cb.core_layout(kvx_provider, opts.memory), DType.F16)
@@ -574,9 +586,16 @@ def test_kv_offsets_secondary_batch(kvx_provider, kvx_call_options, beams):
     seqs, mb = 160, 4
     off = _offsets(seqs, beams, mb, 78 + beams, primary=96, secondary=40)
     lens = cb.rng_for(80 + beams).integers(0, mb * KV_BATCH.block_size + 1, size=seqs).tolist()
-    case = cb.kv_offsets_gather(cache, off, lens, mb * KV_BATCH.block_size, seed=82,
-                                label=f"{seqs} sequences x {beams} beams, primary and secondary pools")
-    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF, feature="secondary_pool")
+    lens_dtype, wide = DType.S32, ""
+    if past_int32:
+        for i, s in enumerate(KV_BATCH_WIDE_SEQS):
+            lens[s] = KV_BATCH_WIDE_LENS[i % len(KV_BATCH_WIDE_LENS)]
+        lens_dtype = DType.S64
+        wide = f", S64 lengths past int32 {list(KV_BATCH_WIDE_LENS)} on sequences {list(KV_BATCH_WIDE_SEQS)}"
+    case = cb.kv_offsets_gather(cache, off, lens, mb * KV_BATCH.block_size, seed=82, lens_dtype=lens_dtype,
+                                label=f"{seqs} sequences x {beams} beams, primary and secondary pools" + wide)
+    verify_gather(kvx_provider, case, opts, clause=CL_KVOFF + ("; 5.3, 6.5 (S64 lengths); R-WIDE-IDS" if wide else ""),
+                  feature="secondary_pool")
 
 
 @conformance("gather.kv_offsets.null_index_unused", "spec 5.1; kvx-abi-1.1; R-DATA (null index of an unused block)",

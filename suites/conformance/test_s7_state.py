@@ -18,7 +18,9 @@ reuse the caller's buffers, and batches of engine size.
   each time must each quantize by the values the buffers hold at that call.
 - A prefill write of 4096 tokens and a decode gather of 320 sequences: every token and
   every sequence of a call is served, not only the first tile of them; the prefill write's
-  padding tokens carry a non-negative ``invalid_slot`` too, a no-op at any batch size.
+  padding tokens carry a non-negative ``invalid_slot`` too, a no-op at any batch size, and an
+  ``invalid_slot`` outside int32 makes no live S32 slot a no-op; S64 lengths past int32 in the
+  decode batches gather ``min(L, max_seq_len)`` tokens.
 - A write of 65600 tokens: more tokens than a 16-bit grid dimension (65535) holds, so a
   kernel that launches one grid row per token with ``gridDim.y`` capped drops the tail.
 """
@@ -348,27 +350,61 @@ CL_BATCH_NOOP = ("spec 5.2 (implementations MUST treat invalid_slot as a no-op w
                  "invalid_slot or negative, MUST be treated as no-op) - in a prefill-sized write; R-WRITE")
 #: the padding tokens' invalid_slot in the prefill-sized write: a valid slot of BATCH no other token writes
 BATCH_SENTINEL = 777
+#: non-negative invalid_slot values past int32 and negative ones below it (spec 5.2: invalid_slot is an int64, any
+#: value): the low 32 bits of each (777, 1500) are valid slots that live tokens of the same write use, so a sentinel
+#: compared at an S32 slot's width (narrowed to int32) instead of as an int64 turns those tokens into no-ops
+BATCH_WIDE_SENTINELS = {"high_bits": 2 ** 32 + BATCH_SENTINEL, "negative_high": -(2 ** 32) + 1500}
+#: the live tokens of the wide-sentinel batches: (token index, slot), the slots the sentinels' low 32 bits name
+BATCH_WIDE_LIVE = ((100, BATCH_SENTINEL), (2900, 1500))
+#: (slot dtype, invalid_slot) of ``write.prefill_batch_sentinel``
+SENTINEL_BATCH = [pytest.param(DType.S32, BATCH_SENTINEL, id="s32"), pytest.param(DType.S64, BATCH_SENTINEL, id="s64"),
+                  *[pytest.param(dt, v, id=f"{dt.name.lower()}-{name}") for name, v in BATCH_WIDE_SENTINELS.items()
+                    for dt in (DType.S32, DType.S64)]]
 
 
 @conformance("write.prefill_batch_sentinel", CL_BATCH_NOOP, REQUIRED, "core", "write")
-@pytest.mark.parametrize("slot_dtype", [DType.S32, DType.S64], ids=["s32", "s64"])
+@pytest.mark.parametrize("slot_dtype,sentinel", SENTINEL_BATCH)
 @BATCH_LAYOUTS
-def test_prefill_sized_write_sentinel(kvx_provider, kvx_call_options, kind, slot_dtype):
+def test_prefill_sized_write_sentinel(kvx_provider, kvx_call_options, kind, slot_dtype, sentinel):
     """``write.prefill_batch`` whose padding tokens carry a non-negative ``invalid_slot`` (777, a valid
     slot that no other token writes), a few others -1: all are no-ops however many tokens the call
     holds, in each cache layout. ``write.slots.invalid_slot_sentinel`` writes 7 to 10 tokens in the
     core layout; a bulk path taken past some token count, or in one layout, that skips negative
-    slots only (vLLM pads with -1) writes slot 777."""
+    slots only (vLLM pads with -1) writes slot 777.
+
+    ``*-high_bits`` / ``*-negative_high``: ``invalid_slot`` 2^32 + 777 / -(2^32) + 1500, outside
+    int32, while live tokens write slots 777 and 1500 (the sentinels' low 32 bits). Only slots < 0
+    or equal to ``invalid_slot`` compared as int64 are no-ops (S32 slots sign-extended, R-WRITE):
+    with S32 slots no token can carry such a sentinel (its padding is -1) and every token with a
+    slot >= 0 is written; with S64 slots the padding carries the sentinel itself (2^32 + 777, past
+    the cache: a no-op, not OUT_OF_RANGE). A bulk path that compares S32 slots with
+    ``(int32_t)invalid_slot`` drops the live tokens of slot 777 or 1500;
+    ``write.slots.invalid_slot_sentinel[high_bits-s32]`` writes 8 tokens."""
     opts = kvx_call_options()
-    cache = _batch_cache(kind, 365)
-    slots = cb.spread_slots(BATCH, 4096, 366, exclude={BATCH_SENTINEL}).tolist()
-    for i in (5, 1500, 2047, 2048, 3000, 4095):
-        slots[i] = BATCH_SENTINEL
-    for i in (0, 1024):
-        slots[i] = -1
-    case = cb.write_case(cache, slots, slot_dtype=slot_dtype, invalid_slot=BATCH_SENTINEL, seed=367,
-                         label=f"4096-token write, {kind.upper()} cache, invalid_slot={BATCH_SENTINEL} on 6 tokens, "
-                               f"-1 on 2")
+    if sentinel == BATCH_SENTINEL:
+        cache = _batch_cache(kind, 365)
+        slots = cb.spread_slots(BATCH, 4096, 366, exclude={BATCH_SENTINEL}).tolist()
+        for i in (5, 1500, 2047, 2048, 3000, 4095):
+            slots[i] = BATCH_SENTINEL
+        for i in (0, 1024):
+            slots[i] = -1
+        label = f"4096-token write, {kind.upper()} cache, invalid_slot={BATCH_SENTINEL} on 6 tokens, -1 on 2"
+    else:
+        cache = _batch_cache(kind, 371)
+        slots = cb.spread_slots(BATCH, 4096, 372, exclude={s for _, s in BATCH_WIDE_LIVE}).tolist()
+        pad = sentinel if slot_dtype == DType.S64 else -1  # no S32 slot holds a sentinel outside int32
+        for i in (5, 1500, 2047, 2048, 3000, 4095):
+            slots[i] = pad
+        for i in (0, 1024):
+            slots[i] = -1
+        for i, s in BATCH_WIDE_LIVE:
+            slots[i] = s
+        label = (f"4096-token write, {kind.upper()} cache, {slot_dtype.name} slots, invalid_slot={sentinel} "
+                 f"(low 32 bits {sentinel & 0xFFFFFFFF}), live tokens "
+                 + ", ".join(f"{i} -> slot {s}" for i, s in BATCH_WIDE_LIVE)
+                 + f"; slot {pad} on 6 tokens, -1 on 2")
+    case = cb.write_case(cache, slots, slot_dtype=slot_dtype, invalid_slot=sentinel,
+                         seed=367 if sentinel == BATCH_SENTINEL else 373, label=label)
     verify_write(kvx_provider, case, opts, clause=CL_BATCH_NOOP, feature=())
 
 
@@ -437,47 +473,96 @@ def test_decode_sized_gather(kvx_provider, kvx_call_options, kind):
 
 
 CL_BATCH_WIDE = CL_BATCH + ", 5.3 / 6.5 (seq_lens dtype S32 or S64), 7.1 (S32 or S64 indices); R-WIDE-IDS"
-#: (block id dtype, length dtype) of the wide decode batches: ``gather.decode_batch`` is S32 / S32
-WIDE_BATCH = [pytest.param(DType.S64, DType.S64, id="idx_s64-lens_s64"),
-              pytest.param(DType.S32, DType.S64, id="idx_s32-lens_s64"),
-              pytest.param(DType.S64, DType.S32, id="idx_s64-lens_s32")]
+#: S64 lengths past int32 (R-WIDE-IDS: 64 bits wide), each above the decode batches' max_seq_len (64), so that
+#: each such sequence gathers min(L, max_seq_len) = 64 tokens (R-DATA). Narrowed to int32 they read 3, 0, 17 and 9:
+#: a short or empty sequence, an OK answer with rows missing
+WIDE_LENS = (2 ** 32 + 3, 2 ** 32, 2 ** 33 + 17, 2 ** 62 + 9)
+#: S64 lengths past int32 whose low 32 bits, narrowed to int32, are negative (2^31 + 5, 2^32 - 1, INT64_MAX): a
+#: provider that narrows them rejects a valid call (INVALID_ARGUMENT) or gathers nothing. PACKED only: a refusal of
+#: RAGGED or KV_OFFSETS is excused where the table format is not claimed
+WIDE_LENS_SIGN = (2 ** 31 + 5, 2 ** 32 - 1, 2 ** 63 - 1)
+#: the sequences of a 320-sequence decode batch given the wide lengths (in turn): the first, the last, both sides
+#: of 256
+WIDE_LEN_SEQS = (0, 3, 17, 64, 129, 200, 255, 256, 318, 319)
+#: (block id dtype, length dtype, the wide lengths or None) of the wide decode batches: ``gather.decode_batch``
+#: is S32 / S32
+WIDE_BATCH = [pytest.param(DType.S64, DType.S64, None, id="idx_s64-lens_s64"),
+              pytest.param(DType.S32, DType.S64, None, id="idx_s32-lens_s64"),
+              pytest.param(DType.S64, DType.S32, None, id="idx_s64-lens_s32"),
+              pytest.param(DType.S64, DType.S64, WIDE_LENS, id="idx_s64-lens_s64_past_int32"),
+              pytest.param(DType.S32, DType.S64, WIDE_LENS, id="idx_s32-lens_s64_past_int32"),
+              pytest.param(DType.S64, DType.S64, WIDE_LENS_SIGN, id="idx_s64-lens_s64_low_word_negative")]
+
+
+def with_wide_lens(lens: list, wide: tuple) -> list:
+    """``lens`` with the lengths ``wide`` (in turn) on the sequences WIDE_LEN_SEQS (a batch of 320 sequences)."""
+    lens = list(lens)
+    for i, s in enumerate(WIDE_LEN_SEQS):
+        lens[s] = wide[i % len(wide)]
+    return lens
 
 
 @conformance("gather.decode_batch_wide_indices", CL_BATCH_WIDE, REQUIRED, "core", "gather")
-@pytest.mark.parametrize("index_dtype,lens_dtype", WIDE_BATCH)
-def test_decode_sized_gather_wide_indices(kvx_provider, kvx_call_options, index_dtype, lens_dtype):
+@pytest.mark.parametrize("index_dtype,lens_dtype,wide", WIDE_BATCH)
+def test_decode_sized_gather_wide_indices(kvx_provider, kvx_call_options, index_dtype, lens_dtype, wide):
     """``gather.decode_batch`` (320 sequences, lengths 0 to 64) with S64 block ids and / or S64
     lengths (PyTorch's default integer tensors): each array is read at its own width in a batch of
     any size. A batch kernel for many sequences instantiated for int32 only, handed the S64 arrays
     unconverted, reads the low and high words of lengths (or ids) 0, 1, ... as those of sequences
-    0, 1, 2, 3, ...; the other S64 tables and lengths go with a few sequences."""
+    0, 1, 2, 3, ...; the other S64 tables and lengths go with a few sequences.
+
+    ``*_past_int32``: 10 of the sequences (the first and the last among them) have S64 lengths past
+    int32 (2^32 + 3, 2^32, 2^33 + 17, 2^62 + 9), each gathering min(L, max_seq_len) = 64 tokens
+    (R-WIDE-IDS, R-DATA); a batch kernel that narrows each length to int32 before the min gathers
+    3, 0, 17 or 9 tokens of them. ``*_low_word_negative``: lengths 2^31 + 5, 2^32 - 1 and 2^63 - 1,
+    whose low 32 bits read as an int32 are negative: 64 tokens each too, never INVALID_ARGUMENT.
+    ``gather.packed.wide_seq_len`` holds 2 sequences."""
     opts = kvx_call_options()
     cache, table, lens, msl = _decode_batch(kvx_provider, opts, 373)
+    if wide:
+        lens = with_wide_lens(lens, wide)
     case = cb.packed_gather(cache, table, lens, msl, seed=375, index_dtype=index_dtype,
                             lens_dtype=lens_dtype, label=f"320-sequence gather, {index_dtype.name} block ids, "
-                                                         f"{lens_dtype.name} lengths")
+                                                         f"{lens_dtype.name} lengths"
+                                                         + (f", lengths past int32 {list(wide)} on sequences "
+                                                            f"{list(WIDE_LEN_SEQS)}" if wide else ""))
     verify_gather(kvx_provider, case, opts, clause=CL_BATCH_WIDE)
 
 
 CL_BATCH_RAGGED = (CL_BATCH + " (RAGGED: token t of s uses indices[indptr[s] + t]), 6.3 (indices and indptr S32 or "
                    "S64, each its own dtype field); R-DATA, R-WIDE-IDS")
-RAGGED_BATCH = [pytest.param(DType.S32, DType.S32, id="idx_s32-indptr_s32"),
-                pytest.param(DType.S64, DType.S64, id="idx_s64-indptr_s64"),
-                pytest.param(DType.S32, DType.S64, id="idx_s32-indptr_s64"),
-                pytest.param(DType.S64, DType.S32, id="idx_s64-indptr_s32")]
+RAGGED_BATCH = [pytest.param(DType.S32, DType.S32, False, id="idx_s32-indptr_s32"),
+                pytest.param(DType.S64, DType.S64, False, id="idx_s64-indptr_s64"),
+                pytest.param(DType.S32, DType.S64, False, id="idx_s32-indptr_s64"),
+                pytest.param(DType.S64, DType.S32, False, id="idx_s64-indptr_s32"),
+                pytest.param(DType.S32, DType.S32, True, id="idx_s32-indptr_s32-lens_s64_past_int32"),
+                pytest.param(DType.S64, DType.S64, True, id="idx_s64-indptr_s64-lens_s64_past_int32")]
 
 
 @conformance("gather.ragged.decode_batch", CL_BATCH_RAGGED, REQUIRED, "tables", "gather", feature="ragged")
-@pytest.mark.parametrize("index_dtype,indptr_dtype", RAGGED_BATCH)
-def test_ragged_decode_batch(kvx_provider, kvx_call_options, index_dtype, indptr_dtype):
+@pytest.mark.parametrize("index_dtype,indptr_dtype,past_int32", RAGGED_BATCH)
+def test_ragged_decode_batch(kvx_provider, kvx_call_options, index_dtype, indptr_dtype, past_int32):
     """``gather.decode_batch`` through a RAGGED table (flashinfer's ``kv_indptr``): 320 sequences,
     lengths 0 to 64, every pair of id and indptr widths. The other RAGGED gathers hold at most 4
     sequences (the engine scenarios a few more, S32 indptr): a batch kernel for many sequences
     instantiated for an int32 indptr and handed an S64 one unconverted starts sequence s at the s-th
-    32-bit word, another sequence's range, where the front end's checks of the S64 array pass."""
+    32-bit word, another sequence's range, where the front end's checks of the S64 array pass.
+
+    ``*-lens_s64_past_int32``: S64 lengths, 10 of them past int32 as in
+    ``gather.decode_batch_wide_indices[*_past_int32]``, each such sequence's range holding
+    max_seq_len = 64 ids: it gathers min(L, max_seq_len) = 64 tokens (R-WIDE-IDS, R-DATA), not the
+    3, 0, 17 or 9 of its length narrowed to int32."""
     opts = kvx_call_options()
     cache, table, lens, msl = _decode_batch(kvx_provider, opts, 376)
-    case = cb.ragged_gather(cache, table, lens, msl, seed=378, index_dtype=index_dtype,
-                            indptr_dtype=indptr_dtype, label=f"320-sequence RAGGED gather, {index_dtype.name} ids, "
-                                                          f"{indptr_dtype.name} indptr")
+    lens_dtype, bt, wide = DType.S32, None, ""
+    if past_int32:
+        lens, lens_dtype = with_wide_lens(lens, WIDE_LENS), DType.S64
+        # a range of min(L, max_seq_len) ids a sequence: what the gather reads (R-DATA)
+        bt = cb.ragged_table(table, [min(int(n), msl) for n in lens], BATCH.block_size, table.shape[1], index_dtype,
+                             indptr_dtype)
+        wide = f", S64 lengths past int32 {list(WIDE_LENS)} on sequences {list(WIDE_LEN_SEQS)}"
+    case = cb.ragged_gather(cache, table, lens, msl, seed=378, index_dtype=index_dtype, indptr_dtype=indptr_dtype,
+                            lens_dtype=lens_dtype, block_table=bt,
+                            label=f"320-sequence RAGGED gather, {index_dtype.name} ids, {indptr_dtype.name} indptr"
+                                  + wide)
     verify_gather(kvx_provider, case, opts, clause=CL_BATCH_RAGGED, feature="ragged")

@@ -221,6 +221,18 @@ FIELD_CASES = {
     "k_dtype_s32": {"cache.k.dtype": int(DType.S32)},
     "v_dtype_u8": {"cache.v.dtype": int(DType.U8)},
     "v_dtype_99": {"cache.v.dtype": 99},
+    # every index and scale dtype on each side: a validator that admits 1-byte (or 4- / 8-byte) dtypes by
+    # their element size takes one of them for a cache dtype (UE8M0: the MXFP4 scale byte, spec 1.2)
+    "k_dtype_ue8m0": {"cache.k.dtype": int(DType.UE8M0)},
+    "v_dtype_ue8m0": {"cache.v.dtype": int(DType.UE8M0)},
+    "k_dtype_u8": {"cache.k.dtype": int(DType.U8)},
+    "v_dtype_s32": {"cache.v.dtype": int(DType.S32)},
+    "k_dtype_s64": {"cache.k.dtype": int(DType.S64)},
+    "v_dtype_s64": {"cache.v.dtype": int(DType.S64)},
+    "k_dtype_u32": {"cache.k.dtype": int(DType.U32)},
+    "v_dtype_u32": {"cache.v.dtype": int(DType.U32)},
+    "k_dtype_u64": {"cache.k.dtype": int(DType.U64)},
+    "v_dtype_u64": {"cache.v.dtype": int(DType.U64)},
     "k_layout_invalid": {"cache.k.layout": int(Layout.INVALID)},
     "v_layout_4": {"cache.v.layout": 4},
     "k_data_null": {"cache.k.data": None},
