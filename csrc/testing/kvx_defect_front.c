@@ -388,6 +388,18 @@ static inline kvx_status_t gather_with_ids(const kvx_cache_desc_t* cache, const 
   return st;
 }
 
+/* The gather through a copy of `desc` whose sequence lengths are `lens` (malloc'd; freed here). */
+static inline kvx_status_t gather_with_lens(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* lens,
+                                            void* stream) {
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.seq_lens.lengths = lens;
+  const kvx_status_t st = ref.gather(cache, &local, stream);
+  free(lens);
+  return st;
+}
+
 /* The write through a copy of `desc` whose slots are `slots` (malloc'd; freed here). */
 static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* slots,
                                             void* stream) {
@@ -804,13 +816,7 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   int64_t* lens = (int64_t*)malloc(n * 8);
   if (!lens) return KVX_STATUS_INTERNAL_ERROR;
   for (size_t i = 0; i < n; ++i) lens[i] = (int64_t)(int32_t)((const int64_t*)desc->seq_lens.lengths)[i]; /* the defect */
-  kvx_gather_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.seq_lens.lengths = lens;
-  const kvx_status_t st = ref.gather(cache, &local, stream);
-  free(lens);
-  return st;
+  return gather_with_lens(cache, desc, lens, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP4_RAW_PAD_ZERO
 /* Rows t in [from, msl) of sequence `seq` of a dense raw FP4 output (codes: two per byte, or scale
