@@ -102,6 +102,10 @@
   ``fp4.write.raw_slots``, ``fp4.gather.raw_batch``.
 - ``front_fp8_recip_prefill``: FP8 writes of more than 1024 tokens by a reciprocal multiply (R-FP8):
   ``fp8.write.division_not_reciprocal_batch``.
+- ``front_plan_addr_gather``, ``front_plan_addr_dtype``: a plan per cache address (spec 7.2, R-STATE),
+  kept by the gather path (the layout first seen with the pointers) or by converting writes (the
+  dtype); certified while only writes were made through one pair of buffers described as NHD and
+  HND: ``state.cache_layout_per_call_gather``, ``state.cache_dtype_per_call``.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -348,6 +352,8 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_fp4_raw_sentinel", ["fp4.write.raw_slots*"], "fp4"),
     ("front_fp4_raw_pad_zero", ["fp4.gather.raw_batch*"], "fp4"),
     ("front_fp8_recip_prefill", ["fp8.write.division_not_reciprocal_batch*"], "fp8"),
+    ("front_plan_addr_gather", ["state.cache_layout_per_call_gather"], "core"),
+    ("front_plan_addr_dtype", ["state.cache_dtype_per_call"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

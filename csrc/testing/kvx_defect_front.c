@@ -143,6 +143,11 @@
  *       rows zero-fill the padding rows of the codes and of both scale outputs (R-DATA).
  *   libkvx_testing_front_fp8_recip_prefill.so  FRONT_FP8_RECIP_PREFILL: quantizing FP8 writes of more
  *       than 1024 tokens from F32 / BF16 rows multiply by RN32(1 / scale) (R-FP8: IEEE division).
+ *   libkvx_testing_front_plan_addr_gather.so  FRONT_PLAN_ADDR_GATHER: gathers keep a plan per cache
+ *       address: the layout, shape and strides first seen with a pair of cache pointers (spec 7.2;
+ *       R-STATE): `state.cache_layout_per_call_gather`.
+ *   libkvx_testing_front_plan_addr_dtype.so  FRONT_PLAN_ADDR_DTYPE: converting writes into 16-bit caches
+ *       keep the cache dtype first seen with a pair of cache pointers: `state.cache_dtype_per_call`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -188,6 +193,8 @@
 #define FRONT_FP4_RAW_SENTINEL 40
 #define FRONT_FP4_RAW_PAD_ZERO 41
 #define FRONT_FP8_RECIP_PREFILL 42
+#define FRONT_PLAN_ADDR_GATHER 43
+#define FRONT_PLAN_ADDR_DTYPE 44
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -490,6 +497,56 @@ static inline uint16_t bulk_bits(uint32_t x) {
 }
 static inline size_t io_esize(kvx_dtype_t dt) {
   return dt == KVX_DTYPE_F32 ? 4 : dt == KVX_DTYPE_F16 || dt == KVX_DTYPE_BF16 ? 2 : 0;
+}
+#endif
+
+#if KVX_FRONT_DEFECT == FRONT_PLAN_ADDR_GATHER || KVX_FRONT_DEFECT == FRONT_PLAN_ADDR_DTYPE
+/* A plan per cache address: the K and V tensor descriptors first seen with a pair of cache pointers (and
+ * the same geometry) are used again by every later call of the defect's entry through those pointers,
+ * whatever the call's descriptor says (spec 7.2: the API is stateless; R-STATE). */
+#define PLANS 64
+static struct {
+  const void* k;
+  const void* v;
+  uint32_t num_blocks, block_size;
+  kvx_tensor_desc_t kt, vt;
+} plans[PLANS];
+static int plan_count;
+static pthread_mutex_t plan_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* `cache`, or `local` holding the planned tensors of its pointers (the first call's are recorded). */
+static const kvx_cache_desc_t* planned(const kvx_cache_desc_t* cache, kvx_cache_desc_t* local) {
+  if (!cache || cache->size < KVX_V1_1_SIZEOF_CACHE_DESC || cache->size > sizeof *local ||
+      cache->k.size < sizeof(kvx_tensor_desc_t) || cache->v.size < sizeof(kvx_tensor_desc_t) ||
+      cache->k.memory != KVX_MEMORY_HOST || !cache->k.data)
+    return cache;
+  pthread_mutex_lock(&plan_mu);
+  int i = 0;
+  while (i < plan_count && !(plans[i].k == cache->k.data && plans[i].v == cache->v.data &&
+                             plans[i].num_blocks == cache->num_blocks && plans[i].block_size == cache->block_size))
+    ++i;
+  if (i == plan_count) {
+    i = plan_count < PLANS ? plan_count++ : PLANS - 1;
+    plans[i].k = cache->k.data;
+    plans[i].v = cache->v.data;
+    plans[i].num_blocks = cache->num_blocks;
+    plans[i].block_size = cache->block_size;
+    plans[i].kt = cache->k;
+    plans[i].vt = cache->v;
+  }
+  memset(local, 0, sizeof *local);
+  memcpy(local, cache, cache->size);
+#if KVX_FRONT_DEFECT == FRONT_PLAN_ADDR_GATHER
+  local->k = plans[i].kt; /* the defect: the first call's layout, shape and strides */
+  local->v = plans[i].vt;
+#else
+  local->k.dtype = plans[i].kt.dtype; /* the defect: the first call's dtype */
+  local->v.dtype = plans[i].vt.dtype;
+#endif
+  local->k.data = cache->k.data;
+  local->v.data = cache->v.data;
+  pthread_mutex_unlock(&plan_mu);
+  return local;
 }
 #endif
 
@@ -854,6 +911,11 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
     for (int i = 0; i < 4; ++i) zero_rows(t[i], s, n, desc->max_seq_len, desc->io.num_kv_heads, i < 2);
   }
   return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_PLAN_ADDR_GATHER
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  kvx_cache_desc_t local;
+  return ref.gather(gather_plain(cache, desc) ? planned(cache, &local) : cache, desc, stream);
 }
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
@@ -1312,6 +1374,15 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   free(rows[0]);
   free(rows[1]);
   return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_PLAN_ADDR_DTYPE
+/* Converting writes (IO dtype other than the cache's) of 16-bit caches keep the first call's cache dtype. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  kvx_cache_desc_t local;
+  const int converting = write_plain(cache, desc) && desc->io.key.size >= sizeof(kvx_tensor_desc_t) &&
+                         cache->k.size >= sizeof(kvx_tensor_desc_t) && desc->io.key.dtype != cache->k.dtype &&
+                         (cache->k.dtype == KVX_DTYPE_F16 || cache->k.dtype == KVX_DTYPE_BF16);
+  return ref.write(converting ? planned(cache, &local) : cache, desc, stream);
 }
 #else
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {

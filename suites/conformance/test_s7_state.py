@@ -29,6 +29,7 @@ from __future__ import annotations
 import pytest
 
 from kvx_conformance.abi.descriptors import Geometry
+from kvx_conformance.abi.dtypes import np_dtype
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance import reference_impl as oracle
@@ -238,6 +239,66 @@ def test_cache_geometry_per_call(kvx_provider, kvx_call_options):
                                             f"rows {table[:, 0]}"))
     expected = [oracle.expected_gather(c, opts.memory) for c in cases]
     _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE_DESC)
+
+
+@conformance("state.cache_layout_per_call_gather", CL_STATE_DESC, REQUIRED, "core", "gather")
+def test_cache_layout_per_call_gather(kvx_provider, kvx_call_options):
+    """``state.cache_descriptor_per_call`` for gathers: three PACKED gathers from one pair of cache
+    buffers described as NHD, then HND, then NHD again; each call reads the cache by the layout and
+    strides its descriptor gives. A provider that keeps a gather plan per cache address (the layout
+    first seen with those pointers) reads the HND call at NHD offsets; the write test does not see a
+    plan kept by the gather path alone. NHD and HND are each first gathered alone: the layout other
+    than the provider's core one is an optional feature, and a refusal of it there is excused."""
+    opts = kvx_call_options()
+    lens = [[16, 9, 13], [5, 16, 12], [14, 1, 16]]
+    for kind in ("nhd", "hnd"):
+        alone = cb.packed_gather(cb.simple_cache(G, kind, DType.F16, seed=420), cb.distinct_table(G, 3, 4, 421),
+                                 lens[0], 16, seed=422, label=f"{kind.upper()} gather alone")
+        verify_gather(kvx_provider, alone, opts, clause=CL_STATE_DESC, feature=kind)
+    cache = cb.simple_cache(G, "nhd", DType.F16, seed=423)
+    cases = []
+    for i, kind in enumerate(["nhd", "hnd", "nhd"]):
+        lay = cb.layout(G, kind, DType.F16)
+        table = cb.distinct_table(G, 3, 4, 424 + i)
+        cases.append(cb.packed_gather(cb.replace(cache, k=lay, v=lay), table, lens[i], 16, seed=427 + i,
+                                      overrides=_cache_layout_overrides(lay),
+                                      label=f"call {i + 1} of {CALLS} from one pair of cache buffers: described as "
+                                            f"{kind.upper()} (strides {lay.stride}), rows {table[:, 0]}"))
+    expected = [oracle.expected_gather(c, opts.memory) for c in cases]
+    _judge_sequence(run_gather_sequence(kvx_provider, cases, opts), expected, cases, CL_STATE_DESC)
+
+
+CL_STATE_DTYPE = ("spec 7.2 (the API is stateless aside from user-provided buffers); 4.3 (the cache dtype the "
+                  "call's descriptor gives); R-STATE, R-CONVERT")
+
+
+@conformance("state.cache_dtype_per_call", CL_STATE_DTYPE, REQUIRED, "core", "write", feature="mixed_io_dtype")
+def test_cache_dtype_per_call(kvx_provider, kvx_call_options):
+    """Three writes of F32 rows into one pair of cache buffers in the provider's core layout,
+    described as F16, then BF16, then F16 again (the same bytes: an allocator's pages handed to a layer
+    of another dtype); each call converts to the dtype its descriptor gives (R-CONVERT). A provider
+    that keeps a conversion plan per cache address (the dtype first seen with those pointers) stores
+    F16 bits in the BF16 call. Each dtype is first written alone; a refusal of converting writes is
+    excused (``mixed_io_dtype``)."""
+    opts = kvx_call_options()
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    for dt in (DType.F16, DType.BF16):
+        alone = cb.write_case(cb.simple_cache(G, kind, dt, seed=430), cb.spread_slots(G, 10, 431), io_dtype=DType.F32,
+                              seed=432, label=f"f32 -> {dt.name.lower()} write alone")
+        verify_write(kvx_provider, alone, opts, clause=CL_STATE_DTYPE, feature="mixed_io_dtype")
+    dts = [DType.F16, DType.BF16, DType.F16]
+
+    def make_case(i, cache):
+        dt = dts[i]
+        lay = cb.layout(G, kind, dt)
+        same_bytes = cb.replace(cache, k=lay, v=lay, k_init=cache.k_init.view(np_dtype(dt)),
+                                v_init=cache.v_init.view(np_dtype(dt)))
+        return cb.write_case(same_bytes, cb.spread_slots(G, 10, 434 + i), io_dtype=DType.F32, seed=437 + i,
+                             overrides={"cache.k.dtype": int(dt), "cache.v.dtype": int(dt)},
+                             label=f"call {i + 1} of {CALLS} into one pair of cache buffers: f32 rows, the cache "
+                                   f"described as {dt.name.lower()}")
+
+    _judge_write_chain(kvx_provider, opts, cb.simple_cache(G, kind, DType.F16, seed=433), make_case, CL_STATE_DTYPE)
 
 
 CL_STATE_VALIDATE = ("spec 7 (kvx_validate_cache_desc MUST validate layout, dtype, shape, stride, and required "
