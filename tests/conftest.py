@@ -15,9 +15,12 @@ rewrite too). Without ``PYTHONDONTWRITEBYTECODE`` in the environment this does n
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
+
+import pytest
 
 #: the cache folder this process made (the controller of ``pytest -n``; its workers inherit it)
 _PYCACHE: str | None = None
@@ -33,6 +36,19 @@ def _private_pycache() -> None:
 
 
 _private_pycache()
+
+
+def pytest_configure(config):
+    """One line instead of collection errors where ``kvx_conformance`` is imported from a source
+    tree that is not the installed package: the repository's ``kvx_conformance/`` holds neither the
+    suites nor the native build, which the package build adds (``python -m pytest`` run from the
+    repository root with a non-editable install imports that folder first)."""
+    spec = importlib.util.find_spec("kvx_conformance")
+    if importlib.util.find_spec("kvx_conformance.suites") is None:
+        where = spec.origin if spec else "nowhere"
+        raise pytest.UsageError(
+            f"kvx_conformance imported from {where} has no suites: install the project with "
+            "`pip install -e .` (README), or run the tests from outside the repository root")
 
 
 def pytest_unconfigure(config):
