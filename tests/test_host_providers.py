@@ -106,6 +106,14 @@
   kept by the gather path (the layout first seen with the pointers) or by converting writes (the
   dtype); certified while only writes were made through one pair of buffers described as NHD and
   HND: ``state.cache_layout_per_call_gather``, ``state.cache_dtype_per_call``.
+- ``front_one_buffer_bulk``: writes of more than 64 tokens whose key and value are one buffer store the
+  K cache only (R-WRITE): ``inputs.write.key_value_one_buffer_batch`` (the 11-token
+  ``inputs.write.key_value_one_buffer`` passes it).
+- ``front_one_buffer_fp8``: FP8 writes from one buffer quantized once, with K's scales, stored in both
+  caches (R-FP8): ``fp8.write.key_value_one_buffer``.
+- ``front_decode_bf16_nan``: one-token F32 -> BF16 writes rounded by the bit trick with no NaN case
+  (R-NAN-CLASS): ``dtype.write.convert_single_token[cache_bf16-io_f32]``, which now starts its data
+  with the batch conversions' low-payload NaNs and subnormals.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -354,6 +362,9 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_fp8_recip_prefill", ["fp8.write.division_not_reciprocal_batch*"], "fp8"),
     ("front_plan_addr_gather", ["state.cache_layout_per_call_gather"], "core"),
     ("front_plan_addr_dtype", ["state.cache_dtype_per_call"], "core"),
+    ("front_one_buffer_bulk", ["inputs.write.key_value_one_buffer_batch*"], "core"),
+    ("front_one_buffer_fp8", ["fp8.write.key_value_one_buffer*"], "fp8"),
+    ("front_decode_bf16_nan", ["dtype.write.convert_single_token*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

@@ -148,6 +148,16 @@
  *       R-STATE): `state.cache_layout_per_call_gather`.
  *   libkvx_testing_front_plan_addr_dtype.so  FRONT_PLAN_ADDR_DTYPE: converting writes into 16-bit caches
  *       keep the cache dtype first seen with a pair of cache pointers: `state.cache_dtype_per_call`.
+ *   libkvx_testing_front_one_buffer_bulk.so  FRONT_ONE_BUFFER_BULK: a write of more than 64 tokens on host
+ *       memory whose key and value are one buffer (io.key.data == io.value.data: an MLA latent) stores
+ *       the K cache only, taking the call for a single-copy cache, and leaves the V cache as it was
+ *       (spec 7: K and V written for every token; R-WRITE): `inputs.write.key_value_one_buffer_batch`.
+ *   libkvx_testing_front_decode_bf16_nan.so  FRONT_DECODE_BF16_NAN: FRONT_BULK_BF16_NAN's rounding in writes
+ *       of one token (a decode step of batch 1) from F32 rows into a BF16 cache side (R-NAN-CLASS):
+ *       `dtype.write.convert_single_token[cache_bf16-io_f32]`.
+ *   libkvx_testing_front_one_buffer_fp8.so  FRONT_ONE_BUFFER_FP8: a quantizing FP8 write whose key and
+ *       value are one buffer quantizes once, with K's scales, and stores those bytes in both caches
+ *       (R-FP8: each side divides by its own scale): `fp8.write.key_value_one_buffer`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -195,6 +205,9 @@
 #define FRONT_FP8_RECIP_PREFILL 42
 #define FRONT_PLAN_ADDR_GATHER 43
 #define FRONT_PLAN_ADDR_DTYPE 44
+#define FRONT_ONE_BUFFER_BULK 45
+#define FRONT_ONE_BUFFER_FP8 46
+#define FRONT_DECODE_BF16_NAN 47
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -464,7 +477,7 @@ static void* wrapped(const void* src, kvx_dtype_t dt, size_t n, uint64_t w, int6
 #endif
 
 #if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_BF16_FTZ_WRITE || \
-    KVX_FRONT_DEFECT == FRONT_FP8_RECIP_PREFILL
+    KVX_FRONT_DEFECT == FRONT_FP8_RECIP_PREFILL || KVX_FRONT_DEFECT == FRONT_DECODE_BF16_NAN
 /* The descriptor's IO and cache tensors are at least this header's size (the front reads them). */
 static inline int tensors_plain(const kvx_cache_desc_t* cache, const kvx_kv_io_desc_t* io) {
   return io->key.size >= sizeof(kvx_tensor_desc_t) && io->value.size >= sizeof(kvx_tensor_desc_t) &&
@@ -474,22 +487,29 @@ static inline int tensors_plain(const kvx_cache_desc_t* cache, const kvx_kv_io_d
 }
 #endif
 
-#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_BF16_FTZ_WRITE
+#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_BF16_FTZ_WRITE || \
+    KVX_FRONT_DEFECT == FRONT_DECODE_BF16_NAN
 /* The bulk path's F32 -> BF16 conversion of more than BULK_ROWS rows. BULK_BF16_NAN: round to nearest
  * even by the integer trick (x + 0x7FFF + lsb) >> 16 with no NaN case (a NaN whose payload lies in the
  * low 16 bits becomes inf, 0x7FFFFFFF carries into -0.0). BF16_FTZ_WRITE: F32 subnormals read as zero
  * (denormals-are-zero, as under nvcc --use_fast_math), so BF16 subnormal results become +-0. */
 #define BULK_ROWS 4096u
 #define BULK_MAX_ELEMS (1ull << 28)
+/* Whether a write of n tokens takes the defect's path: more than BULK_ROWS, or (DECODE_BF16_NAN) one. */
+#if KVX_FRONT_DEFECT == FRONT_DECODE_BF16_NAN
+#define BULK_TAKES(n) ((n) == 1u)
+#else
+#define BULK_TAKES(n) ((n) > BULK_ROWS)
+#endif
 static inline int bulk_hit(uint32_t x) {
-#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN
+#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_DECODE_BF16_NAN
   return (x & 0x7F800000u) == 0x7F800000u && (x & 0x007FFFFFu);
 #else
   return (x & 0x7F800000u) == 0 && (x & 0x007FFFFFu);
 #endif
 }
 static inline uint16_t bulk_bits(uint32_t x) {
-#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN
+#if KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_DECODE_BF16_NAN
   return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 #else
   return (uint16_t)((x >> 16) & 0x8000u);
@@ -1177,13 +1197,14 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
       wrapped(sm->slots, sm->dtype, sm->token_count, w, bs, sm->invalid_slot, (int64_t)cache->num_blocks * bs);
   return slots ? write_with_slots(cache, desc, slots, stream) : KVX_STATUS_INTERNAL_ERROR;
 }
-#elif KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_BF16_FTZ_WRITE
-/* Writes of more than BULK_ROWS tokens from F32 rows into a BF16 cache side: the live tokens copied
+#elif KVX_FRONT_DEFECT == FRONT_BULK_BF16_NAN || KVX_FRONT_DEFECT == FRONT_BF16_FTZ_WRITE || \
+    KVX_FRONT_DEFECT == FRONT_DECODE_BF16_NAN
+/* Writes of more than BULK_ROWS tokens (DECODE_BF16_NAN: of one) from F32 rows into a BF16 cache side: the live tokens copied
  * densely, every input the defect changes replaced by the F32 value of what the bulk path stores. */
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
   const kvx_slot_mapping_t* sm = &desc->slots;
   if (!write_plain(cache, desc) || !tensors_plain(cache, &desc->io) || cache->k.memory != KVX_MEMORY_HOST ||
-      desc->io.num_tokens <= BULK_ROWS || sm->token_count != desc->io.num_tokens || !sm->slots ||
+      !BULK_TAKES(desc->io.num_tokens) || sm->token_count != desc->io.num_tokens || !sm->slots ||
       (sm->dtype != KVX_DTYPE_S32 && sm->dtype != KVX_DTYPE_S64))
     return ref.write(cache, desc, stream);
   const int conv[2] = {desc->io.key.dtype == KVX_DTYPE_F32 && cache->k.dtype == KVX_DTYPE_BF16,
@@ -1383,6 +1404,52 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
                          cache->k.size >= sizeof(kvx_tensor_desc_t) && desc->io.key.dtype != cache->k.dtype &&
                          (cache->k.dtype == KVX_DTYPE_F16 || cache->k.dtype == KVX_DTYPE_BF16);
   return ref.write(converting ? planned(cache, &local) : cache, desc, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_ONE_BUFFER_BULK
+/* Bytes from the first to one past the last element of a host tensor with non-negative strides (0: not one). */
+static size_t host_span_bytes(const kvx_tensor_desc_t* t) {
+  const size_t es = t->dtype == KVX_DTYPE_F32 ? 4 : t->dtype == KVX_DTYPE_F16 || t->dtype == KVX_DTYPE_BF16 ? 2
+                    : t->dtype == KVX_DTYPE_F8_E4M3 || t->dtype == KVX_DTYPE_F8_E5M2       ? 1
+                                                                                           : 0;
+  if (!es || t->size < sizeof(kvx_tensor_desc_t) || t->memory != KVX_MEMORY_HOST || !t->data || t->ndim < 1 ||
+      t->ndim > KVX_MAX_TENSOR_DIMS)
+    return 0;
+  uint64_t last = 0;
+  for (uint32_t i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] < 1 || t->stride[i] < 0) return 0;
+    last += (uint64_t)(t->shape[i] - 1) * (uint64_t)t->stride[i];
+  }
+  return (size_t)((last + 1) * es);
+}
+
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const size_t span = write_plain(cache, desc) && desc->io.num_tokens > 64 && desc->io.key.data &&
+                              desc->io.key.data == desc->io.value.data
+                          ? host_span_bytes(&cache->v)
+                          : 0;
+  void* scratch = span ? malloc(span) : NULL;
+  if (!scratch) return ref.write(cache, desc, stream);
+  kvx_cache_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, cache, cache->size < sizeof local ? cache->size : sizeof local);
+  memcpy(scratch, cache->v.data, span);
+  local.v.data = scratch; /* the defect: the V side's stores land outside the caller's V cache */
+  const kvx_status_t st = ref.write(&local, desc, stream);
+  free(scratch);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_ONE_BUFFER_FP8
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const int fp8 = cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC &&
+                  (cache->v.dtype == KVX_DTYPE_F8_E4M3 || cache->v.dtype == KVX_DTYPE_F8_E5M2);
+  if (!fp8 || !write_plain(cache, desc) || !desc->io.key.data || desc->io.key.data != desc->io.value.data)
+    return ref.write(cache, desc, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.v_scale = desc->k_scale; /* the defect: one quantization, K's scales, stored twice */
+  local.v_scale_desc = desc->k_scale_desc;
+  return ref.write(cache, &local, stream);
 }
 #else
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {

@@ -422,22 +422,28 @@ def test_write_convert_batch(kvx_provider, kvx_call_options, cache_dtype, io_dty
 DECODE_GEOM = Geometry(num_blocks=4, block_size=4, num_kv_heads=8, head_dim=16)  # one token: 128 values
 
 
-@conformance("dtype.write.convert_single_token", CL_CONVERT + " (through FP32, RNE, overflow to inf; a write of one "
-             "token)", REQUIRED, "core", "write", feature="mixed_io_dtype")
+@conformance("dtype.write.convert_single_token", CL_CONVERT + " (through FP32, RNE, overflow to inf, no DAZ / FTZ, NaN "
+             "stays NaN whatever its payload (R-NAN-CLASS); a write of one token)", REQUIRED, "core", "write",
+             feature="mixed_io_dtype")
 @pytest.mark.parametrize("cache_dtype,io_dtype", MIXED)
 def test_write_convert_single_token(kvx_provider, kvx_call_options, cache_dtype, io_dtype):
     """``dtype.write.convert`` with one token (a decode step of batch 1, 8 heads x 16): the special
-    values first, then random values; from F32 into F16 / BF16 the second half of K and V lies at or
+    values of the batch conversions first (:func:`_batch_specials`: +-inf, the quiet NaN, +-0, NaNs
+    whose payload lies only in the bits the cache dtype drops or fills every mantissa bit, both signs,
+    subnormals), then random values; from F32 into F16 / BF16 the second half of K and V lies at or
     next to rounding ties. The other conversion writes hold 3 tokens or more, so a one-token decode
-    path that truncates (or rounds ties away) is seen here (R-CONVERT: the rule does not depend on the
-    size of the call)."""
+    path that truncates (or rounds ties away), or rounds F32 to BF16 by the bit trick with no NaN case
+    (a low-payload NaN becomes inf), is seen here (R-CONVERT: the rule does not depend on the size of
+    the call)."""
     opts = kvx_call_options()
     g = DECODE_GEOM
     cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), cache_dtype, seed=55)
-    case = cb.write_case(cache, [6], io_dtype=io_dtype, seed=56, specials=True,
-                         label=f"one token, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache")
+    case = cb.write_case(cache, [6], io_dtype=io_dtype, seed=56,
+                         label=f"one token, {NAMES[io_dtype]} -> {NAMES[cache_dtype]} cache, "
+                               f"specials with low-payload NaNs and subnormals first")
+    case = cb.replace(case, key=_batch_specials(case.key, io_dtype), value=_batch_specials(case.value, io_dtype))
     case = _ties_in_second_half(case, cache_dtype, io_dtype, 57)
-    verify_write(kvx_provider, case, opts, clause=CL_CONVERT, feature="mixed_io_dtype")
+    verify_write(kvx_provider, case, opts, clause=CL_BATCH, feature="mixed_io_dtype")
 
 
 #: batch id -> (sequences, max_seq_len, geometry) of the batch conversion gathers (the other

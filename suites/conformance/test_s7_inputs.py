@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from kvx_conformance.abi import buffers
+from kvx_conformance.abi.descriptors import Geometry
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import (
@@ -81,6 +82,67 @@ def test_write_key_value_one_buffer(kvx_provider, kvx_call_options):
                          label="io.value.data == io.key.data (one input buffer for K and V)")
     case = cb.replace(case, value=case.key, value_layout=case.key_layout, value_is_key=True)
     verify_write(kvx_provider, case, opts, clause=CL_ONE_BUFFER)
+
+
+#: the engine-sized one-buffer writes: 320 blocks of 16 tokens, 2 heads of 32
+ONE_BUFFER_BATCH = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
+NAMES = {DType.F16: "f16", DType.BF16: "bf16", DType.F32: "f32", DType.F8_E4M3: "e4m3", DType.F8_E5M2: "e5m2"}
+
+
+def _one_buffer(case, label: str):
+    """``case`` with its value tensor the key tensor itself (one buffer, one layout)."""
+    case = cb.replace(case, value=case.key, value_layout=case.key_layout, value_is_key=True)
+    return cb.replace(case, label=label)
+
+
+@conformance("inputs.write.key_value_one_buffer_batch", CL_ONE_BUFFER + " - in engine-sized writes", REQUIRED, "core",
+             "write")
+@pytest.mark.parametrize("dtype,tokens", [(DType.F16, 160), (DType.F16, 4096), (DType.BF16, 4096), (DType.F32, 4096)],
+                         ids=["f16-160", "f16-4096", "bf16-4096", "f32-4096"])
+def test_write_key_value_one_buffer_batch(kvx_provider, kvx_call_options, dtype, tokens):
+    """``inputs.write.key_value_one_buffer`` in a decode-sized batch (160 tokens) and a prefill chunk (4096
+    tokens) of each baseline dtype, a few -1 slots: that test writes 11 tokens, so a bulk path taken past
+    some token count that takes one buffer for a single-copy (MLA) cache and leaves the V cache as it was
+    was never reached."""
+    opts = kvx_call_options()
+    g = ONE_BUFFER_BATCH
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=330)
+    slots = cb.spread_slots(g, tokens, 331).tolist()
+    for i in (0, tokens // 2, tokens - 1):
+        slots[i] = -1
+    case = cb.write_case(cache, slots, seed=332)
+    verify_write(kvx_provider, _one_buffer(case, f"{tokens}-token {NAMES[dtype]} write, io.value.data == io.key.data"),
+                 opts, clause=CL_ONE_BUFFER)
+
+
+CL_ONE_BUFFER_FP8 = CL_ONE_BUFFER + "; spec 4.3, 6.9 (each side quantized with its own scale descriptor); R-FP8"
+#: (cache dtype, IO dtype, tokens, K scales, V scales, granularity): one input buffer, two scales
+ONE_BUFFER_FP8 = [
+    pytest.param(DType.F8_E4M3, DType.F16, 11, [0.5], [2.0], ScaleGranularity.PER_TENSOR, id="e4m3-io_f16-11"),
+    pytest.param(DType.F8_E5M2, DType.BF16, 4096, [0.25, 3.0], [1.5, 0.125], ScaleGranularity.PER_HEAD,
+                 id="e5m2-io_bf16-4096-per_head"),
+    pytest.param(DType.F8_E4M3, DType.F32, 4096, [0.0173], [0.75], ScaleGranularity.PER_TENSOR, id="e4m3-io_f32-4096"),
+]
+
+
+@conformance("fp8.write.key_value_one_buffer", CL_ONE_BUFFER_FP8, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("dtype,io_dtype,tokens,k_scales,v_scales,gran", ONE_BUFFER_FP8)
+def test_fp8_write_key_value_one_buffer(kvx_provider, kvx_call_options, dtype, io_dtype, tokens, k_scales, v_scales,
+                                        gran):
+    """A quantizing FP8 write whose key and value are one buffer, with K and V scales that differ: the
+    K cache holds the rows divided by K's scales, the V cache the same rows divided by V's. A provider
+    that sees one buffer, quantizes once and stores those bytes in both caches fails (every other FP8
+    write passes two buffers, ``inputs.write.key_value_one_buffer`` writes an F16 cache)."""
+    opts = kvx_call_options()
+    g = ONE_BUFFER_BATCH
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=333)
+    slots = cb.spread_slots(g, tokens, 334).tolist()
+    slots[tokens // 2] = -1
+    case = cb.write_case(cache, slots, io_dtype=io_dtype, seed=335, k_scale_desc=cb.scale_spec(k_scales, gran),
+                         v_scale_desc=cb.scale_spec(v_scales, gran))
+    label = (f"{tokens}-token {NAMES[io_dtype]} -> {NAMES[dtype]} write, io.value.data == io.key.data, "
+             f"K scales {k_scales}, V scales {v_scales} ({gran.name})")
+    verify_write(kvx_provider, _one_buffer(case, label), opts, clause=CL_ONE_BUFFER_FP8, feature="fp8")
 
 
 @conformance("inputs.write.fp8_scales_unchanged", CL_INPUTS, REQUIRED, "fp8", "write", feature="fp8")
