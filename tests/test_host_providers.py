@@ -111,6 +111,9 @@
   ``inputs.write.key_value_one_buffer`` passes it).
 - ``front_one_buffer_fp8``: FP8 writes from one buffer quantized once, with K's scales, stored in both
   caches (R-FP8): ``fp8.write.key_value_one_buffer``.
+- ``front_kvo_u32_bytes``: KV_OFFSETS gathers from pools of 1- or 4-byte elements with byte offsets in
+  32 bits (spec 5.1, R-DATA): ``large_cache.kv_offsets_high_indices[e4m3]``, ``[f32]`` (its F16 case
+  passes it).
 - ``front_decode_bf16_nan``: one-token F32 -> BF16 writes rounded by the bit trick with no NaN case
   (R-NAN-CLASS): ``dtype.write.convert_single_token[cache_bf16-io_f32]``, which now starts its data
   with the batch conversions' low-payload NaNs and subnormals.
@@ -365,6 +368,7 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_one_buffer_bulk", ["inputs.write.key_value_one_buffer_batch*"], "core"),
     ("front_one_buffer_fp8", ["fp8.write.key_value_one_buffer*"], "fp8"),
     ("front_decode_bf16_nan", ["dtype.write.convert_single_token*"], "core"),
+    ("front_kvo_u32_bytes", ["large_cache.kv_offsets_high_indices*"], "robustness"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

@@ -155,6 +155,11 @@
  *   libkvx_testing_front_decode_bf16_nan.so  FRONT_DECODE_BF16_NAN: FRONT_BULK_BF16_NAN's rounding in writes
  *       of one token (a decode step of batch 1) from F32 rows into a BF16 cache side (R-NAN-CLASS):
  *       `dtype.write.convert_single_token[cache_bf16-io_f32]`.
+ *   libkvx_testing_front_kvo_u32_bytes.so  FRONT_KVO_U32_BYTES: KV_OFFSETS gathers from pools of 1- or 4-byte
+ *       elements (a kernel per element size; the 16-bit one is right) compute the byte offset
+ *       (index & 0x7fffffff) * bytes_per_block in 32 bits, so past 4 GiB a block stands for the block
+ *       2^32 bytes lower (spec 5.1; R-DATA: 64-bit offsets): `large_cache.kv_offsets_high_indices[e4m3]`,
+ *       `[f32]`.
  *   libkvx_testing_front_one_buffer_fp8.so  FRONT_ONE_BUFFER_FP8: a quantizing FP8 write whose key and
  *       value are one buffer quantizes once, with K's scales, and stores those bytes in both caches
  *       (R-FP8: each side divides by its own scale): `fp8.write.key_value_one_buffer`.
@@ -208,6 +213,7 @@
 #define FRONT_ONE_BUFFER_BULK 45
 #define FRONT_ONE_BUFFER_FP8 46
 #define FRONT_DECODE_BF16_NAN 47
+#define FRONT_KVO_U32_BYTES 48
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -727,6 +733,27 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   if (!ids) return KVX_STATUS_INTERNAL_ERROR;
   memcpy(ids, t->indices, (size_t)t->indices_count * 4);
   for (uint64_t r = 0; r < S * B; ++r) memcpy(ids + (r * 2 + 1) * M, ids + r * 2 * M, M * 4); /* the defect: V's = K's */
+  return gather_with_ids(cache, desc, ids, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_KVO_U32_BYTES
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  const kvx_dtype_t dt = cache ? cache->k.dtype : KVX_DTYPE_F16;
+  const uint64_t bpb = gather_plain(cache, desc) && cache->pool.size >= sizeof(kvx_pool_desc_t)
+                           ? cache->pool.bytes_per_block
+                           : 0;
+  const int narrow = dt == KVX_DTYPE_F8_E4M3 || dt == KVX_DTYPE_F8_E5M2 || dt == KVX_DTYPE_F32;
+  if (!narrow || !bpb || (bpb & (bpb - 1)) || bpb > (1ull << 31) || t->format != KVX_BLOCK_TABLE_KV_OFFSETS ||
+      t->index_dtype != KVX_DTYPE_S32 || !t->indices || t->indices_count == 0)
+    return ref.gather(cache, desc, stream);
+  int32_t* ids = (int32_t*)malloc((size_t)t->indices_count * 4);
+  if (!ids) return KVX_STATUS_INTERNAL_ERROR;
+  memcpy(ids, t->indices, (size_t)t->indices_count * 4);
+  const uint32_t wrap = (uint32_t)((1ull << 32) / bpb); /* blocks per 2^32 bytes */
+  for (uint64_t i = 0; i < t->indices_count; ++i) {
+    const uint32_t e = (uint32_t)ids[i];
+    ids[i] = (int32_t)((e & 0x80000000u) | ((e & 0x7FFFFFFFu) % wrap)); /* the defect: uint32 byte offsets */
+  }
   return gather_with_ids(cache, desc, ids, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_HND_HEADS64

@@ -15,7 +15,8 @@ written and gathered at the rows that cross those lines (and KV_OFFSETS pools re
   filled by the harness (one block partly: its other slots read as zeros), compared bit-exactly
   with the oracle's gather of the same blocks in a compact cache; the cache is left unchanged.
 - ``large_cache.kv_offsets_high_indices``: a KV_OFFSETS gather (2 sequences x 2 beams) from a
-  primary and a secondary pool of 2^26 + 64 blocks of 128 bytes (8 GiB + 8 KiB each) whose
+  primary and a secondary pool of 2^26 + 64 blocks of 128 bytes (8 GiB + 8 KiB each; F16, E4M3 and
+  F32 blocks, one case each: a kernel per element size may compute offsets in 32 bits in one) whose
   K entries (primary) and V entries (secondary, four primary) name blocks whose byte offset
   ``index * bytes_per_block`` straddles 2^31, 2^32 (uint32 byte offsets wrap) and 2^33
   (element offset 2^32), and the last blocks; pool indices are not bounded by num_blocks
@@ -50,6 +51,7 @@ from kvx_conformance.abi import buffers, health
 from kvx_conformance.abi import descriptors as d
 from kvx_conformance.abi import header as abi
 from kvx_conformance.abi.descriptors import BlockTable, Geometry, IOLayout, SeqLens, SlotMapping, TensorLayout
+from kvx_conformance.abi.dtypes import np_dtype
 from kvx_conformance.abi.header import DType, Layout, Memory, Status
 from kvx_conformance.abi.loader import status_name
 from kvx_conformance.cases import build as cb
@@ -564,11 +566,28 @@ CL_KVO = ("spec 5.1 (KV_OFFSETS: block address = (bit 31 ? pool.secondary : pool
           "bytes_per_block), 6.7, 6.10, 7 (kvx_gather_kv); kvx-abi-1.1; R-GATHER, R-DATA (pool indices are not "
           "bounded by num_blocks) - 64-bit offsets")
 SEC = cb.SECONDARY
-#: small blocks, so that few indices reach far: HND [2, 4, 8] F16, 128 bytes a block
-KBS, KH, KD = 4, 2, 8
-#: cache.k / cache.v: validated, not read (pool indices are not bounded by num_blocks)
-KGEOM = Geometry(num_blocks=4, block_size=KBS, num_kv_heads=KH, head_dim=KD)
-BPB = KH * KBS * KD * ITEM
+#: small blocks, so that few indices reach far: HND [2, 4, KD] of the pool dtype, 128 bytes a block
+KBS, KH = 4, 2
+#: the pools' dtypes: head_dim KD of a 128-byte block, the raw bits' numpy type. A provider may take a
+#: kernel per element size (bytes for FP8, words for F32): each one must address the pools in 64 bits.
+KVO_DTYPES = {DType.F16: (8, np.uint16), DType.F8_E4M3: (16, np.uint8), DType.F32: (4, np.uint32)}
+BPB = 128
+
+
+def _kgeom(dtype: DType) -> Geometry:
+    """cache.k / cache.v of the KV_OFFSETS gather: validated, not read (pool indices are not bounded by num_blocks)."""
+    return Geometry(num_blocks=4, block_size=KBS, num_kv_heads=KH, head_dim=KVO_DTYPES[dtype][0])
+
+
+def _pool_bits(rng: np.random.Generator, dtype: DType, n: int) -> np.ndarray:
+    """``n`` random finite nonzero values of ``dtype`` as raw bits (F16: :func:`_f16_bits`; E4M3: normal
+    codes, never 0x7F / 0xFF (NaN); F32: normal values)."""
+    if dtype == DType.F16:
+        return _f16_bits(rng, n)
+    if dtype == DType.F8_E4M3:
+        return (rng.integers(0, 2, n, dtype=np.uint8) << 7) | rng.integers(0x08, 0x7F, n, dtype=np.uint8)
+    sign = rng.integers(0, 2, n, dtype=np.uint32) << 31
+    return sign | (rng.integers(1, 255, n, dtype=np.uint32) << 23) | rng.integers(0, 1 << 23, n, dtype=np.uint32)
 P24, P25, P26 = 1 << 24, 1 << 25, 1 << 26  # byte offsets 2^31, 2^32, 2^33 (element offsets 2^30, 2^31, 2^32)
 #: 2^26 + 64 blocks per pool: 8 GiB + 8 KiB (bytes and elements past 2^32)
 POOL_BLOCKS = P26 + 64
@@ -585,8 +604,8 @@ POOL_INDICES = {
     P25 + 1: "uint32 byte offsets wrap to block 1",
     P25 + 3: "uint32 byte offsets wrap to block 3",
     3 * P24: "index 3 x 2^24, byte offset 3 x 2^31",
-    P26 - 1: "the last block below element offset 2^32",
-    P26: "element offset 2^32: uint32 element offsets wrap to 0",
+    P26 - 1: "the last block below byte offset 2^33 (F16 element offset 2^32)",
+    P26: "byte offset 2^33 (F16 element offset 2^32: uint32 F16 element offsets wrap to 0)",
     P26 + 1: "float32 rounds the index to 2^26",
     P26 + 3: "float32 rounds the index to 2^26 + 4",
     POOL_LAST - 1: "the last block but one",
@@ -595,7 +614,7 @@ POOL_INDICES = {
 #: V entries in the primary pool (blocks no K entry reads)
 V_PRIMARY = {P24 + 2: "a V entry in the primary pool, past byte offset 2^31",
              P25 + 2: "a V entry in the primary pool, uint32 byte offsets wrap to block 2",
-             P26 + 2: "a V entry in the primary pool, past element offset 2^32",
+             P26 + 2: "a V entry in the primary pool, past byte offset 2^33",
              POOL_LAST - 2: "a V entry in the primary pool, the last block but two"}
 #: secondary pool blocks the V entries read
 V_SECONDARY = [i for i in POOL_INDICES if i not in (P24 + 3, 3 * P24, P26 + 3, POOL_LAST - 1)]
@@ -627,18 +646,25 @@ def _kvo_entry_text(e: int) -> str:
 
 
 @conformance("large_cache.kv_offsets_high_indices", CL_KVO, REQUIRED, "robustness", "gather", feature=FEATURE)
-def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
+@pytest.mark.parametrize("dtype", list(KVO_DTYPES), ids=["f16", "e4m3", "f32"])
+def test_kv_offsets_high_indices(kvx_provider, kvx_call_options, dtype):
+    """Pools of F16, E4M3 (raw bytes gathered) and F32 blocks of 128 bytes (a refusal of E4M3 is
+    excused by ``fp8`` as well): a kernel per element size may compute the byte offset in 32 bits in
+    one of them only."""
     opts = kvx_call_options()
     mem = opts.memory
     kind = cb.core_layout(kvx_provider, mem)
-    t = cb.layout(KGEOM, kind, DType.F16)
-    seed = SEED_KVO
+    kgeom = _kgeom(dtype)
+    KD, bits_t = KVO_DTYPES[dtype]
+    assert KH * KBS * KD * np.dtype(bits_t).itemsize == BPB
+    t = cb.layout(kgeom, kind, dtype)
+    seed = SEED_KVO + list(KVO_DTYPES).index(dtype)
     rng = cb.rng_for(seed)
     offsets = _kvo_offsets(rng)
     used = {"primary": sorted(int(e) for e in offsets.reshape(-1) if not int(e) & SEC),
             "secondary": sorted(int(e) & 0x7FFFFFFF for e in offsets.reshape(-1) if int(e) & SEC)}
     # per used block: its HND [H, block_size, D] bits, distinct random values
-    contents = {pool: {i: _f16_bits(rng, KH * KBS * KD).reshape(KH, KBS, KD) for i in ids}
+    contents = {pool: {i: _pool_bits(rng, dtype, KH * KBS * KD).reshape(KH, KBS, KD) for i in ids}
                 for pool, ids in used.items()}
     # the oracle's gather of the same blocks in compact pools (renumbered)
     compact = np.array([(SEC | used["secondary"].index(int(e) & 0x7FFFFFFF)) if int(e) & SEC
@@ -646,10 +672,10 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
                        np.int64).reshape(offsets.shape)
     pools = PoolCase(bytes_per_block=BPB,
                      primary=np.concatenate([contents["primary"][i].reshape(-1) for i in used["primary"]]).view(
-                         np.float16),
+                         np_dtype(dtype)),
                      secondary=np.concatenate([contents["secondary"][i].reshape(-1) for i in used["secondary"]]
-                                              ).view(np.float16))
-    cache = cb.make_cache(KGEOM, t, t, seed=seed, pool=pools)
+                                              ).view(np_dtype(dtype)))
+    cache = cb.make_cache(kgeom, t, t, seed=seed, pool=pools)
     msl = KVO_MB * KBS
     proxy = cb.kv_offsets_gather(cache, compact, KVO_LENS, msl, seed=seed, label="large pools (compact proxy)")
     exp = _expected_gather(proxy, mem)
@@ -662,8 +688,8 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
               for e in offsets[:, :, 1].reshape(-1)]
     case = (f"KV_OFFSETS gather (S32 KVCacheIndex, {KVO_SEQS} sequences x {KVO_BEAMS} beams x K|V x {KVO_MB} "
             f"blocks, lengths {KVO_LENS}, max_seq_len {msl}) from a primary and a secondary pool of {POOL_BLOCKS} "
-            f"({_pow2(POOL_BLOCKS)}) blocks of {BPB} bytes (HND [{KH}, {KBS}, {KD}] F16; {pool_bytes / 2**30:.2f} "
-            f"GiB each; cache.k / cache.v {kind.upper()} of {KGEOM.num_blocks} blocks); K entries (primary) "
+            f"({_pow2(POOL_BLOCKS)}) blocks of {BPB} bytes (HND [{KH}, {KBS}, {KD}] {dtype.name}; {pool_bytes / 2**30:.2f} "
+            f"GiB each; cache.k / cache.v {kind.upper()} of {kgeom.num_blocks} blocks); K entries (primary) "
             f"{k_text}, V entries (S|: secondary) {v_text}; the read blocks are filled, the rest of the pools is zero")
     health.set_case(case)
     _check_memory_available(mem, 2 * pool_bytes, "the large pools")
@@ -678,7 +704,7 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
         arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
         kc = arena.put("k cache", cache.k_init, data=True, readonly=True)
         vc = arena.put("v cache", cache.v_init, data=True, readonly=True)
-        c_cache = d.to_c_cache(KGEOM, t, kc, t, vc, mem, pool_bytes_per_block=BPB,
+        c_cache = d.to_c_cache(kgeom, t, kc, t, vc, mem, pool_bytes_per_block=BPB,
                                pool_primary=bufs["primary"].ptr, pool_secondary=bufs["secondary"].ptr)
         desc = _gather_desc(arena, proxy, table, lens, mem)
         if opts.seal_inputs:
@@ -691,14 +717,14 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
             for b in bufs.values():
                 b.seal(False)
         buffers.synchronize(mem, opts.device)
-        got = Result(int(st), {"k": arena.get("out key", np.float16), "v": arena.get("out value", np.float16)},
+        got = Result(int(st), {"k": arena.get("out key", bits_t), "v": arena.get("out value", bits_t)},
                      arena.violations() + [v for b in bufs.values() for v in b.violations()],
                      input_changes=arena.input_changes())
         check_inputs(got, case=case)
         changed = []  # the pools are inputs: unchanged
         for pool, buf in bufs.items():
             for i in used[pool]:
-                now = np.frombuffer(buf.read(i * BPB, BPB).tobytes(), np.uint16).reshape(KH, KBS, KD)
+                now = np.frombuffer(buf.read(i * BPB, BPB).tobytes(), bits_t).reshape(KH, KBS, KD)
                 diff = np.argwhere(now != contents[pool][i])
                 if diff.size:
                     h, tok, dd = (int(x) for x in diff[0])
@@ -728,8 +754,8 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options):
                     origin.setdefault(blk[:, tok, :].tobytes(), f"token {tok} of {pool} pool block {_pow2(i)}")
         bad = []
         for kv, side, label in ((0, "k", "gathered keys"), (1, "v", "gathered values")):
-            g_ = got.arrays[side].view(np.uint16).reshape(-1, KH, KD)
-            e_ = exp.arrays[side].view(np.uint16).reshape(-1, KH, KD)
+            g_ = got.arrays[side].view(bits_t).reshape(-1, KH, KD)
+            e_ = exp.arrays[side].view(bits_t).reshape(-1, KH, KD)
             rows = np.flatnonzero((g_ != e_).reshape(len(g_), -1).any(axis=1))
             if rows.size:
                 bad.append(f"{label}: {rows.size} of {len(g_)} row(s) differ")
