@@ -192,10 +192,21 @@ def test_depth_rules(tuning_check, rule, depth, on):
     ("pairs", "16-bit rows of 8 x 256 (512 chunks)", (2, 1, 1, 0, 512, 256), False),
     ("pairs", "one chunk under twice the task", (2, 1, 1, 0, 511, 256), True),
     ("pairs", "depth 4", (4, 1, 1, 0, 256, 256), True),
+    # fp8affine (rows_fp8_affine_for, "Twenty-sixth round"): (lg_tg, 16-byte chunks of a head, heads,
+    # per-head scales) of an FP8 write through the lean kernel
+    ("fp8affine", "8 x 128 from BF16 / F16 (16 chunks a head)", (0, 16, 8, 0), True),  # H200 BF16: 84 -> 93 %
+    ("fp8affine", "8 x 128 from F32 (32 chunks a head)", (0, 32, 8, 0), True),          # H200: 89 -> 96.5-97 %
+    ("fp8affine", "8 x 64 from BF16 (8 chunks a head)", (0, 8, 8, 0), True),
+    ("fp8affine", "per-head scales", (0, 16, 8, 1), False),
+    ("fp8affine", "one head of 16 chunks (a half of 16 chunks)", (0, 16, 1, 0), False),
+    ("fp8affine", "heads of 64 chunks (8 x 512 from F16)", (0, 64, 8, 0), False),
+    ("fp8affine", "heads of 12 chunks (192 from F16)", (0, 12, 8, 0), False),
+    ("fp8affine", "rows two per task", (1, 16, 8, 0), False),
 ])
 def test_lean_kernel_rules_on_rows(tuning_check, rule, what, args, on):
     """The lean kernel's rules on a call's rows (cuda/tuning.h): the rows its 32-bit offsets reach
-    (row_offsets_fit32) and the gathers that take two rows per task (lean_gather_pairs_for)."""
+    (row_offsets_fit32), the gathers that take two rows per task (lean_gather_pairs_for) and the FP8
+    writes whose chunk offsets step by constants (rows_fp8_affine_for)."""
     exe, cmd = tuning_check
     got = _word(exe, rule, *args)
     assert got == int(on), (f"{what}: expected {rule} {int(on)}, got {got}\n"

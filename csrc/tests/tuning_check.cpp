@@ -7,6 +7,7 @@
 //   tuning_check rowsearly DEPTH                       "rowsearly 0|1": rows_write_early_for
 //   tuning_check fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE   "fit32 0|1": row_offsets_fit32
 //   tuning_check pairs DEPTH PACKED TOKEN_ROWS LG_TG ROW_CHUNKS TASK_CHUNKS   "pairs 0|1": lean_gather_pairs_for
+//   tuning_check fp8affine LG_TG CHUNKS HEADS PER_HEAD   "fp8affine 0|1": rows_fp8_affine_for
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,12 +46,18 @@ int main(int argc, char** argv) {
     std::printf("pairs %d\n", on ? 1 : 0);
     return 0;
   }
+  if (argc == 6 && std::strcmp(argv[1], "fp8affine") == 0) {
+    const bool on = kvx_cuda::rows_fp8_affine_for(std::atoi(argv[2]), (unsigned)std::strtoul(argv[3], nullptr, 10),
+                                                  (unsigned)std::strtoul(argv[4], nullptr, 10), std::atoi(argv[5]) != 0);
+    std::printf("fp8affine %d\n", on ? 1 : 0);
+    return 0;
+  }
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr,
                  "usage: tuning_check SMS MEM_KHZ BUS_BITS [GBPS_PER_SM] | lean DEPTH LOOKUP_GATHER [LG_TG] | fp4deep DEPTH |"
                  " rowsinv DEPTH | rowsearly DEPTH |"
                  " fit32 HEADS DIM C_HEAD C_ESIZE IO_HEAD IO_ESIZE |"
-                 " pairs DEPTH PACKED TOKEN_ROWS LG_TG ROW_CHUNKS TASK_CHUNKS\n");
+                 " pairs DEPTH PACKED TOKEN_ROWS LG_TG ROW_CHUNKS TASK_CHUNKS | fp8affine LG_TG CHUNKS HEADS PER_HEAD\n");
     return 2;
   }
   const int sms = std::atoi(argv[1]), khz = std::atoi(argv[2]), bits = std::atoi(argv[3]);

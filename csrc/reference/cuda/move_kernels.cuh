@@ -607,7 +607,7 @@ __global__ void __launch_bounds__(Op::kBlock, Op::kMinBlocks) move_fast(const __
  * only): per-head scales and reciprocals in a per-block table. EARLY (unscaled writes over
  * the IO rows, p.early: rows_write_early_for): the IO loads are issued before the slot
  * arrives and the cache rows resolved between the loads and the stores ("Twentieth round"). */
-template <class Op, int U, int MINB, bool EARLY = false>
+template <class Op, int U, int MINB, bool EARLY = false, bool AFFINE = false>
 __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constant__ MoveParams p) {
   dependent_entry();
   __shared__ float2 sh_scale[Op::kScaled ? 2 * kScaleTable : 1];
@@ -681,6 +681,47 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
     coff = h * (uint32_t)(jb.c_head * jb.cache_esize) + c * (uint32_t)(Op::V * Op::kOut);
     ioff = h * (uint32_t)(jb.io_head * jb.io_esize) + c * (uint32_t)(Op::V * Op::kIn);
   };
+  if constexpr (Op::kScaled && AFFINE) {
+    /* FP8 writes of one row per task whose heads' chunk count C divides the warp (32 % C == 0) and
+     * whose K and V halves are whole multiples of 32 chunks (HC % 32 == 0; the launch checked
+     * rows_fp8_affine_for, cuda/tuning.h): a lane's chunk q = lane + 32 k of a half stays at chunk
+     * lane % C of its heads, its head steps by 32 / C, so the offsets step by constants and the
+     * per-tensor scales are read once, not per chunk through a division (`where`). Instruction issue bounds these writes on an H200 ("Twenty-sixth round");
+     * the chunks, values and stores are those of the loop below. */
+    const uint32_t hl = lane / C, cl = lane - hl * C, hstep = 32u / C, steps = HC / 32u;
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) { /* unrolled: no dynamic index into the two rows */
+      char* cp = jj ? crow1 : crow0;
+      if (!cp) continue;
+      const Job& jb = p.job[jj];
+      const float s = load_scale(p, jb, 0); /* per tensor, or 1 (rows_fp8_affine_for: no per-head scales) */
+      const float rc = fp8_rcp(s);
+      const uint32_t chb = (uint32_t)(jb.c_head * jb.cache_esize), ihb = (uint32_t)(jb.io_head * jb.io_esize);
+      cp += hl * chb + cl * (uint32_t)(Op::V * Op::kOut);
+      const char* ip = (jj ? io1 : io0) + hl * ihb + cl * (uint32_t)(Op::V * Op::kIn);
+      const uint32_t cstep = hstep * chb, istep = hstep * ihb;
+#pragma unroll 1
+      for (uint32_t k = 0; k < steps; k += U) {
+        typename Op::InVec v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (k + u < steps) v[u] = ld_vec<typename Op::InVec>(ip + u * istep);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (k + u < steps) {
+            const typename Op::OutVec out = Op::run(v[u], s, rc, p.default_nan);
+            if (KVX_CUDA_ROWS_FP8_CS)
+              st_vec_cs<typename Op::OutVec>(cp + u * cstep, out);
+            else
+              st_vec<typename Op::OutVec>(cp + u * cstep, out);
+          }
+        }
+        cp += U * cstep;
+        ip += U * istep;
+      }
+    }
+    return;
+  }
   for (uint32_t base = lane >> p.lg_tg; base < span; base += q_step * U) {
     typename Op::InVec v[U];
 #pragma unroll
@@ -985,6 +1026,11 @@ cudaError_t launch_fast_op(const MoveParams& p, cudaStream_t stream) {
       if (p.early && p.kind == KIND_WRITE && !p.inv) {
         return launch_kernel(move_rows<Op, U, MINB, true>, (unsigned)grid, kThreads, 0, stream, p);
       }
+    }
+    if constexpr (Op::kScaled) { /* FP8 writes whose chunks step by constants (cuda/tuning.h) */
+      const bool per_head = p.job[0].scale_kind == SCALE_HEAD || (p.njobs > 1 && p.job[1].scale_kind == SCALE_HEAD);
+      if (rows_fp8_affine_for(p.lg_tg, p.fd_c.div, p.fd_h.div, per_head))
+        return launch_kernel(move_rows<Op, U, MINB, false, true>, (unsigned)grid, kThreads, 0, stream, p);
     }
     return launch_kernel(move_rows<Op, U, MINB>, (unsigned)grid, kThreads, 0, stream, p);
   }

@@ -19,6 +19,9 @@
 #ifndef KVX_CUDA_ROWS_WRITE_EARLY_DEPTH
 #define KVX_CUDA_ROWS_WRITE_EARLY_DEPTH 2 /* rows_write_early_for: the least memory depth (0: never) */
 #endif
+#ifndef KVX_CUDA_ROWS_FP8_AFFINE
+#define KVX_CUDA_ROWS_FP8_AFFINE 1 /* rows_fp8_affine_for: FP8 lean writes with chunk offsets stepped by constants */
+#endif
 #ifndef KVX_CUDA_ROWS_INVERT_DEPTH
 #define KVX_CUDA_ROWS_INVERT_DEPTH 2 /* rows_invert_for: the least memory depth (0: every device) */
 #endif
@@ -83,6 +86,16 @@ inline bool rows_write_early_for(int depth) {
  * memory depth `depth`: from KVX_CUDA_ROWS_INVERT_DEPTH on (docs/cuda-reference.md, "Thirteenth
  * round"). */
 inline bool rows_invert_for(int depth) { return depth >= KVX_CUDA_ROWS_INVERT_DEPTH; }
+
+/* Whether an FP8 quantizing write through the lean kernel takes its affine form (move_rows<..., AFFINE>):
+ * one row per task (lg_tg 0), heads of C 16-byte chunks with C dividing the warp's 32 lanes, and K and
+ * V halves of H x C chunks, a multiple of 32, so that a lane keeps one chunk position within its heads
+ * and its offsets step by constants; per-tensor scales (or none), read once. Instruction issue bounds
+ * these writes on an H200 (docs/cuda-reference.md, "Twenty-sixth round"). */
+inline bool rows_fp8_affine_for(int lg_tg, unsigned C, unsigned H, bool per_head) {
+  return KVX_CUDA_ROWS_FP8_AFFINE && lg_tg == 0 && C >= 1u && C <= 32u && 32u % C == 0u && (H * C) % 32u == 0u &&
+         H * C > 0u && !per_head;
+}
 
 /* Whether the FP4 lean write (write_lean_kernel, move_fp4_write.cu) runs in its deep form: each
  * next row of F16/BF16 prefetched into L2, and a grid of the resident CTAs whose warps split the
