@@ -686,8 +686,9 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
      * whose K and V halves are whole multiples of 32 chunks (HC % 32 == 0; the launch checked
      * rows_fp8_affine_for, cuda/tuning.h): a lane's chunk q = lane + 32 k of a half stays at chunk
      * lane % C of its heads, its head steps by 32 / C, so the offsets step by constants and the
-     * per-tensor scales are read once, not per chunk through a division (`where`). Instruction issue bounds these writes on an H200 ("Twenty-sixth round");
-     * the chunks, values and stores are those of the loop below. */
+     * per-tensor scales are read once, not per chunk through a division (`where`). Instruction
+     * issue bounds these writes on an H200 ("Twenty-sixth round"); the chunks, values and stores
+     * are those of the loop below. */
     const uint32_t hl = lane / C, cl = lane - hl * C, hstep = 32u / C, steps = HC / 32u;
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) { /* unrolled: no dynamic index into the two rows */
