@@ -721,50 +721,50 @@ __global__ void __launch_bounds__(kThreads, MINB) move_rows(const __grid_constan
         ip += U * istep;
       }
     }
-    return;
-  }
-  for (uint32_t base = lane >> p.lg_tg; base < span; base += q_step * U) {
-    typename Op::InVec v[U];
+  } else { /* the general loop */
+    for (uint32_t base = lane >> p.lg_tg; base < span; base += q_step * U) {
+      typename Op::InVec v[U];
 #pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const uint32_t q = base + k * q_step;
-      if (q < span) {
-        uint32_t jj, h, coff, ioff;
-        where(q, jj, h, coff, ioff);
-        const char* crow = jj ? crow1 : crow0;
-        if (EARLY || crow) v[k] = ld_vec<typename Op::InVec>(gather ? crow + coff : (jj ? io1 : io0) + ioff);
+      for (int k = 0; k < U; ++k) {
+        const uint32_t q = base + k * q_step;
+        if (q < span) {
+          uint32_t jj, h, coff, ioff;
+          where(q, jj, h, coff, ioff);
+          const char* crow = jj ? crow1 : crow0;
+          if (EARLY || crow) v[k] = ld_vec<typename Op::InVec>(gather ? crow + coff : (jj ? io1 : io0) + ioff);
+        }
       }
-    }
-    if (EARLY) {
-      crow0 = write_cache_row(p, p.job[0], early_slot);
-      crow1 = write_cache_row(p, p.job[1], early_slot);
-      if (!crow0 && !crow1) return;
-    }
+      if (EARLY) {
+        crow0 = write_cache_row(p, p.job[0], early_slot);
+        crow1 = write_cache_row(p, p.job[1], early_slot);
+        if (!crow0 && !crow1) return;
+      }
 #pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const uint32_t q = base + k * q_step;
-      if (q < span) {
-        uint32_t jj, h, coff, ioff;
-        where(q, jj, h, coff, ioff);
-        char* crow = jj ? crow1 : crow0;
-        if (crow) {
-          float s = 1.0f, rc = 0.0f;
-          if constexpr (Op::kScaled) {
-            if (H <= (uint32_t)kScaleTable) {
-              const float2 sr = sh_scale[jj * kScaleTable + h];
-              s = sr.x;
-              rc = sr.y;
-            } else {
-              s = load_scale(p, p.job[jj], h);
-              rc = fp8_rcp(s);
+      for (int k = 0; k < U; ++k) {
+        const uint32_t q = base + k * q_step;
+        if (q < span) {
+          uint32_t jj, h, coff, ioff;
+          where(q, jj, h, coff, ioff);
+          char* crow = jj ? crow1 : crow0;
+          if (crow) {
+            float s = 1.0f, rc = 0.0f;
+            if constexpr (Op::kScaled) {
+              if (H <= (uint32_t)kScaleTable) {
+                const float2 sr = sh_scale[jj * kScaleTable + h];
+                s = sr.x;
+                rc = sr.y;
+              } else {
+                s = load_scale(p, p.job[jj], h);
+                rc = fp8_rcp(s);
+              }
             }
+            char* const dst = gather ? (jj ? io1 : io0) + ioff : crow + coff;
+            const typename Op::OutVec out = Op::run(v[k], s, rc, p.default_nan);
+            if (gather ? KVX_CUDA_ROWS_GATHER_CS : Op::kScaled ? KVX_CUDA_ROWS_FP8_CS : KVX_CUDA_ROWS_WRITE_CS)
+              st_vec_cs<typename Op::OutVec>(dst, out);
+            else
+              st_vec<typename Op::OutVec>(dst, out);
           }
-          char* const dst = gather ? (jj ? io1 : io0) + ioff : crow + coff;
-          const typename Op::OutVec out = Op::run(v[k], s, rc, p.default_nan);
-          if (gather ? KVX_CUDA_ROWS_GATHER_CS : Op::kScaled ? KVX_CUDA_ROWS_FP8_CS : KVX_CUDA_ROWS_WRITE_CS)
-            st_vec_cs<typename Op::OutVec>(dst, out);
-          else
-            st_vec<typename Op::OutVec>(dst, out);
         }
       }
     }
