@@ -19,6 +19,9 @@ NUMPY_DTYPE: dict[DType, np.dtype] = {
     DType.U8: np.dtype(np.uint8),
 }
 
+#: Short names of the cache and IO dtypes in test ids and case labels.
+SHORT_NAMES = {DType.F16: "f16", DType.BF16: "bf16", DType.F32: "f32", DType.F8_E4M3: "e4m3", DType.F8_E5M2: "e5m2"}
+
 #: Unsigned integer type of the same width, for bit-exact comparison and poisoning.
 BITS_DTYPE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from kvx_conformance.abi.descriptors import Geometry
+from kvx_conformance.abi.dtypes import SHORT_NAMES as NAMES
 from kvx_conformance.abi.dtypes import np_dtype
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.abi.loader import status_name
@@ -34,7 +35,6 @@ from kvx_conformance.results.outcomes import (INFORMATIONAL, RECOMMENDED, REQUIR
 G = cb.GEOM
 BASE = [DType.F16, DType.BF16, DType.F32]
 FP8 = [DType.F8_E4M3, DType.F8_E5M2]
-NAMES = {DType.F16: "f16", DType.BF16: "bf16", DType.F32: "f32", DType.F8_E4M3: "e4m3", DType.F8_E5M2: "e5m2"}
 CL_CONVERT = "spec 4.3 (baseline F16/BF16/F32 caches and IO); R-CONVERT"
 CL_FP8 = "spec 4.3, 6.9, 10 (FP8 caches, scales); R-FP8"
 

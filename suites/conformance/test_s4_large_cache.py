@@ -51,7 +51,7 @@ from kvx_conformance.abi import buffers, health
 from kvx_conformance.abi import descriptors as d
 from kvx_conformance.abi import header as abi
 from kvx_conformance.abi.descriptors import BlockTable, Geometry, IOLayout, SeqLens, SlotMapping, TensorLayout
-from kvx_conformance.abi.dtypes import np_dtype
+from kvx_conformance.abi.dtypes import BITS_DTYPE, np_dtype
 from kvx_conformance.abi.header import DType, Layout, Memory, Status
 from kvx_conformance.abi.loader import status_name
 from kvx_conformance.cases import build as cb
@@ -568,15 +568,17 @@ CL_KVO = ("spec 5.1 (KV_OFFSETS: block address = (bit 31 ? pool.secondary : pool
 SEC = cb.SECONDARY
 #: small blocks, so that few indices reach far: HND [2, 4, KD] of the pool dtype, 128 bytes a block
 KBS, KH = 4, 2
-#: the pools' dtypes: head_dim KD of a 128-byte block, the raw bits' numpy type. A provider may take a
-#: kernel per element size (bytes for FP8, words for F32): each one must address the pools in 64 bits.
-KVO_DTYPES = {DType.F16: (8, np.uint16), DType.F8_E4M3: (16, np.uint8), DType.F32: (4, np.uint32)}
+#: the pools' dtypes: a provider may take a kernel per element size (bytes for FP8, words for F32), and
+#: each one must address the pools in 64 bits
+KVO_DTYPES = [DType.F16, DType.F8_E4M3, DType.F32]
 BPB = 128
 
 
 def _kgeom(dtype: DType) -> Geometry:
-    """cache.k / cache.v of the KV_OFFSETS gather: validated, not read (pool indices are not bounded by num_blocks)."""
-    return Geometry(num_blocks=4, block_size=KBS, num_kv_heads=KH, head_dim=KVO_DTYPES[dtype][0])
+    """cache.k / cache.v of the KV_OFFSETS gather, head_dim filling a block of BPB bytes: validated, not read
+    (pool indices are not bounded by num_blocks)."""
+    return Geometry(num_blocks=4, block_size=KBS, num_kv_heads=KH,
+                    head_dim=BPB // (KH * KBS * np_dtype(dtype).itemsize))
 
 
 def _pool_bits(rng: np.random.Generator, dtype: DType, n: int) -> np.ndarray:
@@ -646,7 +648,7 @@ def _kvo_entry_text(e: int) -> str:
 
 
 @conformance("large_cache.kv_offsets_high_indices", CL_KVO, REQUIRED, "robustness", "gather", feature=FEATURE)
-@pytest.mark.parametrize("dtype", list(KVO_DTYPES), ids=["f16", "e4m3", "f32"])
+@pytest.mark.parametrize("dtype", KVO_DTYPES, ids=["f16", "e4m3", "f32"])
 def test_kv_offsets_high_indices(kvx_provider, kvx_call_options, dtype):
     """Pools of F16, E4M3 (raw bytes gathered) and F32 blocks of 128 bytes (a refusal of E4M3 is
     excused by ``fp8`` as well): a kernel per element size may compute the byte offset in 32 bits in
@@ -655,10 +657,9 @@ def test_kv_offsets_high_indices(kvx_provider, kvx_call_options, dtype):
     mem = opts.memory
     kind = cb.core_layout(kvx_provider, mem)
     kgeom = _kgeom(dtype)
-    KD, bits_t = KVO_DTYPES[dtype]
-    assert KH * KBS * KD * np.dtype(bits_t).itemsize == BPB
+    KD, bits_t = kgeom.head_dim, BITS_DTYPE[np_dtype(dtype).itemsize]
     t = cb.layout(kgeom, kind, dtype)
-    seed = SEED_KVO + list(KVO_DTYPES).index(dtype)
+    seed = SEED_KVO + KVO_DTYPES.index(dtype)
     rng = cb.rng_for(seed)
     offsets = _kvo_offsets(rng)
     used = {"primary": sorted(int(e) for e in offsets.reshape(-1) if not int(e) & SEC),

@@ -21,6 +21,7 @@ import pytest
 
 from kvx_conformance.abi import buffers
 from kvx_conformance.abi.descriptors import Geometry
+from kvx_conformance.abi.dtypes import SHORT_NAMES as NAMES
 from kvx_conformance.abi.header import DType, ScaleGranularity, Status
 from kvx_conformance.cases import build as cb
 from kvx_conformance.cases.checks import (
@@ -69,6 +70,12 @@ CL_ONE_BUFFER = ("spec 6.9 (io.key and io.value: the input K and V tensors), 7 (
                  "using a slot mapping), 7.2 (callers own the buffers; the inputs are const); R-INPUTS, R-WRITE")
 
 
+def _one_buffer(case, label: str):
+    """``case`` with its value tensor the key tensor itself (one buffer, one layout)."""
+    case = cb.replace(case, value=case.key, value_layout=case.key_layout, value_is_key=True)
+    return cb.replace(case, label=label)
+
+
 @conformance("inputs.write.key_value_one_buffer", CL_ONE_BUFFER, REQUIRED, "core", "write")
 def test_write_key_value_one_buffer(kvx_provider, kvx_call_options):
     """``io.key.data == io.value.data``: one input tensor for both (MLA's latent, which DeepSeek's models
@@ -78,21 +85,13 @@ def test_write_key_value_one_buffer(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
     slots = cb.spread_slots(G, 10, seed=306).tolist()
     slots[4:4] = [-1]
-    case = cb.write_case(_cache(kvx_provider, opts.memory, 307), slots, seed=308,
-                         label="io.value.data == io.key.data (one input buffer for K and V)")
-    case = cb.replace(case, value=case.key, value_layout=case.key_layout, value_is_key=True)
-    verify_write(kvx_provider, case, opts, clause=CL_ONE_BUFFER)
+    case = cb.write_case(_cache(kvx_provider, opts.memory, 307), slots, seed=308)
+    verify_write(kvx_provider, _one_buffer(case, "io.value.data == io.key.data (one input buffer for K and V)"), opts,
+                 clause=CL_ONE_BUFFER)
 
 
 #: the engine-sized one-buffer writes: 320 blocks of 16 tokens, 2 heads of 32
 ONE_BUFFER_BATCH = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
-NAMES = {DType.F16: "f16", DType.BF16: "bf16", DType.F32: "f32", DType.F8_E4M3: "e4m3", DType.F8_E5M2: "e5m2"}
-
-
-def _one_buffer(case, label: str):
-    """``case`` with its value tensor the key tensor itself (one buffer, one layout)."""
-    case = cb.replace(case, value=case.key, value_layout=case.key_layout, value_is_key=True)
-    return cb.replace(case, label=label)
 
 
 @conformance("inputs.write.key_value_one_buffer_batch", CL_ONE_BUFFER + " - in engine-sized writes", REQUIRED, "core",
