@@ -307,15 +307,17 @@ kvx_status_t launch_jobs(MoveParams p, const JobPlan* jobs, uint32_t n, uint64_t
     p.fuse = 0;
     if (p.tpw > 1) p.tpw = 1;
   }
-  /* Decode-sized writes and PACKED gathers: the one-chunk-per-thread kernels
-   * (move_kernels.cuh, launch_decode): every load known at entry issued at once. */
+  /* Decode-sized writes and gathers (PACKED of one beam; RAGGED and KV_OFFSETS with
+   * KVX_CUDA_DECODE_LOOKUP): the one-chunk-per-thread kernels (move_kernels.cuh, launch_decode):
+   * every load known at entry issued at once. */
   p.decode = 0;
   const uint64_t packed_max = p.kind == KIND_WRITE ? (uint64_t)KVX_CUDA_DECODE_PACKED_MAX_ROWS
                                                   : (uint64_t)KVX_CUDA_DECODE_PACKED_GATHER_MAX_ROWS;
   if (KVX_CUDA_DECODE && fast && (!packed || rows <= packed_max) && !p.fuse &&
       !p.bytewise &&
       rows <= (uint64_t)KVX_CUDA_DECODE_MAX_ROWS && (uint64_t)H * chunks * n * rows <= 0x7F000000ull &&
-      (p.kind == KIND_WRITE || (p.kind == KIND_PACKED && p.fd_bw.div == 1)))
+      (p.kind == KIND_WRITE || (p.kind == KIND_PACKED && p.fd_bw.div == 1) ||
+       (KVX_CUDA_DECODE_LOOKUP && (p.kind == KIND_RAGGED || p.kind == KIND_KV_OFFSETS))))
     p.decode = 1;
   if (p.decode) tiles = qtiles = false;
   /* Large calls of the generic fast path whose task (one row, K and V) has fewer than

@@ -93,8 +93,12 @@ constexpr int kThreads = 256;
 #define KVX_CUDA_PACKED_LG_TG 3 /* HND_PACKED fast path: 2^3 tokens per task */
 #endif
 #ifndef KVX_CUDA_DECODE
-#define KVX_CUDA_DECODE 1 /* decode-sized NHD/HND writes and PACKED gathers: the one-chunk-per-thread kernels \
+#define KVX_CUDA_DECODE 1 /* decode-sized NHD/HND writes and gathers: the one-chunk-per-thread kernels \
                              (move_decode_*, every load issued before the first wait); 0: move_fast */
+#endif
+#ifndef KVX_CUDA_DECODE_LOOKUP
+#define KVX_CUDA_DECODE_LOOKUP 1 /* decode-sized RAGGED and KV_OFFSETS gathers (any beam width) take the decode \
+                                    kernel too (0: move_fast, one warp per K or V row group) */
 #endif
 #ifndef KVX_CUDA_DECODE_MAX_ROWS
 #define KVX_CUDA_DECODE_MAX_ROWS 256 /* ... for calls of at most this many rows */

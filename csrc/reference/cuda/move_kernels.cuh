@@ -826,12 +826,13 @@ __device__ __forceinline__ uint32_t convert_elem(uint32_t bits, int src, int dst
 
 /* ------------------------------------------------------------------------ */
 /* Decode-sized calls (p.decode: at most KVX_CUDA_DECODE_MAX_ROWS rows, NHD/HND caches, writes
- * and PACKED gathers): one 16-byte chunk per thread, K and V in one launch, and a plan of
- * byte strides only (DecodeParams, a few cache lines of kernel parameters). Every load whose
+ * and gathers): one 16-byte chunk per thread, K and V in one launch, and a plan of byte
+ * strides only (DecodeParams, a few cache lines of kernel parameters). Every load whose
  * address is known at entry is issued at once: a write's slot, IO chunk and FP8 scale
  * together, so the call waits for one memory round trip before its store; a gather's length
- * and table entry together, then the cache chunk. Latency, not bandwidth, is what such a call
- * costs (docs/cuda-reference.md, "Decode-sized calls"). */
+ * and table entry (RAGGED: its indptr pair, then the token's entry) together, then the cache
+ * chunk. Latency, not bandwidth, is what such a call costs (docs/cuda-reference.md,
+ * "Decode-sized calls", "Twenty-seventh round"). */
 struct DecodeJob {
   char* cache;
   char* io;
@@ -841,24 +842,30 @@ struct DecodeJob {
   FastDiv grp;                        /* chunks per contiguous group of head_dim */
   const float* scale;
   int scale_kind;
+  int kv;                             /* KV_OFFSETS: the table's half (0 K, 1 V) */
 };
 struct DecodeParams {
   DecodeJob job[2];
   const void* meta;    /* write: slots; gather: sequence lengths */
-  const void* indices; /* gather: the PACKED table */
+  const void* indices; /* gather: the PACKED or KV_OFFSETS table, RAGGED indices */
+  const void* indptr;  /* RAGGED */
+  const char* pool[2]; /* KV_OFFSETS primary, secondary (may be NULL) */
+  unsigned long long bytes_per_block; /* KV_OFFSETS */
   long long invalid_slot;
   unsigned long long num_slots;
   FastDiv fd_row;      /* chunks per IO row: njobs x H x C */
   FastDiv fd_hc, fd_c; /* chunks per job row (H x C), per head (C) */
-  FastDiv fd_bs, fd_msl;
+  FastDiv fd_bs, fd_msl, fd_bw;
   uint32_t total;      /* rows x njobs x H x C (pair: rows rounded up to even) */
   uint32_t rows;       /* the call's rows */
   uint32_t row_begin;
   uint32_t c_chunk, io_chunk; /* bytes per chunk on each side (within a group on the cache side) */
   uint32_t max_seq_len, max_blocks, num_blocks;
+  uint32_t indices_count; /* RAGGED */
   uint32_t default_nan;
   int wide;            /* write: S64 slots; gather: S64 indices */
-  int len64;
+  int len64, indptr64;
+  int kind;            /* gather: KIND_PACKED, KIND_RAGGED or KIND_KV_OFFSETS */
 };
 
 /* the job of chunk u: (io row, job, head, chunk); false for the phantom row after an odd count of
@@ -919,6 +926,13 @@ __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_write(con
   st_vec<typename Op::OutVec>(dst, Op::run(v, s, r, p.default_nan));
 }
 
+/* S32 (sign-extended) or S64 element i of a gather's metadata array (aligned: p.decode excludes
+ * bytewise calls). */
+__device__ __forceinline__ long long decode_index(const void* base, int is64, unsigned long long i) {
+  return is64 ? __ldg((const long long*)base + i) : (long long)__ldg((const int*)base + i);
+}
+
+/* The reading of gather_meta_load and gather_cache_row (move.cuh), one chunk per thread. */
 template <class Op, bool PAIR>
 __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_gather(const __grid_constant__ DecodeParams p) {
   dependent_entry();
@@ -927,23 +941,44 @@ __global__ void __launch_bounds__(KVX_CUDA_DECODE_THREADS) move_decode_gather(co
   uint32_t row, j, h, c;
   if (!decode_item<PAIR>(p, u, row, j, h, c)) return;
   const DecodeJob jb = j ? p.job[1] : p.job[0];
-  const uint32_t s = fdiv(row, p.fd_msl); /* beam width 1 (PACKED) */
-  const uint32_t t = row - s * p.max_seq_len;
+  const uint32_t sb = fdiv(row, p.fd_msl); /* sequence x beam */
+  const uint32_t t = row - sb * p.max_seq_len;
+  const uint32_t s = fdiv(sb, p.fd_bw);
   const uint32_t blk = fdiv(t, p.fd_bs);
   const uint32_t off = t - blk * p.fd_bs.div;
-  /* two independent loads (length, table entry), then the cache chunk */
-  const long long len = p.len64 ? __ldg((const long long*)p.meta + s) : (long long)__ldg((const int*)p.meta + s);
-  long long id = -1;
-  if (blk < p.max_blocks) {
-    const unsigned long long e = (unsigned long long)s * p.max_blocks + blk;
-    id = p.wide ? __ldg((const long long*)p.indices + e) : (long long)__ldg((const int*)p.indices + e);
+  /* independent loads (length, and the table entry or RAGGED's indptr pair), then RAGGED's entry,
+   * then the cache chunk */
+  const long long len = decode_index(p.meta, p.len64, s);
+  long long a = -1, b = 0;
+  if (p.kind == KIND_RAGGED) {
+    a = decode_index(p.indptr, p.indptr64, s);
+    b = decode_index(p.indptr, p.indptr64, (unsigned long long)s + 1);
+  } else if (blk < p.max_blocks) {
+    const unsigned long long tr = p.kind == KIND_KV_OFFSETS ? (unsigned long long)sb * 2 + jb.kv : s;
+    a = decode_index(p.indices, p.wide, tr * p.max_blocks + blk);
+  } else {
+    return;
   }
   if (len < 0) return;
   const long long n = len < (long long)p.max_seq_len ? len : (long long)p.max_seq_len;
   if ((long long)t >= n || n > (long long)p.max_blocks * (long long)p.fd_bs.div) return;
-  if (id < 0 || id >= (long long)p.num_blocks) return;
-  const typename Op::InVec v =
-      ld_vec<typename Op::InVec>(jb.cache + id * jb.c_block + (long long)off * jb.c_token + decode_cache_off(p, jb, h, c));
+  const char* base;
+  if (p.kind == KIND_KV_OFFSETS) {
+    const uint32_t e = (uint32_t)a;
+    if (e == 0xFFFFFFFFu) return;
+    base = p.pool[e >> 31];
+    if (!base) return;
+    base += (unsigned long long)(e & 0x7FFFFFFFu) * p.bytes_per_block;
+  } else {
+    long long id = a;
+    if (p.kind == KIND_RAGGED) {
+      if (a < 0 || b < a || b > (long long)p.indices_count || n > b - a) return;
+      id = decode_index(p.indices, p.wide, (unsigned long long)(a + t));
+    }
+    if (id < 0 || id >= (long long)p.num_blocks) return;
+    base = jb.cache + id * jb.c_block;
+  }
+  const typename Op::InVec v = ld_vec<typename Op::InVec>(base + (long long)off * jb.c_token + decode_cache_off(p, jb, h, c));
   char* dst = jb.io + (long long)row * jb.io_token + (long long)h * jb.io_head + (long long)c * p.io_chunk;
   st_vec<typename Op::OutVec>(dst, Op::run(v, 1.0f, 0.0f, p.default_nan));
 }
@@ -968,6 +1003,7 @@ cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
     o.io_head = jb.io_head * jb.io_esize;
     o.scale = jb.scale;
     o.scale_kind = jb.scale_kind;
+    o.kv = jb.kv;
   }
   d.c_chunk = p.vec * (uint32_t)p.job[0].cache_esize;
   d.io_chunk = p.vec * (uint32_t)p.job[0].io_esize;
@@ -985,6 +1021,7 @@ cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
   d.fd_c = p.fd_c;
   d.fd_bs = p.fd_bs;
   d.fd_msl = p.fd_msl;
+  d.fd_bw = p.fd_bw;
   d.total = (uint32_t)total;
   d.row_begin = p.row_begin;
   d.default_nan = p.default_nan;
@@ -996,6 +1033,13 @@ cudaError_t launch_decode(const MoveParams& p, cudaStream_t stream) {
     d.max_seq_len = p.max_seq_len;
     d.max_blocks = p.max_blocks;
     d.num_blocks = p.num_blocks;
+    d.kind = p.kind;
+    d.indptr = p.indptr;
+    d.indptr64 = p.indptr64;
+    d.indices_count = p.indices_count;
+    d.pool[0] = p.pool[0];
+    d.pool[1] = p.pool[1];
+    d.bytes_per_block = p.bytes_per_block;
   } else {
     d.meta = p.slots;
     d.wide = p.slot64;
