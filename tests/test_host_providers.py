@@ -117,6 +117,20 @@
 - ``front_decode_bf16_nan``: one-token F32 -> BF16 writes rounded by the bit trick with no NaN case
   (R-NAN-CLASS): ``dtype.write.convert_single_token[cache_bf16-io_f32]``, which now starts its data
   with the batch conversions' low-payload NaNs and subnormals.
+- ``front_kv_out_strides_batch``, ``front_kv_out_dtypes_batch``: PACKED / RAGGED gathers of 32 or more
+  sequences that write the value output through the key output's strides, or convert it to the key output's
+  dtype (F16 beside BF16) (spec 4.2, 6.8; R-IO, R-CONVERT); certified while every engine-sized gather gave
+  its two outputs one layout and one dtype: ``gather.kv_out_strides_batch``,
+  ``dtype.gather.kv_out_dtypes_batch`` (260 sequences; ``gather.kv_out_strides`` and
+  ``dtype.gather.kv_out_dtypes`` gather 2).
+- ``front_fp8_scalar_batch``: FP8 writes of more than 24 tokens that take a scalar (ndim 0) PER_TENSOR scale
+  descriptor for none, quantizing by the pointer or 1.0 (R-FP8); certified while every write through a
+  scalar descriptor held at most 24 tokens or set the pointer to the same value:
+  ``fp8.write.scalar_scale_batch`` (300 tokens).
+- ``front_msl_table_batch``: gathers of 16 or more sequences whose max_seq_len needs more table entries than
+  ``max_blocks_per_seq`` answered OUT_OF_RANGE though every sequence's ``min(L, max_seq_len)`` fits its row
+  (spec 6.10, R-DATA); certified while every engine-sized gather sized its table by max_seq_len:
+  ``gather.packed.max_seq_len_past_table`` (320 sequences, max_seq_len 13 and 64 beside rows of 12 tokens).
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -369,6 +383,10 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_one_buffer_fp8", ["fp8.write.key_value_one_buffer*"], "fp8"),
     ("front_decode_bf16_nan", ["dtype.write.convert_single_token*"], "core"),
     ("front_kvo_u32_bytes", ["large_cache.kv_offsets_high_indices*"], "robustness"),
+    ("front_kv_out_strides_batch", ["gather.kv_out_strides_batch*"], "layouts"),
+    ("front_kv_out_dtypes_batch", ["dtype.gather.kv_out_dtypes_batch*"], "core"),
+    ("front_fp8_scalar_batch", ["fp8.write.scalar_scale_batch*"], "fp8"),
+    ("front_msl_table_batch", ["gather.packed.max_seq_len_past_table*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

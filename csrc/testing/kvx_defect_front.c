@@ -163,6 +163,23 @@
  *   libkvx_testing_front_one_buffer_fp8.so  FRONT_ONE_BUFFER_FP8: a quantizing FP8 write whose key and
  *       value are one buffer quantizes once, with K's scales, and stores those bytes in both caches
  *       (R-FP8: each side divides by its own scale): `fp8.write.key_value_one_buffer`.
+ *   libkvx_testing_front_kv_out_strides_batch.so  FRONT_KV_OUT_STRIDES_BATCH: a PACKED / RAGGED gather on host
+ *       memory of 32 or more sequences whose key and value outputs are of one dtype but differ in strides
+ *       writes the value output through the key output's strides (one output addressing for both; spec 4.2
+ *       MUST honor strides, 6.8; R-IO): `gather.kv_out_strides_batch` (suites/conformance/test_s4_layouts.py).
+ *   libkvx_testing_front_kv_out_dtypes_batch.so  FRONT_KV_OUT_DTYPES_BATCH: such a gather whose key and value
+ *       outputs are F16 and BF16 (one of each) converts both to the key output's dtype (a batch kernel chosen
+ *       by the element size, instantiated for the key's; spec 6.8, R-CONVERT):
+ *       `dtype.gather.kv_out_dtypes_batch[*-key_f16-value_bf16]`, `[*-key_bf16-value_f16]`.
+ *   libkvx_testing_front_fp8_scalar_batch.so  FRONT_FP8_SCALAR_BATCH: a write of more than 24 tokens into an
+ *       FP8 cache takes a PER_TENSOR scale descriptor described as a scalar (ndim 0, vLLM's 0-d k_scale) for no
+ *       descriptor: that side is quantized by the k_scale / v_scale pointer, else 1.0 (spec 6.6, 6.9; R-FP8):
+ *       `fp8.write.scalar_scale_batch` (suites/conformance/test_s4_dtypes.py).
+ *   libkvx_testing_front_msl_table_batch.so  FRONT_MSL_TABLE_BATCH: a gather on host memory of 16 or more
+ *       sequences whose max_seq_len needs more than max_blocks_per_seq table entries answers OUT_OF_RANGE,
+ *       though every sequence's min(L, max_seq_len) fits its row (spec 6.10, 7: max_seq_len bounds the gather
+ *       length; R-DATA): `gather.packed.max_seq_len_past_table[seqs320-*]`
+ *       (suites/conformance/test_s5_gather_tables.py).
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -214,6 +231,10 @@
 #define FRONT_ONE_BUFFER_FP8 46
 #define FRONT_DECODE_BF16_NAN 47
 #define FRONT_KVO_U32_BYTES 48
+#define FRONT_KV_OUT_STRIDES_BATCH 49
+#define FRONT_KV_OUT_DTYPES_BATCH 50
+#define FRONT_FP8_SCALAR_BATCH 51
+#define FRONT_MSL_TABLE_BATCH 52
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -964,6 +985,69 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   kvx_cache_desc_t local;
   return ref.gather(gather_plain(cache, desc) ? planned(cache, &local) : cache, desc, stream);
 }
+#elif KVX_FRONT_DEFECT == FRONT_KV_OUT_STRIDES_BATCH || KVX_FRONT_DEFECT == FRONT_KV_OUT_DTYPES_BATCH
+#if KVX_FRONT_DEFECT == FRONT_KV_OUT_STRIDES_BATCH
+/* The element span of a tensor of non-negative strides (1 + its farthest element offset), 0 if none. */
+static int64_t span_of(const kvx_tensor_desc_t* t) {
+  int64_t last = 0;
+  if (t->ndim < 1 || t->ndim > KVX_MAX_TENSOR_DIMS) return 0;
+  for (uint32_t i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] < 1 || t->stride[i] < 0) return 0;
+    last += (t->shape[i] - 1) * t->stride[i];
+  }
+  return last + 1;
+}
+#endif
+
+/* A PACKED / RAGGED gather of 32 or more sequences on host memory (a decode batch's kernel), its key and
+ * value outputs 3-D or 4-D tensors of one shape. */
+static int kv_out_batch(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc) {
+  const kvx_tensor_desc_t *k = &desc->io.key, *v = &desc->io.value;
+  if (!gather_plain(cache, desc) || fp4_call(cache) || desc->block_table.seq_count < 32 ||
+      desc->block_table.format == KVX_BLOCK_TABLE_KV_OFFSETS || k->size < sizeof(kvx_tensor_desc_t) ||
+      v->size < sizeof(kvx_tensor_desc_t) || !k->data || !v->data || k->ndim != v->ndim || k->ndim < 3 ||
+      k->ndim > 4)
+    return 0;
+  for (uint32_t i = 0; i < k->ndim; ++i)
+    if (k->shape[i] != v->shape[i]) return 0;
+  return 1;
+}
+
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!kv_out_batch(cache, desc)) return ref.gather(cache, desc, stream);
+  const kvx_tensor_desc_t *k = &desc->io.key, *v = &desc->io.value;
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+#if KVX_FRONT_DEFECT == FRONT_KV_OUT_STRIDES_BATCH
+  /* both outputs of one dtype whose strides differ (and span as many elements, so that the defect stays
+   * inside the caller's value buffer) */
+  if (k->dtype != v->dtype || !memcmp(k->stride, v->stride, sizeof k->stride) || !span_of(k) ||
+      span_of(k) != span_of(v))
+    return ref.gather(cache, desc, stream);
+  memcpy(local.io.value.stride, k->stride, sizeof k->stride); /* the defect: one output addressing for both */
+#else
+  /* outputs of two 16-bit dtypes (F16 and BF16): a kernel chosen by the element size, instantiated for the
+   * key output's dtype */
+  const int k16 = k->dtype == KVX_DTYPE_F16 || k->dtype == KVX_DTYPE_BF16;
+  const int v16 = v->dtype == KVX_DTYPE_F16 || v->dtype == KVX_DTYPE_BF16;
+  if (!k16 || !v16 || k->dtype == v->dtype) return ref.gather(cache, desc, stream);
+  local.io.value.dtype = k->dtype; /* the defect: the value output converted to the key output's dtype */
+#endif
+  return ref.gather(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_MSL_TABLE_BATCH
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  if (!gather_plain(cache, desc) || fp4_call(cache) || t->seq_count < 16 || cache->block_size == 0)
+    return ref.gather(cache, desc, stream);
+  const kvx_status_t st = ref.gather(cache, desc, stream);
+  /* the defect: the batch path sizes its grid by max_seq_len and answers OUT_OF_RANGE for a table
+   * narrower than ceil(max_seq_len / block_size) entries, whatever the lengths (the rows gathered all
+   * the same) */
+  const uint64_t need = ((uint64_t)desc->max_seq_len + cache->block_size - 1) / cache->block_size;
+  return st == KVX_STATUS_OK && need > t->max_blocks_per_seq ? KVX_STATUS_OUT_OF_RANGE : st;
+}
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
   return ref.gather(cache, desc, stream_for(cache, stream));
@@ -1476,6 +1560,29 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   memcpy(&local, desc, desc->size);
   local.v_scale = desc->k_scale; /* the defect: one quantization, K's scales, stored twice */
   local.v_scale_desc = desc->k_scale_desc;
+  return ref.write(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_SCALAR_BATCH
+/* A PER_TENSOR F32 scale descriptor with data described as a scalar (ndim 0, as a 0-d framework tensor). */
+static int scalar_scale(const kvx_scale_desc_t* sd) {
+  return sd->size >= sizeof(kvx_scale_desc_t) && sd->data && sd->dtype == KVX_DTYPE_F32 &&
+         sd->granularity == KVX_SCALE_PER_TENSOR && sd->ndim == 0;
+}
+
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const int fp8 = cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC &&
+                  (cache->k.dtype == KVX_DTYPE_F8_E4M3 || cache->k.dtype == KVX_DTYPE_F8_E5M2 ||
+                   cache->v.dtype == KVX_DTYPE_F8_E4M3 || cache->v.dtype == KVX_DTYPE_F8_E5M2);
+  if (!fp8 || !write_plain(cache, desc) || desc->io.num_tokens <= 24 ||
+      (!scalar_scale(&desc->k_scale_desc) && !scalar_scale(&desc->v_scale_desc)))
+    return ref.write(cache, desc, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  /* the defect: the bulk path counts a descriptor's values by shape[0] of its ndim dims, so a scalar holds
+   * none and reads as absent: the k_scale / v_scale pointer, else 1.0, quantizes that side */
+  if (scalar_scale(&desc->k_scale_desc)) local.k_scale_desc.data = NULL;
+  if (scalar_scale(&desc->v_scale_desc)) local.v_scale_desc.data = NULL;
   return ref.write(cache, &local, stream);
 }
 #else

@@ -7,10 +7,10 @@
   path rounds as the short one), gathers of 1024 to 65600 rows, each batch holding NaNs with
   low or all-ones payloads (both signs) and subnormals of its source dtype (a bulk path keeps
   NaNs NaN and subnormals unflushed as the short one does); gathers whose key and value
-  outputs differ in dtype.
+  outputs differ in dtype (2 and 260 sequences).
 - FP8 caches (profile fp8, feature ``fp8``): write quantizes ``x / scale`` (IEEE FP32
   division), saturating, RNE; the scale comes from ``k_scale_desc`` (PER_TENSOR, also as a
-  0-d scalar; PER_HEAD, also with 8 and 16 heads), else the ``k_scale`` pointer, else 1.0;
+  0-d scalar, in writes of 12 and 300 tokens; PER_HEAD, also with 8 and 16 heads), else the ``k_scale`` pointer, else 1.0;
   FP8 IO of the cache's dtype copies raw bytes, both ways; an E4M3 K cache beside an E5M2 V
   cache (and the reverse) quantizes each side to its own format; ``kvx_validate_cache_desc``
   answers OK for a valid FP8 cache.
@@ -514,6 +514,32 @@ def test_gather_kv_out_dtypes(kvx_provider, kvx_call_options, cache_dtype, key_d
     verify_gather(kvx_provider, case, opts, clause=CL_KV_OUT, feature="mixed_io_dtype")
 
 
+#: the decode batch of ``dtype.gather.kv_out_dtypes_batch``: sequences, max_seq_len (G: blocks of 4 tokens)
+KV_OUT_BATCH_SEQS, KV_OUT_BATCH_MSL = 260, 12
+
+
+@conformance("dtype.gather.kv_out_dtypes_batch", CL_KV_OUT + " - in a decode-sized gather", REQUIRED, "core", "gather",
+             feature="mixed_io_dtype")
+@pytest.mark.parametrize("cache_dtype,key_dtype,value_dtype", KV_OUT)
+def test_gather_kv_out_dtypes_batch(kvx_provider, kvx_call_options, cache_dtype, key_dtype, value_dtype):
+    """``dtype.gather.kv_out_dtypes`` in a decode batch: 260 sequences (lengths 0 to 15, a fifth past
+    max_seq_len 12) whose key and value outputs differ in dtype. ``dtype.gather.kv_out_dtypes`` gathers
+    2 sequences, and every engine-sized gather of the suite (``dtype.gather.convert_batch``,
+    ``matrix.*``, ``pairwise.gather``, the generated batches) converts both outputs to one dtype, so a
+    batch kernel instantiated for the key output's dtype alone was never reached."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, cache_dtype, 46)
+    rng = cb.rng_for(47)
+    mb = KV_OUT_BATCH_MSL // G.block_size
+    table = rng.integers(0, G.num_blocks, size=(KV_OUT_BATCH_SEQS, mb))
+    lens = rng.integers(0, KV_OUT_BATCH_MSL + 4, size=KV_OUT_BATCH_SEQS).tolist()
+    case = cb.packed_gather(cache, table, lens, KV_OUT_BATCH_MSL, io_dtype=key_dtype, seed=48,
+                            label=f"{KV_OUT_BATCH_SEQS}-sequence gather, {NAMES[cache_dtype]} cache -> key "
+                                  f"{NAMES[key_dtype]}, value {NAMES[value_dtype]}")
+    case = cb.with_out_dtypes(case, value=value_dtype)
+    verify_gather(kvx_provider, case, opts, clause=CL_KV_OUT, feature="mixed_io_dtype")
+
+
 @conformance("dtype.write.scale_ignored_non_fp8", "spec 6.9; R-FP8 (scales apply to FP8 caches only)", REQUIRED,
              "core", "write")
 def test_scale_ignored_for_non_fp8(kvx_provider, kvx_call_options):
@@ -613,6 +639,39 @@ def test_fp8_write_scalar_scale(kvx_provider, kvx_call_options, scales, dtype):
                      if k.endswith("_desc"))
     _write(kvx_provider, kvx_call_options(), dtype, DType.F32, 22, feature="fp8", clause=CL_SCALAR,
            **kw, label_extra=f"PER_TENSOR scales {desc}" + (", k_scale / v_scale 9.0" if "k_scale" in kw else ""))
+
+
+#: the cache and token count of ``fp8.write.scalar_scale_batch``: a prefill chunk past the 24 tokens of the
+#: other quantizing writes of a scalar descriptor
+SCALAR_BATCH_GEOM, SCALAR_BATCH_TOKENS = Geometry(num_blocks=24, block_size=16, num_kv_heads=2, head_dim=8), 300
+
+
+@conformance("fp8.write.scalar_scale_batch", CL_SCALAR + " - in a prefill-sized write", REQUIRED, "fp8", "write",
+             feature="fp8")
+@pytest.mark.parametrize("scales", list(SCALAR_SCALES))
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_scalar_scale_batch(kvx_provider, kvx_call_options, scales, dtype):
+    """``fp8.write.scalar_scale`` in a write of 300 tokens (a few -1 slots): a scalar PER_TENSOR scale
+    descriptor quantizes its side whatever the size of the call. The other writes through a scalar
+    descriptor hold at most 24 tokens (``fp8.write.scalar_scale``, vLLM's FP8 decode steps), and the
+    generated and pairwise batches that draw one set the flat pointer to the same value beside it, so
+    a bulk path that takes a scalar for no descriptor (falling back to the pointer, else 1.0) passed
+    them all."""
+    opts = kvx_call_options()
+    g = SCALAR_BATCH_GEOM
+    kw = {}
+    for k, v in SCALAR_SCALES[scales].items():
+        kw[k] = cb.scale_spec([v[0]], scalar=v[1]) if k.endswith("_desc") else v
+    desc = ", ".join(f"{k[0].upper()} {v[0]} (ndim {0 if v[1] else 1})" for k, v in SCALAR_SCALES[scales].items()
+                     if k.endswith("_desc"))
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=23)
+    slots = cb.spread_slots(g, SCALAR_BATCH_TOKENS, 23).tolist()
+    for i in (0, 117, SCALAR_BATCH_TOKENS - 1):
+        slots[i] = -1
+    case = cb.write_case(cache, slots, io_dtype=DType.F32, seed=24, **kw,
+                         label=f"{SCALAR_BATCH_TOKENS}-token f32 -> {NAMES[dtype]} write, PER_TENSOR scales {desc}"
+                               + (", k_scale / v_scale 9.0" if "k_scale" in kw else ""))
+    verify_write(kvx_provider, case, opts, clause=CL_SCALAR, feature="fp8")
 
 
 CL_PER_HEAD = CL_FP8 + " (PER_HEAD: head h is quantized with the value of head h, for any num_kv_heads)"

@@ -554,6 +554,40 @@ def test_gather_kv_out_strides(kvx_provider, kvx_call_options, which):
     verify_gather(kvx_provider, case, opts, clause=CL_KV_OUT_STRIDES, feature="io_strides")
 
 
+#: the decode batch of ``gather.kv_out_strides_batch``: sequences, max_seq_len (G: blocks of 4 tokens)
+KV_OUT_BATCH_SEQS, KV_OUT_BATCH_MSL = 260, 12
+
+
+@conformance("gather.kv_out_strides_batch", CL_KV_OUT_STRIDES + " - in a decode-sized gather", REQUIRED, "layouts",
+             "gather", feature="io_strides")
+@pytest.mark.parametrize("which", ["value_head_major", "key_head_major"])
+def test_gather_kv_out_strides_batch(kvx_provider, kvx_call_options, which):
+    """``gather.kv_out_strides`` in a decode batch: 260 sequences (lengths 0 to 15, a fifth past
+    max_seq_len 12) gathered into a dense key output beside a head-major value output, and the other
+    way round. ``gather.kv_out_strides`` gathers 2 sequences, and every engine-sized gather of the
+    suite (decode batches, ``matrix.*``, ``pairwise.gather``, the generated batches) gives its key
+    and value outputs one layout, so a batch kernel that addresses both outputs through the key
+    output's strides was never reached."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=389)
+    rng = cb.rng_for(390)
+    mb = KV_OUT_BATCH_MSL // G.block_size
+    table = rng.integers(0, G.num_blocks, size=(KV_OUT_BATCH_SEQS, mb))
+    lens = rng.integers(0, KV_OUT_BATCH_MSL + 4, size=KV_OUT_BATCH_SEQS).tolist()
+    case = cb.packed_gather(cache, table, lens, KV_OUT_BATCH_MSL, seed=391,
+                            label=f"{KV_OUT_BATCH_SEQS}-sequence gather, dense and head-major outputs ({which})")
+    dense = case.out_layout
+    major = cb.io_layout(dense.dtype, case.num_tokens, G, "head_major")
+    init = cb.poison(cb.rng_for(392), major.dtype, major.span_elements())
+    if which == "value_head_major":
+        case = cb.replace(case, value_out_layout=major, out_v_init=init)
+    else:
+        case = cb.replace(case, out_layout=major, value_out_layout=dense, out_k_init=init)
+    side = "value" if which == "value_head_major" else "key"
+    case = cb.replace(case, label=f"{case.label}: {side} output strides {major.stride}, the other {dense.stride}")
+    verify_gather(kvx_provider, case, opts, clause=CL_KV_OUT_STRIDES, feature="io_strides")
+
+
 # ---------------------------------------------------------------------------- IO layout field
 
 #: values of an IO tensor's ``layout`` field: 0, cache layouts, CUSTOM and one outside the enum

@@ -182,6 +182,36 @@ def test_packed_capacity_truncated(kvx_provider, kvx_call_options):
     verify_gather(kvx_provider, case, opts, clause="spec 6.10; R-DATA")
 
 
+#: (sequences, max_seq_len) of ``gather.packed.max_seq_len_past_table``: tables of 3 entries (12 tokens) a
+#: sequence, max_seq_len one token past them and a CUDA-graph bucket of 64
+PAST_TABLE = [pytest.param(3, 13, id="seqs3-msl13"), pytest.param(320, 13, id="seqs320-msl13"),
+              pytest.param(320, 64, id="seqs320-msl64")]
+
+
+@conformance("gather.packed.max_seq_len_past_table", "spec 6.10, 7 (max_seq_len bounds the gather length per "
+             "sequence); R-DATA (a sequence needs ceil(min(L, max_seq_len) / block_size) table entries)", REQUIRED,
+             "core", "gather")
+@pytest.mark.parametrize("seqs,max_seq_len", PAST_TABLE)
+def test_packed_max_seq_len_past_table(kvx_provider, kvx_call_options, seqs, max_seq_len):
+    """A gather whose ``max_seq_len`` (a bucket an engine pads it to) is past what the table's rows
+    hold, ``max_blocks_per_seq * block_size``, while every sequence's length fits its row (0 to 12
+    tokens, 3 entries of 4): valid, each sequence gathered, the rows past its length untouched. Only
+    ``ceil(min(L, max_seq_len) / block_size) > max_blocks_per_seq`` is OUT_OF_RANGE (R-DATA), never a
+    table narrower than max_seq_len alone. The other engine-sized gathers size their tables by
+    max_seq_len, so a batch path that checks the table's width against max_seq_len (the size of its
+    grid) and refuses the call was never reached."""
+    opts = kvx_call_options()
+    rng = cb.rng_for(18 + seqs + max_seq_len)
+    mb = 3
+    table = rng.integers(0, G.num_blocks, size=(seqs, mb))
+    lens = rng.integers(0, mb * BS + 1, size=seqs)
+    lens[0] = mb * BS  # a full row
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 19), table, lens.tolist(), max_seq_len, seed=20,
+                            label=f"{seqs} sequences of 0 to {mb * BS} tokens, {mb} entries a row, max_seq_len "
+                                  f"{max_seq_len}")
+    verify_gather(kvx_provider, case, opts, clause=CL_PACKED + "; R-DATA")
+
+
 UNUSED = {"minus1": -1, "num_blocks": G.num_blocks, "int32_min": -(2 ** 31), "large": 2 ** 30}
 
 
