@@ -530,6 +530,20 @@ CL_KV_OUT_STRIDES = ("spec 4.2 (implementations MUST honor provided strides), 6.
                      "descriptors of their own: each output through its own strides); R-IO")
 
 
+def _outputs_apart(case, which: str, seed: int):
+    """``case`` with one output head-major ``[H][rows][D]`` (the value's for ``value_head_major``, else the
+    key's) beside the other's dense layout, the head-major one poisoned from ``seed``."""
+    dense = case.out_layout
+    major = cb.io_layout(dense.dtype, case.num_tokens, G, "head_major")
+    init = cb.poison(cb.rng_for(seed), major.dtype, major.span_elements())
+    if which == "value_head_major":
+        case = cb.replace(case, value_out_layout=major, out_v_init=init)
+    else:
+        case = cb.replace(case, out_layout=major, value_out_layout=dense, out_k_init=init)
+    side = "value" if which == "value_head_major" else "key"
+    return cb.replace(case, label=f"{case.label}: {side} output strides {major.stride}, the other {dense.stride}")
+
+
 @conformance("gather.kv_out_strides", CL_KV_OUT_STRIDES, REQUIRED, "layouts", "gather", feature="io_strides")
 @pytest.mark.parametrize("which", ["value_head_major", "key_head_major"])
 def test_gather_kv_out_strides(kvx_provider, kvx_call_options, which):
@@ -542,15 +556,7 @@ def test_gather_kv_out_strides(kvx_provider, kvx_call_options, which):
     cache = cb.simple_cache(G, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=81)
     case = cb.packed_gather(cache, cb.distinct_table(G, 2, 3, 82), [12, 7], 12, seed=83,
                             label=f"dense and head-major outputs ({which})")
-    dense = case.out_layout
-    major = cb.io_layout(dense.dtype, case.num_tokens, G, "head_major")
-    init = cb.poison(cb.rng_for(84), major.dtype, major.span_elements())
-    if which == "value_head_major":
-        case = cb.replace(case, value_out_layout=major, out_v_init=init)
-    else:
-        case = cb.replace(case, out_layout=major, value_out_layout=dense, out_k_init=init)
-    side = "value" if which == "value_head_major" else "key"
-    case = cb.replace(case, label=f"{case.label}: {side} output strides {major.stride}, the other {dense.stride}")
+    case = _outputs_apart(case, which, 84)
     verify_gather(kvx_provider, case, opts, clause=CL_KV_OUT_STRIDES, feature="io_strides")
 
 
@@ -576,15 +582,7 @@ def test_gather_kv_out_strides_batch(kvx_provider, kvx_call_options, which):
     lens = rng.integers(0, KV_OUT_BATCH_MSL + 4, size=KV_OUT_BATCH_SEQS).tolist()
     case = cb.packed_gather(cache, table, lens, KV_OUT_BATCH_MSL, seed=391,
                             label=f"{KV_OUT_BATCH_SEQS}-sequence gather, dense and head-major outputs ({which})")
-    dense = case.out_layout
-    major = cb.io_layout(dense.dtype, case.num_tokens, G, "head_major")
-    init = cb.poison(cb.rng_for(392), major.dtype, major.span_elements())
-    if which == "value_head_major":
-        case = cb.replace(case, value_out_layout=major, out_v_init=init)
-    else:
-        case = cb.replace(case, out_layout=major, value_out_layout=dense, out_k_init=init)
-    side = "value" if which == "value_head_major" else "key"
-    case = cb.replace(case, label=f"{case.label}: {side} output strides {major.stride}, the other {dense.stride}")
+    case = _outputs_apart(case, which, 392)
     verify_gather(kvx_provider, case, opts, clause=CL_KV_OUT_STRIDES, feature="io_strides")
 
 
