@@ -131,6 +131,16 @@
   ``max_blocks_per_seq`` answered OUT_OF_RANGE though every sequence's ``min(L, max_seq_len)`` fits its row
   (spec 6.10, R-DATA); certified while every engine-sized gather sized its table by max_seq_len:
   ``gather.packed.max_seq_len_past_table`` (320 sequences, max_seq_len 13 and 64 beside rows of 12 tokens).
+- ``front_fp8_neg_zero_batch``: FP8 writes of more than 24 tokens from F32 / BF16 rows that store -0.0 as +0
+  (the sign taken from ``x < 0``; R-FP8, docs/numerics.md: +-0); certified while the batch writes held exact
+  -0.0 only in F16 rows (tiny values underflowing): ``fp8.write.batch``, whose special values now include
+  +-0.0.
+- ``front_hnd_bs_mask_batch``, ``front_hnd_bs_mask_gather``: writes of more than 24 tokens, and PACKED gathers
+  of 16 or more sequences, on BLOCK_HND caches whose block_size is no power of two that take the block offset
+  as ``slot & (block_size - 1)`` (spec 4.1, 7.1); certified while the non-power-of-two block tests ran in the
+  core layout alone and the other layouts' calls in such blocks held 24 tokens or 2 sequences:
+  ``write.slots.block_size_non_pow2_layouts``, ``gather.packed.block_size_non_pow2_layouts`` (NHD, HND and
+  HND_PACKED; blocks of 48 and 528).
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -387,6 +397,9 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_kv_out_dtypes_batch", ["dtype.gather.kv_out_dtypes_batch*"], "core"),
     ("front_fp8_scalar_batch", ["fp8.write.scalar_scale_batch*"], "fp8"),
     ("front_msl_table_batch", ["gather.packed.max_seq_len_past_table*"], "core"),
+    ("front_fp8_neg_zero_batch", ["fp8.write.batch*"], "fp8"),
+    ("front_hnd_bs_mask_batch", ["write.slots.block_size_non_pow2_layouts*"], "core"),
+    ("front_hnd_bs_mask_gather", ["gather.packed.block_size_non_pow2_layouts*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

@@ -180,6 +180,18 @@
  *       though every sequence's min(L, max_seq_len) fits its row (spec 6.10, 7: max_seq_len bounds the gather
  *       length; R-DATA): `gather.packed.max_seq_len_past_table[seqs320-*]`
  *       (suites/conformance/test_s5_gather_tables.py).
+ *   libkvx_testing_front_fp8_neg_zero_batch.so  FRONT_FP8_NEG_ZERO_BATCH: a quantizing FP8 write on host memory of
+ *       more than 24 tokens from F32 or BF16 rows takes the sign of a zero code from x < 0, so a -0.0 input stores
+ *       +0 (0x00) where the reference stores the -0 code 0x80 (R-FP8; docs/numerics.md: every finite code, +-0);
+ *       F16 rows keep their sign bit: `fp8.write.batch[*-io_f32-*]`, `[*-io_bf16-*]`
+ *       (suites/conformance/test_s4_dtypes.py).
+ *   libkvx_testing_front_hnd_bs_mask_batch.so  FRONT_HND_BS_MASK_BATCH: a write of more than 24 tokens into
+ *       BLOCK_HND K and V caches whose block_size is no power of two takes the block offset as
+ *       slot & (block_size - 1) (spec 4.1: offset = slot % block_size; 7.1: only KV_OFFSETS needs a power of
+ *       two): `write.slots.block_size_non_pow2_layouts[hnd-*]` (suites/conformance/test_s5_slots.py).
+ *   libkvx_testing_front_hnd_bs_mask_gather.so  FRONT_HND_BS_MASK_GATHER: the same offset in PACKED gathers on
+ *       host memory of 16 or more sequences from such caches into outputs of the caches' dtypes (spec 4.1, 5.1):
+ *       `gather.packed.block_size_non_pow2_layouts[hnd-*]` (suites/conformance/test_s5_gather_tables.py).
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -235,6 +247,9 @@
 #define FRONT_KV_OUT_DTYPES_BATCH 50
 #define FRONT_FP8_SCALAR_BATCH 51
 #define FRONT_MSL_TABLE_BATCH 52
+#define FRONT_FP8_NEG_ZERO_BATCH 53
+#define FRONT_HND_BS_MASK_BATCH 54
+#define FRONT_HND_BS_MASK_GATHER 55
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -1048,6 +1063,57 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   const uint64_t need = ((uint64_t)desc->max_seq_len + cache->block_size - 1) / cache->block_size;
   return st == KVX_STATUS_OK && need > t->max_blocks_per_seq ? KVX_STATUS_OUT_OF_RANGE : st;
 }
+#elif KVX_FRONT_DEFECT == FRONT_HND_BS_MASK_GATHER
+static size_t same_size(kvx_dtype_t dt) {
+  return dt == KVX_DTYPE_F16 || dt == KVX_DTYPE_BF16 ? 2 : dt == KVX_DTYPE_F32 ? 4 : 0;
+}
+
+/* Output row (s, t) of sequence s, token t, with the elements of the cache row (block b, offset o) of an HND
+ * cache tensor `c` of the output's own dtype. */
+static void copy_row(const kvx_cache_desc_t* cache, const kvx_tensor_desc_t* c, const kvx_tensor_desc_t* out,
+                     int64_t b, int64_t o, int64_t s, int64_t t, int64_t msl) {
+  const size_t es = same_size(c->dtype);
+  for (int64_t h = 0; h < cache->num_kv_heads; ++h)
+    for (int64_t d = 0; d < cache->head_dim; ++d) {
+      const int64_t src = b * c->stride[0] + h * c->stride[1] + o * c->stride[2] + d * c->stride[3];
+      const int64_t dst = out->ndim == 4 ? s * out->stride[0] + t * out->stride[1] + h * out->stride[2] +
+                                               d * out->stride[3]
+                                         : (s * msl + t) * out->stride[0] + h * out->stride[1] + d * out->stride[2];
+      memcpy((unsigned char*)out->data + es * dst, (const unsigned char*)c->data + es * src, es);
+    }
+}
+
+static int mask_side(const kvx_tensor_desc_t* c, const kvx_tensor_desc_t* out) {
+  return c->layout == KVX_LAYOUT_BLOCK_HND && c->ndim == 4 && c->data && same_size(c->dtype) &&
+         out->dtype == c->dtype && out->data && (out->ndim == 3 || out->ndim == 4);
+}
+
+/* A PACKED gather on host memory of 16 or more sequences from BLOCK_HND K and V caches whose block_size is no
+ * power of two, outputs of the caches' dtypes: token t of a sequence is read at block offset
+ * t & (block_size - 1) (right for powers of two only), its block table[t / block_size]. */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_status_t st = ref.gather(cache, desc, stream);
+  const kvx_block_table_t* tb = &desc->block_table;
+  const int64_t bs = cache ? cache->block_size : 0;
+  if (st != KVX_STATUS_OK || !gather_plain(cache, desc) || fp4_call(cache) || tb->format != KVX_BLOCK_TABLE_PACKED ||
+      tb->seq_count < 16 || bs < 2 || (bs & (bs - 1)) == 0 || !mask_side(&cache->k, &desc->io.key) ||
+      !mask_side(&cache->v, &desc->io.value) || !tb->indices || !desc->seq_lens.lengths ||
+      (tb->index_dtype != KVX_DTYPE_S32 && tb->index_dtype != KVX_DTYPE_S64) ||
+      (desc->seq_lens.dtype != KVX_DTYPE_S32 && desc->seq_lens.dtype != KVX_DTYPE_S64))
+    return st;
+  const int64_t msl = desc->max_seq_len;
+  for (uint32_t s = 0; s < tb->seq_count; ++s) {
+    int64_t n = index_at(desc->seq_lens.lengths, desc->seq_lens.dtype, s);
+    if (n > msl) n = msl;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t b = index_at(tb->indices, tb->index_dtype, (size_t)s * tb->max_blocks_per_seq + t / bs);
+      if ((t & (bs - 1)) == t % bs) continue;
+      copy_row(cache, &cache->k, &desc->io.key, b, t & (bs - 1), s, t, msl); /* the defect */
+      copy_row(cache, &cache->v, &desc->io.value, b, t & (bs - 1), s, t, msl);
+    }
+  }
+  return st;
+}
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
   return ref.gather(cache, desc, stream_for(cache, stream));
@@ -1584,6 +1650,76 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   if (scalar_scale(&desc->k_scale_desc)) local.k_scale_desc.data = NULL;
   if (scalar_scale(&desc->v_scale_desc)) local.v_scale_desc.data = NULL;
   return ref.write(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_NEG_ZERO_BATCH
+/* The byte offset of element (block, token, head, dim) of a 1-byte NHD / HND cache tensor, or -1. */
+static int64_t fp8_offset(const kvx_tensor_desc_t* t, int64_t b, int64_t tok, int64_t h, int64_t d) {
+  const int64_t* st = t->stride;
+  if (t->layout == KVX_LAYOUT_BLOCK_NHD) return b * st[0] + tok * st[1] + h * st[2] + d * st[3];
+  if (t->layout == KVX_LAYOUT_BLOCK_HND) return b * st[0] + h * st[1] + tok * st[2] + d * st[3];
+  return -1;
+}
+
+/* Whether IO element (i, h, d) of `io` (F16 / BF16 / F32, strides in elements) is -0.0. */
+static int io_neg_zero(const kvx_tensor_desc_t* io, int64_t i, int64_t h, int64_t d) {
+  const int64_t e = i * io->stride[0] + h * io->stride[1] + d * io->stride[2];
+  if (io->dtype == KVX_DTYPE_F32) return ((const uint32_t*)io->data)[e] == 0x80000000u;
+  if (io->dtype == KVX_DTYPE_BF16) return ((const uint16_t*)io->data)[e] == 0x8000u;
+  return 0; /* F16 rows: the sign bit copied from the input's bits, right */
+}
+
+/* The written tokens' -0 codes (0x80) of -0.0 inputs turned into +0: the sign taken from x < 0. */
+static void unsign_zeros(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, const kvx_tensor_desc_t* t,
+                         const kvx_tensor_desc_t* io) {
+  if ((t->dtype != KVX_DTYPE_F8_E4M3 && t->dtype != KVX_DTYPE_F8_E5M2) || !t->data || !io->data || io->ndim != 3 ||
+      (io->dtype != KVX_DTYPE_F32 && io->dtype != KVX_DTYPE_F16 && io->dtype != KVX_DTYPE_BF16))
+    return;
+  const int64_t cap = (int64_t)cache->num_blocks * cache->block_size;
+  for (uint32_t i = 0; i < desc->io.num_tokens; ++i) {
+    const int64_t slot = index_at(desc->slots.slots, desc->slots.dtype, i);
+    if (slot < 0 || slot == desc->slots.invalid_slot || slot >= cap) continue;
+    for (int64_t h = 0; h < cache->num_kv_heads; ++h)
+      for (int64_t d = 0; d < cache->head_dim; ++d) {
+        const int64_t off = fp8_offset(t, slot / cache->block_size, slot % cache->block_size, h, d);
+        unsigned char* p = (unsigned char*)t->data + off;
+        if (off >= 0 && *p == 0x80u && io_neg_zero(io, i, h, d)) *p = 0x00u; /* the defect */
+      }
+  }
+}
+
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const kvx_status_t st = ref.write(cache, desc, stream);
+  if (st == KVX_STATUS_OK && write_plain(cache, desc) && cache->k.memory == KVX_MEMORY_HOST && desc->slots.slots &&
+      (desc->slots.dtype == KVX_DTYPE_S32 || desc->slots.dtype == KVX_DTYPE_S64) && desc->io.num_tokens > 24) {
+    unsign_zeros(cache, desc, &cache->k, &desc->io.key);
+    unsign_zeros(cache, desc, &cache->v, &desc->io.value);
+  }
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_HND_BS_MASK_BATCH
+/* A write of more than 24 tokens into BLOCK_HND K and V caches whose block_size is no power of two takes the block
+ * offset as slot & (block_size - 1) (right for powers of two only), the block as slot / block_size. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const int64_t bs = cache ? cache->block_size : 0;
+  if (!write_plain(cache, desc) || fp4_call(cache) || cache->k.layout != KVX_LAYOUT_BLOCK_HND ||
+      cache->v.layout != KVX_LAYOUT_BLOCK_HND || desc->io.num_tokens <= 24 || bs < 2 || (bs & (bs - 1)) == 0 || !desc->slots.slots ||
+      (desc->slots.dtype != KVX_DTYPE_S32 && desc->slots.dtype != KVX_DTYPE_S64))
+    return ref.write(cache, desc, stream);
+  int64_t* slots = (int64_t*)malloc(sizeof(int64_t) * desc->io.num_tokens);
+  if (!slots) return ref.write(cache, desc, stream);
+  const int64_t cap = (int64_t)cache->num_blocks * bs;
+  for (uint32_t i = 0; i < desc->io.num_tokens; ++i) {
+    const int64_t s = index_at(desc->slots.slots, desc->slots.dtype, i);
+    slots[i] = (s < 0 || s == desc->slots.invalid_slot || s >= cap) ? s : s / bs * bs + (s & (bs - 1)); /* defect */
+  }
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.slots.slots = slots;
+  local.slots.dtype = KVX_DTYPE_S64;
+  const kvx_status_t st = ref.write(cache, &local, stream);
+  free(slots);
+  return st;
 }
 #else
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {

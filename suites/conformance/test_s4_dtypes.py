@@ -824,9 +824,10 @@ def test_fp8_saturation(kvx_provider, kvx_call_options, dtype):
 
 CL_FP8_SAT_IO = CL_FP8 + " (clamp to the largest finite value, +-inf too, from every IO dtype; NaN stays NaN)"
 #: F16 / BF16 inputs at and past the largest finite E4M3 (448) and E5M2 (57344) values: the midpoints
-#: above them (464, 61440), the largest finite inputs, inf; and NaN
+#: above them (464, 61440), the largest finite inputs, inf; NaN; and 0.0, whose negative -0.0 must store the
+#: -0 code 0x80 (docs/numerics.md: every finite code, +-0; a sign taken from ``x < 0`` stores +0)
 SAT_IO_VALUES = [np.inf, 65504.0, 63488.0, 61440.0, 61408.0, 58000.0, 57344.0, 3.0e38, 1.0e6, 480.0, 464.0, 456.0,
-                 448.0, np.nan]
+                 448.0, np.nan, 0.0]
 
 
 @conformance("fp8.write.saturation_io_dtypes", CL_FP8_SAT_IO, REQUIRED, "fp8", "write", feature="fp8")
@@ -873,7 +874,9 @@ CL_FP8_BATCH = CL_FP8_SAT_IO + " - in a prefill-sized write, per-head scales of 
 def test_fp8_write_batch(kvx_provider, kvx_call_options, dtype, io_dtype, geom):
     """1024 to 4096 tokens quantized into an FP8 cache in one write (a PER_TENSOR K scale, PER_HEAD V
     scales, each head its own value; 2 or 40 heads), a few -1 slots: random normal values, and on
-    every seventh element a value at or past the largest finite FP8 value, inf or NaN. The other
+    every seventh element a value at or past the largest finite FP8 value, inf, NaN or +-0.0 (-0.0
+    stores the -0 code 0x80: the random rows hold exact -0.0 only in F16, where tiny values
+    underflow, so a bulk F32 / BF16 path taking the sign from ``x < 0`` passed them). The other
     quantizing writes hold at most 24 tokens (the E4M3 thread test 128) and, past 8 heads, 12
     tokens, so a bulk path taken past some token count that rounds or saturates otherwise (stores
     inf for ``|x / scale|`` past the largest finite value), or that keeps a table of 8 per-head

@@ -156,6 +156,34 @@ def test_packed_block_size_non_pow2(kvx_provider, kvx_call_options, block_size):
     verify_gather(kvx_provider, case, opts, clause=CL_NON_POW2)
 
 
+#: the layouts and block sizes of ``gather.packed.block_size_non_pow2_layouts``: the three layouts (whatever the core
+#: one), each with a block size of 48 and 528
+NON_POW2_LAYOUTS = [pytest.param(kind, bs, id=f"{kind}-bs{bs}") for kind in ("nhd", "hnd", "hnd_packed") for bs in (48, 528)]
+#: the sequences of each such gather (a decode batch: past the 2 of ``gather.packed.block_size_non_pow2``)
+NON_POW2_SEQS = 20
+
+
+@conformance("gather.packed.block_size_non_pow2_layouts", CL_NON_POW2 + "; R-CACHE (every layout)", REQUIRED, "core",
+             "gather")
+@pytest.mark.parametrize("kind,block_size", NON_POW2_LAYOUTS)
+def test_packed_block_size_non_pow2_layouts(kvx_provider, kvx_call_options, kind, block_size):
+    """``gather.packed.block_size_non_pow2`` as a batch of 20 PACKED sequences (lengths 1 to 2 * block_size, two
+    blocks of table each, blocks shared between sequences) from NHD, HND and HND_PACKED caches. That test
+    gathers 2 sequences of the core layout's caches, and the other gathers from blocks of no power of two hold
+    2 sequences too (``shapes.layouts``), so a batch kernel of another layout that takes the block offset with a mask
+    (``t & (block_size - 1)``, right for powers of two only) was never run. A refusal of a layout other than
+    the provider's core one is the layout's (R-REFUSAL)."""
+    opts = kvx_call_options()
+    geom = Geometry(num_blocks=5, block_size=block_size, num_kv_heads=2, head_dim=4)
+    cache = cb.simple_cache(geom, kind, DType.F16, seed=96)
+    rng = cb.rng_for(97)
+    table = rng.integers(0, geom.num_blocks, size=(NON_POW2_SEQS, 2))
+    lens = rng.integers(1, 2 * block_size + 1, size=NON_POW2_SEQS).tolist()
+    case = cb.packed_gather(cache, table, lens, 2 * block_size, seed=98,
+                            label=f"{kind.upper()} F16 cache, block_size {block_size}, {NON_POW2_SEQS} sequences")
+    verify_gather(kvx_provider, case, opts, clause=CL_NON_POW2 + "; R-CACHE", feature=())
+
+
 @conformance("gather.packed.max_seq_len_truncates", "spec 6.10, 7 (max_seq_len bounds the gather); R-DATA",
              REQUIRED, "core", "gather")
 def test_packed_truncation(kvx_provider, kvx_call_options):

@@ -85,6 +85,31 @@ def test_block_size_non_pow2(kvx_provider, kvx_call_options, block_size, slot_dt
     verify_write(kvx_provider, case, opts, clause=CL_NON_POW2)
 
 
+#: the layouts and block sizes of ``write.slots.block_size_non_pow2_layouts``: the three layouts (whatever the core one),
+#: each with a block size of 48 (S32 slots) and 528 (S64 slots)
+NON_POW2_LAYOUTS = [pytest.param(kind, bs, dt, id=f"{kind}-bs{bs}") for kind in ("nhd", "hnd", "hnd_packed")
+                    for bs, dt in ((48, DType.S32), (528, DType.S64))]
+
+
+@conformance("write.slots.block_size_non_pow2_layouts", CL_NON_POW2 + "; R-CACHE (every layout)", REQUIRED, "core",
+             "write")
+@pytest.mark.parametrize("kind,block_size,slot_dtype", NON_POW2_LAYOUTS)
+def test_block_size_non_pow2_layouts(kvx_provider, kvx_call_options, kind, block_size, slot_dtype):
+    """``write.slots.block_size_non_pow2`` in NHD, HND and HND_PACKED caches: every slot once, shuffled
+    (144 or 1584 tokens). That test writes the core layout's caches only, and the other writes in a
+    non-power-of-two block hold at most 24 tokens (``shapes.layouts``: blocks of 528), so a batch kernel of
+    another layout that takes the block offset with a mask (``slot & (block_size - 1)``, right for powers
+    of two only) was never run. A refusal of a layout other than the provider's core one is the layout's
+    (R-REFUSAL)."""
+    opts = kvx_call_options()
+    geom = Geometry(num_blocks=3, block_size=block_size, num_kv_heads=2, head_dim=4)
+    slots = cb.rng_for(14).permutation(geom.num_slots)
+    cache = cb.simple_cache(geom, kind, DType.F16, seed=15)
+    case = cb.write_case(cache, slots, slot_dtype=slot_dtype, seed=16,
+                         label=f"{kind.upper()} F16 cache, block_size {block_size}, every slot once")
+    verify_write(kvx_provider, case, opts, clause=CL_NON_POW2 + "; R-CACHE", feature=())
+
+
 @conformance("write.slots.single_token", "spec 4.1, 5.2, 7 (K and V of every head); R-WRITE", REQUIRED, "core",
              "write")
 @pytest.mark.parametrize("heads", [2, 8])
