@@ -141,6 +141,24 @@
   core layout alone and the other layouts' calls in such blocks held 24 tokens or 2 sequences:
   ``write.slots.block_size_non_pow2_layouts``, ``gather.packed.block_size_non_pow2_layouts`` (NHD, HND and
   HND_PACKED; blocks of 48 and 528).
+- ``front_fp8_k_head_v_tensor_batch``: FP8 writes of more than 24 tokens whose K scale descriptor is PER_HEAD
+  beside a PER_TENSOR V descriptor read V's scale per head from a staging buffer of V's value and K's values
+  (spec 6.6, 6.9; R-FP8); certified while that pair of granularities was written 10 tokens at a time only:
+  ``fp8.write.scales_batch`` (300 tokens, 4 heads).
+- ``front_ragged_bs_mask_batch``: RAGGED gathers of 16 or more sequences from caches whose block_size is no
+  power of two that take the block offset as ``t & (block_size - 1)`` (spec 5.1, 7.1); certified while every
+  RAGGED gather but the generated draws used blocks of 4 or 16: ``gather.ragged.block_size_non_pow2_batch``
+  (20 sequences, blocks of 48 and 528).
+- ``front_fp8_ptr_over_head_batch``: FP8 writes of more than 24 tokens that quantize by the flat ``k_scale`` /
+  ``v_scale`` pointer where it sits beside a PER_HEAD descriptor (spec 6.9, R-FP8); certified while the
+  pointers sat beside PER_HEAD descriptors in writes of at most 10 tokens: ``fp8.write.scales_batch``.
+- ``front_fp8_stride0_batch``: ``front_fp8_stride0``'s broadcast of head 0's scale for a PER_HEAD descriptor whose
+  ``stride[0]`` is 0, in FP8 writes of more than 24 tokens only (R-FP8); certified while ``stride[0]`` 0 was
+  written 12 tokens at a time only (``fp8.write.scale_stride_unset``): ``fp8.write.scales_batch``.
+- ``front_s32_grid16``: writes with S32 slots of more than 65535 tokens that store tokens 0 to 65535 only (spec
+  7, 5.2), beside a refusal of writes of more than 2^22 tokens (R-LARGE allows it); certified while the only
+  S32-slot writes past 65535 tokens were ``large_cache.write_input_rows_past_2_31``'s, which that refusal
+  excuses: ``write.prefill_batch_65600_s32``.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -400,6 +418,11 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_fp8_neg_zero_batch", ["fp8.write.batch*"], "fp8"),
     ("front_hnd_bs_mask_batch", ["write.slots.block_size_non_pow2_layouts*"], "core"),
     ("front_hnd_bs_mask_gather", ["gather.packed.block_size_non_pow2_layouts*"], "core"),
+    ("front_fp8_k_head_v_tensor_batch", ["fp8.write.scales_batch*"], "fp8"),
+    ("front_ragged_bs_mask_batch", ["gather.ragged.block_size_non_pow2_batch*"], "tables"),
+    ("front_fp8_ptr_over_head_batch", ["fp8.write.scales_batch*"], "fp8"),
+    ("front_fp8_stride0_batch", ["fp8.write.scales_batch*"], "fp8"),
+    ("front_s32_grid16", ["write.prefill_batch_65600*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

@@ -192,6 +192,29 @@
  *   libkvx_testing_front_hnd_bs_mask_gather.so  FRONT_HND_BS_MASK_GATHER: the same offset in PACKED gathers on
  *       host memory of 16 or more sequences from such caches into outputs of the caches' dtypes (spec 4.1, 5.1):
  *       `gather.packed.block_size_non_pow2_layouts[hnd-*]` (suites/conformance/test_s5_gather_tables.py).
+ *   libkvx_testing_front_fp8_k_head_v_tensor_batch.so  FRONT_FP8_K_HEAD_V_TENSOR_BATCH: a quantizing write of more than
+ *       24 tokens into an FP8 V cache whose K scale descriptor is PER_HEAD and V's PER_TENSOR takes the kernel of K's
+ *       granularity: V's scale is read per head from a staging buffer of V's value followed by K's values, so head 0
+ *       of V is quantized by V's value and head h > 0 by K's value of head h - 1 (spec 6.6, 6.9: each side its own
+ *       descriptor and granularity; R-FP8): `fp8.write.scales_batch[*-k_per_head_v_per_tensor]`
+ *       (suites/conformance/test_s4_dtypes.py).
+ *   libkvx_testing_front_ragged_bs_mask_batch.so  FRONT_RAGGED_BS_MASK_BATCH: a RAGGED gather on host memory of 16
+ *       or more sequences from NHD / HND caches whose block_size is no power of two, outputs of the caches' dtypes,
+ *       reads token t of a sequence at block offset t & (block_size - 1) (spec 5.1 RAGGED: block offset =
+ *       token_idx % block_size; 7.1: only KV_OFFSETS needs a power of two): `gather.ragged.block_size_non_pow2_batch`
+ *       (suites/conformance/test_s5_gather_tables.py).
+ *   libkvx_testing_front_fp8_ptr_over_head_batch.so  FRONT_FP8_PTR_OVER_HEAD_BATCH: a write of more than 24 tokens
+ *       into an FP8 cache whose PER_HEAD scale descriptor sits beside a non-NULL k_scale / v_scale pointer quantizes
+ *       that side by the pointer (a bulk path of per-tensor scales only; spec 6.9: the pointer is a fallback for a
+ *       descriptor whose data is NULL; R-FP8): `fp8.write.scales_batch[*-per_head_over_pointer]`.
+ *   libkvx_testing_front_fp8_stride0_batch.so  FRONT_FP8_STRIDE0_BATCH: FRONT_FP8_STRIDE0's broadcast of head 0's value
+ *       for a PER_HEAD scale descriptor whose stride[0] is 0, in writes of more than 24 tokens only (a bulk path's scale
+ *       table; R-FP8: 0 reads the values as adjacent): `fp8.write.scales_batch[*-per_head_stride_unset]`.
+ *   libkvx_testing_front_s32_grid16.so  FRONT_S32_GRID16: a write with S32 slots of more than 65535 tokens stores tokens
+ *       0 to 65535 only (the S32-slot kernel's grid dimension of 16 bits; spec 7, 5.2: every token), and writes of
+ *       more than 2^22 tokens are refused (UNSUPPORTED, nothing written: IO tensors a provider may refuse, R-LARGE),
+ *       so `large_cache.write_input_rows_past_2_31` is unsupported: `write.prefill_batch_65600_s32`
+ *       (suites/conformance/test_s7_state.py).
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -250,6 +273,11 @@
 #define FRONT_FP8_NEG_ZERO_BATCH 53
 #define FRONT_HND_BS_MASK_BATCH 54
 #define FRONT_HND_BS_MASK_GATHER 55
+#define FRONT_FP8_K_HEAD_V_TENSOR_BATCH 56
+#define FRONT_RAGGED_BS_MASK_BATCH 57
+#define FRONT_FP8_PTR_OVER_HEAD_BATCH 58
+#define FRONT_FP8_STRIDE0_BATCH 59
+#define FRONT_S32_GRID16 60
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -1114,6 +1142,59 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   }
   return st;
 }
+#elif KVX_FRONT_DEFECT == FRONT_RAGGED_BS_MASK_BATCH
+static size_t plain_size(kvx_dtype_t dt) {
+  return dt == KVX_DTYPE_F16 || dt == KVX_DTYPE_BF16 ? 2 : dt == KVX_DTYPE_F32 ? 4 : 0;
+}
+
+/* An NHD / HND cache tensor of a 16- or 32-bit dtype beside a 3-D / 4-D output of its dtype. */
+static int rmask_side(const kvx_tensor_desc_t* c, const kvx_tensor_desc_t* out) {
+  return (c->layout == KVX_LAYOUT_BLOCK_NHD || c->layout == KVX_LAYOUT_BLOCK_HND) && c->ndim == 4 && c->data &&
+         plain_size(c->dtype) && out->dtype == c->dtype && out->data && (out->ndim == 3 || out->ndim == 4);
+}
+
+/* Output row (s, t) with the elements of cache row (block b, offset o) of cache tensor `c`. */
+static void rmask_row(const kvx_cache_desc_t* cache, const kvx_tensor_desc_t* c, const kvx_tensor_desc_t* out,
+                      int64_t b, int64_t o, int64_t s, int64_t t, int64_t msl) {
+  const size_t es = plain_size(c->dtype);
+  const int nhd = c->layout == KVX_LAYOUT_BLOCK_NHD;
+  for (int64_t h = 0; h < cache->num_kv_heads; ++h)
+    for (int64_t d = 0; d < cache->head_dim; ++d) {
+      const int64_t src = b * c->stride[0] + (nhd ? o * c->stride[1] + h * c->stride[2]
+                                                  : h * c->stride[1] + o * c->stride[2]) + d * c->stride[3];
+      const int64_t dst = out->ndim == 4 ? s * out->stride[0] + t * out->stride[1] + h * out->stride[2] +
+                                               d * out->stride[3]
+                                         : (s * msl + t) * out->stride[0] + h * out->stride[1] + d * out->stride[2];
+      memcpy((unsigned char*)out->data + es * dst, (const unsigned char*)c->data + es * src, es);
+    }
+}
+
+/* A RAGGED gather on host memory of 16 or more sequences from NHD / HND caches whose block_size is no power of two,
+ * outputs of the caches' dtypes: token t of a sequence is read at block offset t & (block_size - 1) (right for
+ * powers of two only), its block indices[indptr[s] + t]. */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_status_t st = ref.gather(cache, desc, stream);
+  const kvx_block_table_t* tb = &desc->block_table;
+  const int64_t bs = cache ? cache->block_size : 0;
+  if (st != KVX_STATUS_OK || !gather_plain(cache, desc) || fp4_call(cache) || !ragged_ok(tb) || tb->seq_count < 16 ||
+      bs < 2 || (bs & (bs - 1)) == 0 || !rmask_side(&cache->k, &desc->io.key) ||
+      !rmask_side(&cache->v, &desc->io.value) || !desc->seq_lens.lengths ||
+      (desc->seq_lens.dtype != KVX_DTYPE_S32 && desc->seq_lens.dtype != KVX_DTYPE_S64))
+    return st;
+  const int64_t msl = desc->max_seq_len;
+  for (uint32_t s = 0; s < tb->seq_count; ++s) {
+    int64_t n = index_at(desc->seq_lens.lengths, desc->seq_lens.dtype, s);
+    if (n > msl) n = msl;
+    const int64_t lo = index_at(tb->indptr, tb->indptr_dtype, s);
+    for (int64_t t = 0; t < n; ++t) {
+      if ((t & (bs - 1)) == t % bs) continue;
+      const int64_t b = index_at(tb->indices, tb->index_dtype, (size_t)(lo + t));
+      rmask_row(cache, &cache->k, &desc->io.key, b, t & (bs - 1), s, t, msl); /* the defect */
+      rmask_row(cache, &cache->v, &desc->io.value, b, t & (bs - 1), s, t, msl);
+    }
+  }
+  return st;
+}
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
   return ref.gather(cache, desc, stream_for(cache, stream));
@@ -1339,10 +1420,11 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   local.v_scale_desc = desc->k_scale_desc; /* the defect: V quantized with K's scale */
   return ref.write(cache, &local, stream);
 }
-#elif KVX_FRONT_DEFECT == FRONT_FP8_STRIDE0
+#elif KVX_FRONT_DEFECT == FRONT_FP8_STRIDE0 || KVX_FRONT_DEFECT == FRONT_FP8_STRIDE0_BATCH
+/* STRIDE0: every write; STRIDE0_BATCH: writes of more than 24 tokens (a bulk path's scale table). */
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
   if (!write_plain(cache, desc) || cache->k.memory != KVX_MEMORY_HOST || cache->num_kv_heads < 2 ||
-      cache->num_kv_heads > 1024)
+      cache->num_kv_heads > 1024 || (KVX_FRONT_DEFECT == FRONT_FP8_STRIDE0_BATCH && desc->io.num_tokens <= 24))
     return ref.write(cache, desc, stream);
   const uint32_t H = cache->num_kv_heads;
   kvx_write_desc_t local;
@@ -1712,6 +1794,85 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
     const int64_t s = index_at(desc->slots.slots, desc->slots.dtype, i);
     slots[i] = (s < 0 || s == desc->slots.invalid_slot || s >= cap) ? s : s / bs * bs + (s & (bs - 1)); /* defect */
   }
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.slots.slots = slots;
+  local.slots.dtype = KVX_DTYPE_S64;
+  const kvx_status_t st = ref.write(cache, &local, stream);
+  free(slots);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_K_HEAD_V_TENSOR_BATCH
+/* An F32 scale descriptor with data of granularity `g`, as the reference reads it. */
+static int f32_scale(const kvx_scale_desc_t* sd, kvx_scale_granularity_t g) {
+  return sd->size >= sizeof(kvx_scale_desc_t) && sd->data && sd->dtype == KVX_DTYPE_F32 && sd->granularity == g;
+}
+
+/* A write of more than 24 tokens into an FP8 V cache from baseline rows, K's scale descriptor PER_HEAD and V's
+ * PER_TENSOR: the kernel of K's granularity reads V's scale per head from a staging buffer of V's value followed by
+ * K's values (head 0 of V by V's value, head h > 0 by K's value of head h - 1). */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const int fp8v = cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC &&
+                   (cache->v.dtype == KVX_DTYPE_F8_E4M3 || cache->v.dtype == KVX_DTYPE_F8_E5M2);
+  const uint32_t H = cache ? cache->num_kv_heads : 0;
+  if (!fp8v || !write_plain(cache, desc) || fp4_call(cache) || desc->io.num_tokens <= 24 || H < 2 || H > 1024 ||
+      desc->io.value.dtype == cache->v.dtype || !f32_scale(&desc->k_scale_desc, KVX_SCALE_PER_HEAD) ||
+      !f32_scale(&desc->v_scale_desc, KVX_SCALE_PER_TENSOR) || desc->k_scale_desc.ndim != 1 ||
+      desc->k_scale_desc.shape[0] != (int64_t)H)
+    return ref.write(cache, desc, stream);
+  static __thread float staging[1025];
+  const int64_t step = desc->k_scale_desc.stride[0] > 0 ? desc->k_scale_desc.stride[0] : 1;
+  staging[0] = ((const float*)desc->v_scale_desc.data)[0];
+  for (uint32_t h = 0; h < H; ++h) staging[1 + h] = ((const float*)desc->k_scale_desc.data)[h * step];
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.v_scale_desc.granularity = KVX_SCALE_PER_HEAD; /* the defect: V read by K's granularity */
+  local.v_scale_desc.ndim = 1;
+  local.v_scale_desc.shape[0] = (int64_t)H;
+  local.v_scale_desc.stride[0] = 1;
+  local.v_scale_desc.data = staging;
+  return ref.write(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_PTR_OVER_HEAD_BATCH
+/* A write of more than 24 tokens into an FP8 cache whose PER_HEAD scale descriptor sits beside a non-NULL flat
+ * k_scale / v_scale pointer: the bulk path, of per-tensor scales only, takes the pointer (the descriptor ignored). */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const int fp8 = cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC &&
+                  (cache->k.dtype == KVX_DTYPE_F8_E4M3 || cache->k.dtype == KVX_DTYPE_F8_E5M2 ||
+                   cache->v.dtype == KVX_DTYPE_F8_E4M3 || cache->v.dtype == KVX_DTYPE_F8_E5M2);
+  if (!fp8 || !write_plain(cache, desc) || fp4_call(cache) || desc->io.num_tokens <= 24)
+    return ref.write(cache, desc, stream);
+  const int k = desc->k_scale && desc->k_scale_desc.data && desc->k_scale_desc.granularity == KVX_SCALE_PER_HEAD;
+  const int v = desc->v_scale && desc->v_scale_desc.data && desc->v_scale_desc.granularity == KVX_SCALE_PER_HEAD;
+  if (!k && !v) return ref.write(cache, desc, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  if (k) local.k_scale_desc.data = NULL; /* the defect: the flat pointer over the PER_HEAD descriptor */
+  if (v) local.v_scale_desc.data = NULL;
+  return ref.write(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_S32_GRID16
+/* A write with S32 slots of more than 65535 tokens stores tokens 0 to 65535 only (the S32-slot kernel's grid
+ * dimension of 16 bits; the S64 one is right), and a write of more than 2^22 tokens is refused as UNSUPPORTED,
+ * nothing written (IO tensors a provider may refuse: R-LARGE). */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || fp4_call(cache) || desc->io.num_tokens <= 65535)
+    return ref.write(cache, desc, stream);
+  const kvx_kv_io_desc_t* io = &desc->io;
+  const int well_formed = ref.validate(cache) == KVX_STATUS_OK && desc->slots.token_count == io->num_tokens &&
+                          desc->slots.slots && (desc->slots.dtype == KVX_DTYPE_S32 || desc->slots.dtype == KVX_DTYPE_S64) &&
+                          io->num_kv_heads == cache->num_kv_heads && io->head_dim == cache->head_dim && io->key.data &&
+                          io->value.data && io->key.ndim == 3 && io->value.ndim == 3 &&
+                          io->key.shape[0] == (int64_t)io->num_tokens && io->value.shape[0] == (int64_t)io->num_tokens;
+  if (io->num_tokens > (1u << 22) && well_formed) return KVX_STATUS_UNSUPPORTED; /* a refusal R-LARGE allows */
+  if (desc->slots.dtype != KVX_DTYPE_S32 || !desc->slots.slots) return ref.write(cache, desc, stream);
+  int64_t* slots = (int64_t*)malloc(sizeof(int64_t) * desc->io.num_tokens);
+  if (!slots) return ref.write(cache, desc, stream);
+  for (uint32_t i = 0; i < desc->io.num_tokens; ++i)
+    slots[i] = i > 65535 ? -1 : index_at(desc->slots.slots, KVX_DTYPE_S32, i); /* the defect */
   kvx_write_desc_t local;
   memset(&local, 0, sizeof local);
   memcpy(&local, desc, desc->size);

@@ -10,7 +10,9 @@
   outputs differ in dtype (2 and 260 sequences).
 - FP8 caches (profile fp8, feature ``fp8``): write quantizes ``x / scale`` (IEEE FP32
   division), saturating, RNE; the scale comes from ``k_scale_desc`` (PER_TENSOR, also as a
-  0-d scalar, in writes of 12 and 300 tokens; PER_HEAD, also with 8 and 16 heads), else the ``k_scale`` pointer, else 1.0;
+  0-d scalar, in writes of 12 and 300 tokens; PER_HEAD, also with 8 and 16 heads; one side PER_HEAD beside the
+  other PER_TENSOR, in writes of 10 and 300 tokens), else the ``k_scale`` pointer, else 1.0; into blocks of no power
+  of two too (144 and 1584 tokens);
   FP8 IO of the cache's dtype copies raw bytes, both ways; an E4M3 K cache beside an E5M2 V
   cache (and the reverse) quantizes each side to its own format; ``kvx_validate_cache_desc``
   answers OK for a valid FP8 cache.
@@ -672,6 +674,93 @@ def test_fp8_write_scalar_scale_batch(kvx_provider, kvx_call_options, scales, dt
                          label=f"{SCALAR_BATCH_TOKENS}-token f32 -> {NAMES[dtype]} write, PER_TENSOR scales {desc}"
                                + (", k_scale / v_scale 9.0" if "k_scale" in kw else ""))
     verify_write(kvx_provider, case, opts, clause=CL_SCALAR, feature="fp8")
+
+
+#: (K, V) scale descriptors of ``fp8.write.scales_batch``: one side PER_HEAD beside the other PER_TENSOR, 4 heads,
+#: every value distinct
+SCALES_BATCH = {
+    "k_per_head_v_per_tensor": {"k_scale_desc": ("h", [0.5, 1.7, 0.093, 2.6]), "v_scale_desc": ("t", [3.3])},
+    "k_per_tensor_v_per_head": {"k_scale_desc": ("t", [0.21]), "v_scale_desc": ("h", [2.25, 0.093, 0.61, 1.3])},
+    # PER_HEAD descriptors beside the flat pointers (vLLM passes its k_scale / v_scale always): the descriptors
+    # decide (R-FP8), never the pointers, whatever granularity a bulk path serves
+    "per_head_over_pointer": {"k_scale": 9.0, "v_scale": 9.0, "k_scale_desc": ("h", [0.37, 1.9, 0.0625, 0.81]),
+                              "v_scale_desc": ("h", [2.6, 0.14, 0.5, 1.15])},
+    # PER_HEAD descriptors whose stride[0] is left at 0: the values adjacent, as with 1 (R-FP8;
+    # ``fp8.write.scale_stride_unset`` writes 12 tokens)
+    "per_head_stride_unset": {"k_scale_desc": ("h", [0.29, 1.45, 0.071, 3.1]),
+                              "v_scale_desc": ("h", [1.8, 0.22, 0.9, 0.047]), "stride": 0},
+}
+SCALES_BATCH_GEOM, SCALES_BATCH_TOKENS = Geometry(num_blocks=24, block_size=16, num_kv_heads=4, head_dim=8), 300
+CL_SCALES_BATCH = (CL_FP8 + "; spec 6.6, 6.9 (k_scale_desc and v_scale_desc each a descriptor of its own granularity)"
+                   " - in a prefill-sized write")
+
+
+@conformance("fp8.write.scales_batch", CL_SCALES_BATCH, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("scales", list(SCALES_BATCH))
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_scales_batch(kvx_provider, kvx_call_options, scales, dtype):
+    """A 300-token F32 write (4 heads, a few -1 slots) whose K scale descriptor is PER_HEAD beside a
+    PER_TENSOR V descriptor, and the reverse: each side quantized by its own descriptor's granularity;
+    PER_HEAD descriptors beside the flat ``k_scale`` / ``v_scale`` pointers (9.0): the descriptors decide;
+    and PER_HEAD descriptors whose ``stride[0]`` is 0 (left unset): the values adjacent.
+    ``fp8.write.scales[*-k_per_head_v_per_tensor]`` and ``[*-desc_over_pointer]`` write 10 tokens and
+    ``fp8.write.scale_stride_unset`` 12, while every quantizing write past 24 tokens gives K and V one
+    granularity or K the PER_TENSOR one, sets the pointers beside PER_TENSOR descriptors only and
+    ``stride[0]`` to 1 (``fp8.write.batch``, the generated and pairwise draws), so a bulk path that picks its
+    scale kernel by K's granularity and reads V's one value per head (from a staging buffer of the scales,
+    say), that serves per-tensor scales only and takes the pointer where one is set, or that reads head h's
+    value at ``h * stride[0]`` with no case for 0, was never reached."""
+    opts = kvx_call_options()
+    g = SCALES_BATCH_GEOM
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=28)
+    slots = cb.spread_slots(g, SCALES_BATCH_TOKENS, 29).tolist()
+    for i in (0, 150, SCALES_BATCH_TOKENS - 1):
+        slots[i] = -1
+    spec = dict(SCALES_BATCH[scales])
+    stride = spec.pop("stride", None)
+    kw = _scale_kw(spec)
+    if stride is not None:
+        kw = {k: cb.replace(v, stride=stride) if k.endswith("_desc") else v for k, v in kw.items()}
+    desc = ", ".join(f"{k[0].upper()} {v[1]} ({'PER_HEAD' if v[0] == 'h' else 'PER_TENSOR'})" for k, v in spec.items()
+                     if k.endswith("_desc"))
+    case = cb.write_case(cache, slots, io_dtype=DType.F32, seed=30, **kw,
+                         label=f"{SCALES_BATCH_TOKENS}-token f32 -> {NAMES[dtype]} write, {g.num_kv_heads} heads, "
+                               f"scales {desc}" + (", k_scale / v_scale 9.0" if "k_scale" in spec else "")
+                               + (f", stride[0] {stride}" if stride is not None else ""))
+    verify_write(kvx_provider, case, opts, clause=CL_SCALES_BATCH, feature="fp8")
+
+
+#: (dtype, block_size, slot dtype, IO dtype) of ``fp8.write.block_size_non_pow2_batch``
+FP8_NON_POW2 = [pytest.param(d, bs, sd, io, id=f"{NAMES[d]}-bs{bs}")
+                for d, bs, sd, io in ((DType.F8_E4M3, 48, DType.S32, DType.F32),
+                                      (DType.F8_E4M3, 528, DType.S64, DType.BF16),
+                                      (DType.F8_E5M2, 48, DType.S64, DType.F16),
+                                      (DType.F8_E5M2, 528, DType.S32, DType.F32))]
+CL_FP8_NON_POW2 = (CL_FP8 + "; spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx % block_size), 7.1 "
+                   "(only KV_OFFSETS requires a power-of-two block_size)")
+
+
+@conformance("fp8.write.block_size_non_pow2_batch", CL_FP8_NON_POW2, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("dtype,block_size,slot_dtype,io_dtype", FP8_NON_POW2)
+def test_fp8_write_block_size_non_pow2_batch(kvx_provider, kvx_call_options, dtype, block_size, slot_dtype, io_dtype):
+    """``write.slots.block_size_non_pow2`` as a quantizing write: F32 / BF16 / F16 rows into an E4M3 / E5M2
+    cache (the core layout) of 3 blocks of 48 or 528 tokens, every slot once, shuffled (144 or 1584
+    tokens), a PER_TENSOR K scale and PER_HEAD V scales. The writes into blocks of no power of two past 24
+    tokens are of F16 caches and F16 rows (``write.slots.block_size_non_pow2*``), and the quantizing
+    writes of the other tests use blocks of a power of two: only ``generated.batch.write`` meets a
+    quantizing kernel that takes the block offset with a mask (``slot & (block_size - 1)``, right for
+    powers of two only), when its draw holds an FP8 cache of blocks of 3, 5 or 200 tokens (the default
+    run's does; another ``--seed`` may not). This test makes that call whatever the draw."""
+    opts = kvx_call_options()
+    g = Geometry(num_blocks=3, block_size=block_size, num_kv_heads=2, head_dim=8)
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=43)
+    slots = cb.rng_for(44 + block_size).permutation(g.num_slots)
+    case = cb.write_case(cache, slots, io_dtype=io_dtype, slot_dtype=slot_dtype, seed=45,
+                         k_scale_desc=cb.scale_spec([0.37]),
+                         v_scale_desc=cb.scale_spec([2.5, 0.11], ScaleGranularity.PER_HEAD),
+                         label=f"{NAMES[io_dtype]} -> {NAMES[dtype]} cache, block_size {block_size}, every slot once "
+                               f"({slot_dtype.name} slots), K scale 0.37 (PER_TENSOR), V scales [2.5, 0.11] (PER_HEAD)")
+    verify_write(kvx_provider, case, opts, clause=CL_FP8_NON_POW2, feature="fp8")
 
 
 CL_PER_HEAD = CL_FP8 + " (PER_HEAD: head h is quantized with the value of head h, for any num_kv_heads)"

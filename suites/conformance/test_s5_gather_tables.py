@@ -506,6 +506,34 @@ def test_ragged_bad_block_status(kvx_provider, kvx_call_options, bad):
                   partial=partial_gather(case))
 
 
+#: (block_size, index dtype, indptr dtype) of ``gather.ragged.block_size_non_pow2_batch``
+RAGGED_NON_POW2 = [pytest.param(48, DType.S32, DType.S64, id="bs48"),
+                   pytest.param(528, DType.S64, DType.S32, id="bs528")]
+
+
+@conformance("gather.ragged.block_size_non_pow2_batch", CL_RAGGED + "; " + CL_NON_POW2, REQUIRED, "tables", "gather",
+             feature="ragged")
+@pytest.mark.parametrize("block_size,index_dtype,indptr_dtype", RAGGED_NON_POW2)
+def test_ragged_block_size_non_pow2_batch(kvx_provider, kvx_call_options, block_size, index_dtype, indptr_dtype):
+    """``gather.packed.block_size_non_pow2_layouts`` through a RAGGED table: 20 sequences of 1 to
+    2 * block_size tokens (blocks of 48 or 528, shared between sequences) from F16 caches of the core
+    layout. Token t of sequence s is at block ``indices[indptr[s] + t]``, offset ``t % block_size`` (spec
+    5.1). Every other RAGGED gather uses blocks of 4 or 16 tokens (the generated batches draw other sizes
+    only by chance), so a RAGGED batch kernel that takes the block offset with a mask
+    (``t & (block_size - 1)``, right for powers of two only) was never run."""
+    opts = kvx_call_options()
+    geom = Geometry(num_blocks=5, block_size=block_size, num_kv_heads=2, head_dim=4)
+    cache = cb.simple_cache(geom, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=99)
+    rng = cb.rng_for(100 + block_size)
+    table = rng.integers(0, geom.num_blocks, size=(NON_POW2_SEQS, 2))
+    lens = rng.integers(1, 2 * block_size + 1, size=NON_POW2_SEQS).tolist()
+    case = cb.ragged_gather(cache, table, lens, 2 * block_size, seed=101, index_dtype=index_dtype,
+                            indptr_dtype=indptr_dtype,
+                            label=f"RAGGED, F16 cache, block_size {block_size}, {NON_POW2_SEQS} sequences, "
+                                  f"{index_dtype.name} indices, {indptr_dtype.name} indptr")
+    verify_gather(kvx_provider, case, opts, clause=CL_RAGGED + "; " + CL_NON_POW2, feature="ragged")
+
+
 @conformance("gather.ragged.output_4d", "spec 6.8, 6.10; R-IO (4-D padded output)", RECOMMENDED, "tables",
              "gather", feature="gather_4d")
 def test_ragged_4d(kvx_provider, kvx_call_options):

@@ -510,6 +510,22 @@ def test_prefill_write_past_65535_tokens(kvx_provider, kvx_call_options, kind):
                  clause=CL_BIG_BATCH, feature=())
 
 
+@conformance("write.prefill_batch_65600_s32", CL_BIG_BATCH + "; 5.2 (slots S32 or S64)", REQUIRED, "core", "write")
+def test_prefill_write_past_65535_tokens_s32(kvx_provider, kvx_call_options):
+    """``write.prefill_batch_65600`` with S32 slots (the core layout): tokens 65535 and later land like the
+    others whatever the slot width. That test sends S64 slots, and the other writes of S32 slots past
+    65535 tokens are ``large_cache.write_input_rows_past_2_31``'s (8 GiB inputs, which a provider may
+    refuse: R-LARGE), so a kernel per slot dtype whose S32 one caps its grid at 65535 tokens certified
+    beside such a refusal."""
+    opts = kvx_call_options()
+    cache = _batch_cache(cb.core_layout(kvx_provider, opts.memory), 383, BIG_BATCH)
+    slots = cb.spread_slots(BIG_BATCH, BIG_TOKENS, 384)
+    slots[[11, 65535, 65590]] = -1  # no-ops on each side of 65535
+    verify_write(kvx_provider, cb.write_case(cache, slots, slot_dtype=DType.S32, seed=385,
+                                             label=f"{BIG_TOKENS}-token write, S32 slots"), opts,
+                 clause=CL_BIG_BATCH + "; 5.2")
+
+
 def _decode_batch(kvx_provider, opts, seed: int, kind: str | None = None):
     """A decode batch of 320 sequences of 0 to 64 tokens over BATCH in layout ``kind`` (None: the
     provider's core layout): (cache, a table of 4 random block ids a sequence, lengths,
