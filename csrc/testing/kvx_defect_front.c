@@ -502,6 +502,40 @@ static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const
   return st;
 }
 
+#if KVX_FRONT_DEFECT == FRONT_FP8_BATCH_NOSAT || KVX_FRONT_DEFECT == FRONT_FP8_NEG_ZERO_BATCH
+/* The byte offset of element (block, token, head, dim) of a 1-byte NHD / HND cache tensor, or -1. */
+static int64_t fp8_offset(const kvx_tensor_desc_t* t, int64_t b, int64_t tok, int64_t h, int64_t d) {
+  const int64_t* st = t->stride;
+  if (t->layout == KVX_LAYOUT_BLOCK_NHD) return b * st[0] + tok * st[1] + h * st[2] + d * st[3];
+  if (t->layout == KVX_LAYOUT_BLOCK_HND) return b * st[0] + h * st[1] + tok * st[2] + d * st[3];
+  return -1;
+}
+
+/* fix(code, io, token, head, dim) on each 1-byte code that the write `desc` stored into cache tensor `t`
+ * (NHD / HND) from IO tensor `io`: the tokens whose slot is valid, every head and dim. */
+/* Whether a plain write on host memory of more than 24 tokens through S32 / S64 slots: the calls whose stored
+ * codes these fronts change after the reference has written them. */
+static int host_batch_write(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
+  return write_plain(cache, desc) && cache->k.memory == KVX_MEMORY_HOST && desc->slots.slots &&
+         (desc->slots.dtype == KVX_DTYPE_S32 || desc->slots.dtype == KVX_DTYPE_S64) && desc->io.num_tokens > 24;
+}
+
+typedef void (*code_fix_t)(unsigned char* code, const kvx_tensor_desc_t* io, int64_t i, int64_t h, int64_t d);
+static void for_each_written_code(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc,
+                                  const kvx_tensor_desc_t* t, const kvx_tensor_desc_t* io, code_fix_t fix) {
+  const int64_t cap = (int64_t)cache->num_blocks * cache->block_size;
+  for (uint32_t i = 0; i < desc->io.num_tokens; ++i) {
+    const int64_t slot = index_at(desc->slots.slots, desc->slots.dtype, i);
+    if (slot < 0 || slot == desc->slots.invalid_slot || slot >= cap) continue;
+    for (int64_t h = 0; h < cache->num_kv_heads; ++h)
+      for (int64_t d = 0; d < cache->head_dim; ++d) {
+        const int64_t off = fp8_offset(t, slot / cache->block_size, slot % cache->block_size, h, d);
+        if (off >= 0) fix((unsigned char*)t->data + off, io, i, h, d);
+      }
+  }
+}
+#endif
+
 #if KVX_FRONT_DEFECT == FRONT_HND_U32_OFFSET || KVX_FRONT_DEFECT == FRONT_HNDP_U32_OFFSET
 /* Whether `t` is a canonical host tensor of the defect's layout: BLOCK_HND, or BLOCK_HND_PACKED
  * ([blocks, heads, head_dim / pack, block_size, pack]). */
@@ -1227,35 +1261,21 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   return ref.write(cache, desc, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP8_BATCH_NOSAT
-/* The byte offset of element (block, token, head, dim) of a 1-byte NHD / HND cache tensor, or -1. */
-static int64_t fp8_offset(const kvx_tensor_desc_t* t, int64_t b, int64_t tok, int64_t h, int64_t d) {
-  const int64_t* st = t->stride;
-  if (t->layout == KVX_LAYOUT_BLOCK_NHD) return b * st[0] + tok * st[1] + h * st[2] + d * st[3];
-  if (t->layout == KVX_LAYOUT_BLOCK_HND) return b * st[0] + h * st[1] + tok * st[2] + d * st[3];
-  return -1;
-}
 
 /* The written tokens' saturated E5M2 bytes (+-57344) turned into +-inf. */
+static void unsaturate_code(unsigned char* p, const kvx_tensor_desc_t* io, int64_t i, int64_t h, int64_t d) {
+  (void)io, (void)i, (void)h, (void)d;
+  if ((*p & 0x7Fu) == 0x7Bu) *p = (unsigned char)((*p & 0x80u) | 0x7Cu);
+}
 static void unsaturate(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, const kvx_tensor_desc_t* t,
                        const kvx_tensor_desc_t* io) {
   if (t->dtype != KVX_DTYPE_F8_E5M2 || io->dtype == KVX_DTYPE_F8_E5M2 || !t->data) return;
-  const int64_t cap = (int64_t)cache->num_blocks * cache->block_size;
-  for (uint32_t i = 0; i < desc->io.num_tokens; ++i) {
-    const int64_t slot = index_at(desc->slots.slots, desc->slots.dtype, i);
-    if (slot < 0 || slot == desc->slots.invalid_slot || slot >= cap) continue;
-    for (int64_t h = 0; h < cache->num_kv_heads; ++h)
-      for (int64_t d = 0; d < cache->head_dim; ++d) {
-        const int64_t off = fp8_offset(t, slot / cache->block_size, slot % cache->block_size, h, d);
-        unsigned char* p = (unsigned char*)t->data + off;
-        if (off >= 0 && (*p & 0x7Fu) == 0x7Bu) *p = (unsigned char)((*p & 0x80u) | 0x7Cu);
-      }
-  }
+  for_each_written_code(cache, desc, t, io, unsaturate_code);
 }
 
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
   const kvx_status_t st = ref.write(cache, desc, stream);
-  if (st == KVX_STATUS_OK && write_plain(cache, desc) && cache->k.memory == KVX_MEMORY_HOST && desc->slots.slots &&
-      (desc->slots.dtype == KVX_DTYPE_S32 || desc->slots.dtype == KVX_DTYPE_S64) && desc->io.num_tokens > 24) {
+  if (st == KVX_STATUS_OK && host_batch_write(cache, desc)) {
     unsaturate(cache, desc, &cache->k, &desc->io.key);
     unsaturate(cache, desc, &cache->v, &desc->io.value);
   }
@@ -1734,13 +1754,6 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   return ref.write(cache, &local, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP8_NEG_ZERO_BATCH
-/* The byte offset of element (block, token, head, dim) of a 1-byte NHD / HND cache tensor, or -1. */
-static int64_t fp8_offset(const kvx_tensor_desc_t* t, int64_t b, int64_t tok, int64_t h, int64_t d) {
-  const int64_t* st = t->stride;
-  if (t->layout == KVX_LAYOUT_BLOCK_NHD) return b * st[0] + tok * st[1] + h * st[2] + d * st[3];
-  if (t->layout == KVX_LAYOUT_BLOCK_HND) return b * st[0] + h * st[1] + tok * st[2] + d * st[3];
-  return -1;
-}
 
 /* Whether IO element (i, h, d) of `io` (F16 / BF16 / F32, strides in elements) is -0.0. */
 static int io_neg_zero(const kvx_tensor_desc_t* io, int64_t i, int64_t h, int64_t d) {
@@ -1750,29 +1763,21 @@ static int io_neg_zero(const kvx_tensor_desc_t* io, int64_t i, int64_t h, int64_
   return 0; /* F16 rows: the sign bit copied from the input's bits, right */
 }
 
+static void unsign_code(unsigned char* p, const kvx_tensor_desc_t* io, int64_t i, int64_t h, int64_t d) {
+  if (*p == 0x80u && io_neg_zero(io, i, h, d)) *p = 0x00u; /* the defect */
+}
 /* The written tokens' -0 codes (0x80) of -0.0 inputs turned into +0: the sign taken from x < 0. */
 static void unsign_zeros(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, const kvx_tensor_desc_t* t,
                          const kvx_tensor_desc_t* io) {
   if ((t->dtype != KVX_DTYPE_F8_E4M3 && t->dtype != KVX_DTYPE_F8_E5M2) || !t->data || !io->data || io->ndim != 3 ||
       (io->dtype != KVX_DTYPE_F32 && io->dtype != KVX_DTYPE_F16 && io->dtype != KVX_DTYPE_BF16))
     return;
-  const int64_t cap = (int64_t)cache->num_blocks * cache->block_size;
-  for (uint32_t i = 0; i < desc->io.num_tokens; ++i) {
-    const int64_t slot = index_at(desc->slots.slots, desc->slots.dtype, i);
-    if (slot < 0 || slot == desc->slots.invalid_slot || slot >= cap) continue;
-    for (int64_t h = 0; h < cache->num_kv_heads; ++h)
-      for (int64_t d = 0; d < cache->head_dim; ++d) {
-        const int64_t off = fp8_offset(t, slot / cache->block_size, slot % cache->block_size, h, d);
-        unsigned char* p = (unsigned char*)t->data + off;
-        if (off >= 0 && *p == 0x80u && io_neg_zero(io, i, h, d)) *p = 0x00u; /* the defect */
-      }
-  }
+  for_each_written_code(cache, desc, t, io, unsign_code);
 }
 
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
   const kvx_status_t st = ref.write(cache, desc, stream);
-  if (st == KVX_STATUS_OK && write_plain(cache, desc) && cache->k.memory == KVX_MEMORY_HOST && desc->slots.slots &&
-      (desc->slots.dtype == KVX_DTYPE_S32 || desc->slots.dtype == KVX_DTYPE_S64) && desc->io.num_tokens > 24) {
+  if (st == KVX_STATUS_OK && host_batch_write(cache, desc)) {
     unsign_zeros(cache, desc, &cache->k, &desc->io.key);
     unsign_zeros(cache, desc, &cache->v, &desc->io.value);
   }
