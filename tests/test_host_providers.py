@@ -149,6 +149,14 @@
   power of two that take the block offset as ``t & (block_size - 1)`` (spec 5.1, 7.1); certified while every
   RAGGED gather but the generated draws used blocks of 4 or 16: ``gather.ragged.block_size_non_pow2_batch``
   (20 sequences, blocks of 48 and 528).
+- ``front_s32_len_unsigned_batch``: gathers of 16 or more sequences that take S32 lengths as uint32 (``min(L,
+  max_seq_len)`` against the uint32 ``max_seq_len``), so a negative length gathers max_seq_len tokens and the call
+  answers OK (spec 5.3; R-DATA: INVALID_ARGUMENT); certified while every call with a negative length held 1 to 3
+  sequences: ``gather.packed.negative_seq_len_batch`` (20 sequences, -1 and INT32_MIN).
+- ``front_ragged_range_batch``: RAGGED gathers of 16 or more sequences that bound each sequence's tokens by
+  ``indices_count`` alone, so a sequence whose range holds fewer ids than ``min(L, max_seq_len)`` gathers the next
+  ranges' ids (spec 5.1; R-DATA); certified while every short range sat in a call of 1 to 4 sequences:
+  ``gather.ragged.short_range_batch_no_oob`` (20 sequences, two ranges 3 ids short).
 - ``front_fp8_ptr_over_head_batch``: FP8 writes of more than 24 tokens that quantize by the flat ``k_scale`` /
   ``v_scale`` pointer where it sits beside a PER_HEAD descriptor (spec 6.9, R-FP8); certified while the
   pointers sat beside PER_HEAD descriptors in writes of at most 10 tokens: ``fp8.write.scales_batch``.
@@ -159,6 +167,19 @@
   7, 5.2), beside a refusal of writes of more than 2^22 tokens (R-LARGE allows it); certified while the only
   S32-slot writes past 65535 tokens were ``large_cache.write_input_rows_past_2_31``'s, which that refusal
   excuses: ``write.prefill_batch_65600_s32``.
+- ``front_float_slot``: writes into caches of at most 2^31 elements that carry slots of 2^24 and more through
+  float32 (spec 4.1: integer arithmetic), beside a refusal of caches of more than 2^31 elements (R-LARGE allows
+  it); certified while the only caches past 2^24 slots were the ``large_cache`` tests' 8 GiB ones, which that
+  refusal excuses: ``write.wide_cache_high_slots`` (2 GiB, required).
+- ``front_s64_slot_low32_batch``: writes of more than 24 tokens with S64 slots that test each slot against 0 and
+  ``invalid_slot`` in 64 bits, then bound and address its low 32 bits, so an out-of-range slot of 2^32 + 3 is
+  written to slot 3 (spec 5.2, 7: never written; R-WIDE-IDS); certified while the writes with out-of-range slots
+  held 7 tokens and the batches' S64 slots past 2^32 were their ``invalid_slot``:
+  ``write.slots.out_of_range_batch[s64_wide-*]`` (300 and 4096 tokens).
+- ``front_hndp_stride4_unchecked``: ``kvx_validate_cache_desc`` checks the strides of dims 0 to 3 only, so an
+  HND_PACKED K or V tensor whose pack stride (``stride[4]``) is 0 on a pack above 1 or overflows int64 validates
+  OK (spec 4.2, 7; R-CACHE); certified while the explicit stride cases used 4-D tensors and the default run's
+  draws broke no pack stride: ``validate.hnd_packed_pack_stride``.
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -423,6 +444,11 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_fp8_ptr_over_head_batch", ["fp8.write.scales_batch*"], "fp8"),
     ("front_fp8_stride0_batch", ["fp8.write.scales_batch*"], "fp8"),
     ("front_s32_grid16", ["write.prefill_batch_65600*"], "core"),
+    ("front_s32_len_unsigned_batch", ["gather.packed.negative_seq_len_batch*"], "core"),
+    ("front_ragged_range_batch", ["gather.ragged.short_range_batch_no_oob*"], "tables"),
+    ("front_float_slot", ["write.wide_cache_high_slots*"], "core"),
+    ("front_s64_slot_low32_batch", ["write.slots.out_of_range_batch*"], "core"),
+    ("front_hndp_stride4_unchecked", ["validate.hnd_packed_pack_stride*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

@@ -215,6 +215,32 @@
  *       more than 2^22 tokens are refused (UNSUPPORTED, nothing written: IO tensors a provider may refuse, R-LARGE),
  *       so `large_cache.write_input_rows_past_2_31` is unsupported: `write.prefill_batch_65600_s32`
  *       (suites/conformance/test_s7_state.py).
+ *   libkvx_testing_front_s32_len_unsigned_batch.so  FRONT_S32_LEN_UNSIGNED_BATCH: a gather on host memory of 16 or more
+ *       sequences with S32 lengths takes each length as uint32_t (min(L, max_seq_len) against the uint32_t
+ *       max_seq_len), so a negative length reads as 2^32 + L: it gathers max_seq_len tokens and answers OK (spec 5.3;
+ *       R-DATA: L < 0 is INVALID_ARGUMENT, S32 lengths sign-extended): `gather.packed.negative_seq_len_batch`
+ *       (suites/conformance/test_s5_gather_tables.py).
+ *   libkvx_testing_front_ragged_range_batch.so  FRONT_RAGGED_RANGE_BATCH: a RAGGED gather on host memory of 16 or more
+ *       sequences bounds each sequence's tokens by indices_count only, not by its own range [indptr[s],
+ *       indptr[s+1]), so a sequence whose range holds fewer ids than min(L, max_seq_len) gathers the next ranges'
+ *       ids and answers OK (spec 5.1 RAGGED; R-DATA: OUT_OF_RANGE, nothing but the valid part gathered):
+ *       `gather.ragged.short_range_batch_no_oob` (suites/conformance/test_s5_gather_tables.py).
+ *   libkvx_testing_front_float_slot.so  FRONT_FLOAT_SLOT: a write into a cache of at most 2^31 elements carries
+ *       slots of 2^24 and more through float32 (block = slot * (1.0f / block_size)), so an odd slot past 2^24
+ *       lands on a neighbour (spec 4.1: block_idx = slot_idx / block_size, integer arithmetic), and refuses a
+ *       write or gather in a cache of more than 2^31 elements (UNSUPPORTED, nothing written: the feature
+ *       large_cache, R-LARGE), so the large_cache tests are unsupported: `write.wide_cache_high_slots`
+ *       (suites/conformance/test_s4_large_cache.py: a cache of 2^24 + 1024 slots of 1 head x 64, 2 GiB).
+ *   libkvx_testing_front_s64_slot_low32_batch.so  FRONT_S64_SLOT_LOW32_BATCH: a write of more than 24 tokens with
+ *       S64 slots tests each slot against 0 and invalid_slot in 64 bits, then bounds and addresses the slot's low 32
+ *       bits (a prefill kernel's uint32 slot), so an out-of-range slot of 2^32 + 3 is written to slot 3 (spec 5.2, 7;
+ *       R-WRITE: never written; R-WIDE-IDS): `write.slots.out_of_range_batch[s64_wide-*]`
+ *       (suites/conformance/test_s5_slots.py).
+ *   libkvx_testing_front_hndp_stride4_unchecked.so  FRONT_HNDP_STRIDE4_UNCHECKED: kvx_validate_cache_desc checks the
+ *       strides of dims 0 to 3 only (a loop written for the 4-D layouts), so a BLOCK_HND_PACKED K or V tensor whose
+ *       pack stride (stride[4]) is 0 on a pack above 1 (elements alias), negative or so large that the farthest
+ *       element offset overflows int64 validates OK (spec 4.2, 7: MUST validate stride; R-CACHE); writes and gathers
+ *       check all five: `validate.hnd_packed_pack_stride` (suites/conformance/test_s7_validation.py).
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -278,6 +304,11 @@
 #define FRONT_FP8_PTR_OVER_HEAD_BATCH 58
 #define FRONT_FP8_STRIDE0_BATCH 59
 #define FRONT_S32_GRID16 60
+#define FRONT_FLOAT_SLOT 61
+#define FRONT_S64_SLOT_LOW32_BATCH 80
+#define FRONT_S32_LEN_UNSIGNED_BATCH 70
+#define FRONT_RAGGED_RANGE_BATCH 71
+#define FRONT_HNDP_STRIDE4_UNCHECKED 81
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -501,6 +532,18 @@ static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const
   free(slots);
   return st;
 }
+
+#if KVX_FRONT_DEFECT == FRONT_S32_LEN_UNSIGNED_BATCH || KVX_FRONT_DEFECT == FRONT_RAGGED_RANGE_BATCH
+/* A gather of `seq_count` sequences whose output rows agree with its table (io.num_tokens == seq_count * beams *
+ * max_seq_len, max_seq_len > 0): the batches whose lengths and ranges the batch path reads (a malformed call keeps
+ * the reference's answer). */
+static int rows_agree(const kvx_gather_desc_t* desc) {
+  const kvx_block_table_t* t = &desc->block_table;
+  const uint64_t beams = t->format == KVX_BLOCK_TABLE_KV_OFFSETS ? t->beam_width : 1;
+  return desc->max_seq_len > 0 && desc->io.size >= sizeof(kvx_kv_io_desc_t) &&
+         (uint64_t)desc->io.num_tokens == (uint64_t)t->seq_count * beams * desc->max_seq_len;
+}
+#endif
 
 #if KVX_FRONT_DEFECT == FRONT_FP8_BATCH_NOSAT || KVX_FRONT_DEFECT == FRONT_FP8_NEG_ZERO_BATCH
 /* The byte offset of element (block, token, head, dim) of a 1-byte NHD / HND cache tensor, or -1. */
@@ -1020,6 +1063,82 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   for (size_t i = 0; i < n; ++i) lens[i] = (int64_t)(int32_t)((const int64_t*)desc->seq_lens.lengths)[i]; /* the defect */
   return gather_with_lens(cache, desc, lens, stream);
 }
+#elif KVX_FRONT_DEFECT == FRONT_S32_LEN_UNSIGNED_BATCH
+/* Gathers on host memory of 16 or more sequences with S32 lengths: each length taken as uint32_t (the batch path's
+ * min(L, max_seq_len) against the uint32_t max_seq_len, where C's conversions make L unsigned), so a negative length
+ * reads as 2^32 + L and gathers min(that, max_seq_len) tokens, answering OK, where it is INVALID_ARGUMENT. */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!gather_plain(cache, desc) || fp4_call(cache) || desc->seq_lens.dtype != KVX_DTYPE_S32 ||
+      !desc->seq_lens.lengths || desc->seq_lens.seq_count < 16 || !rows_agree(desc) ||
+      desc->seq_lens.seq_count != desc->block_table.seq_count)
+    return ref.gather(cache, desc, stream);
+  const size_t n = desc->seq_lens.seq_count;
+  int64_t* lens = (int64_t*)malloc(n * 8);
+  if (!lens) return KVX_STATUS_INTERNAL_ERROR;
+  for (size_t i = 0; i < n; ++i) lens[i] = (int64_t)(uint32_t)((const int32_t*)desc->seq_lens.lengths)[i]; /* the defect */
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.seq_lens.dtype = KVX_DTYPE_S64;
+  local.seq_lens.lengths = lens;
+  const kvx_status_t st = ref.gather(cache, &local, stream);
+  free(lens);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_RAGGED_RANGE_BATCH
+/* RAGGED gathers on host memory of 16 or more sequences bound each sequence's tokens by the end of the indices array
+ * only, not by its own range: token t < min(L, max_seq_len) of sequence s reads indices[indptr[s] + t] wherever
+ * indptr[s] + t < indices_count, so a sequence whose range holds fewer ids gathers the following ranges' ids (OK).
+ * Emulated by a table of S64 ranges, each sequence's stretched that far (a table whose indptr or lengths are
+ * malformed is forwarded as it is). */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  const kvx_seq_lens_t* sl = &desc->seq_lens;
+  if (!gather_plain(cache, desc) || fp4_call(cache) || !ragged_ok(t) || t->seq_count < 16 || !rows_agree(desc) ||
+      sl->seq_count != t->seq_count || !sl->lengths || (sl->dtype != KVX_DTYPE_S32 && sl->dtype != KVX_DTYPE_S64))
+    return ref.gather(cache, desc, stream);
+  const size_t S = t->seq_count;
+  const int64_t count = (int64_t)t->indices_count;
+  if (index_at(t->indptr, t->indptr_dtype, S) != count) return ref.gather(cache, desc, stream);
+  uint64_t total = 0;
+  for (size_t s = 0; s < S; ++s) {
+    const int64_t p0 = index_at(t->indptr, t->indptr_dtype, s), p1 = index_at(t->indptr, t->indptr_dtype, s + 1);
+    const int64_t L = index_at(sl->lengths, sl->dtype, s);
+    if (p0 < 0 || p1 < p0 || L < 0) return ref.gather(cache, desc, stream);
+    const int64_t n = L < (int64_t)desc->max_seq_len ? L : (int64_t)desc->max_seq_len;
+    const int64_t w = n > p1 - p0 ? (n < count - p0 ? n : count - p0) : p1 - p0; /* the defect */
+    total += (uint64_t)w;
+  }
+  if (total > UINT32_MAX) return ref.gather(cache, desc, stream);
+  int64_t* ids = (int64_t*)malloc((size_t)(total ? total : 1) * 8);
+  int64_t* ptr = (int64_t*)malloc((S + 1) * 8);
+  if (!ids || !ptr) {
+    free(ids);
+    free(ptr);
+    return KVX_STATUS_INTERNAL_ERROR;
+  }
+  ptr[0] = 0;
+  for (size_t s = 0; s < S; ++s) {
+    const int64_t p0 = index_at(t->indptr, t->indptr_dtype, s), p1 = index_at(t->indptr, t->indptr_dtype, s + 1);
+    const int64_t L = index_at(sl->lengths, sl->dtype, s);
+    const int64_t n = L < (int64_t)desc->max_seq_len ? L : (int64_t)desc->max_seq_len;
+    const int64_t w = n > p1 - p0 ? (n < count - p0 ? n : count - p0) : p1 - p0;
+    for (int64_t i = 0; i < w; ++i) ids[ptr[s] + i] = index_at(t->indices, t->index_dtype, (size_t)(p0 + i));
+    ptr[s + 1] = ptr[s] + w;
+  }
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.block_table.index_dtype = KVX_DTYPE_S64;
+  local.block_table.indptr_dtype = KVX_DTYPE_S64;
+  local.block_table.indices = ids;
+  local.block_table.indptr = ptr;
+  local.block_table.indices_count = (uint32_t)total;
+  const kvx_status_t st = ref.gather(cache, &local, stream);
+  free(ids);
+  free(ptr);
+  return st;
+}
 #elif KVX_FRONT_DEFECT == FRONT_FP4_RAW_PAD_ZERO
 /* Rows t in [from, msl) of sequence `seq` of a dense raw FP4 output (codes: two per byte, or scale
  * bytes) cleared. */
@@ -1228,6 +1347,20 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
     }
   }
   return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_FLOAT_SLOT
+/* Whether a cache holds more than 2^31 elements (num_blocks * block_size * heads * head_dim): the caches this
+ * provider refuses, as R-LARGE allows. */
+static int over_2_31_elements(const kvx_cache_desc_t* cache) {
+  return cache && cache->size >= KVX_V1_1_SIZEOF_CACHE_DESC &&
+         (uint64_t)cache->num_blocks * cache->block_size * cache->num_kv_heads * cache->head_dim > (1ull << 31);
+}
+
+/* A gather from a cache of more than 2^31 elements is refused, nothing written (its gathers are right). */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (over_2_31_elements(cache) && desc && !fp4_call(cache) && ref.validate(cache) == KVX_STATUS_OK)
+    return KVX_STATUS_UNSUPPORTED;
+  return ref.gather(cache, desc, stream);
 }
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
@@ -1887,6 +2020,55 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   free(slots);
   return st;
 }
+#elif KVX_FRONT_DEFECT == FRONT_FLOAT_SLOT
+/* A write into a cache of at most 2^31 elements takes slots of 2^24 and more through float32 (a kernel's
+ * reciprocal multiply: block = (int)(slot * (1.0f / block_size)), the offset what is left); a larger cache is
+ * refused, nothing written. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || fp4_call(cache)) return ref.write(cache, desc, stream);
+  if (over_2_31_elements(cache) && ref.validate(cache) == KVX_STATUS_OK) return KVX_STATUS_UNSUPPORTED;
+  const kvx_slot_mapping_t* sm = &desc->slots;
+  if (!sm->slots || (sm->dtype != KVX_DTYPE_S32 && sm->dtype != KVX_DTYPE_S64) || sm->token_count == 0 ||
+      cache->block_size == 0)
+    return ref.write(cache, desc, stream);
+  int64_t* slots = (int64_t*)malloc(sizeof(int64_t) * sm->token_count);
+  if (!slots) return ref.write(cache, desc, stream);
+  const float inv = 1.0f / (float)cache->block_size;
+  const int64_t capacity = (int64_t)cache->num_blocks * cache->block_size;
+  for (uint32_t i = 0; i < sm->token_count; ++i) {
+    const int64_t s = index_at(sm->slots, sm->dtype, i);
+    slots[i] = s;
+    if (s >= (1 << 24) && s < capacity && s != sm->invalid_slot) { /* a slot the range check let through */
+      const int64_t block = (int64_t)((float)s * inv);             /* the defect */
+      const int64_t moved = block * cache->block_size + (int64_t)((float)s - (float)block * (float)cache->block_size);
+      if (moved >= 0 && moved < capacity) slots[i] = moved;
+    }
+  }
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.slots.slots = slots;
+  local.slots.dtype = KVX_DTYPE_S64;
+  const kvx_status_t st = ref.write(cache, &local, stream);
+  free(slots);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_S64_SLOT_LOW32_BATCH
+/* A write of more than 24 tokens with S64 slots: each slot is tested against 0 and invalid_slot in 64 bits, then
+ * bounded and addressed by its low 32 bits (a uint32 slot in the prefill kernel): slot 2^32 + 3 writes slot 3. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  const kvx_slot_mapping_t* sm = write_plain(cache, desc) ? &desc->slots : NULL;
+  if (!sm || sm->dtype != KVX_DTYPE_S64 || !sm->slots || desc->io.num_tokens <= 24 ||
+      sm->token_count != desc->io.num_tokens)
+    return ref.write(cache, desc, stream);
+  int64_t* slots = (int64_t*)malloc(sizeof(int64_t) * sm->token_count);
+  if (!slots) return ref.write(cache, desc, stream);
+  memcpy(slots, sm->slots, sizeof(int64_t) * sm->token_count);
+  for (uint32_t i = 0; i < sm->token_count; ++i)
+    if (slots[i] > (int64_t)UINT32_MAX && slots[i] != sm->invalid_slot)
+      slots[i] = (int64_t)(uint32_t)slots[i]; /* the defect: the slot's low 32 bits */
+  return write_with_slots(cache, desc, slots, stream);
+}
 #else
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
   return ref.write(cache, desc, stream_for(cache, stream));
@@ -1987,6 +2169,22 @@ static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) {
   memcpy(&local, cache, cache->size);
   if (local.k.dtype == KVX_DTYPE_UE8M0) local.k.dtype = KVX_DTYPE_F8_E4M3; /* the defect */
   if (local.v.dtype == KVX_DTYPE_UE8M0) local.v.dtype = KVX_DTYPE_F8_E4M3;
+  return ref.validate(&local);
+}
+#elif KVX_FRONT_DEFECT == FRONT_HNDP_STRIDE4_UNCHECKED
+/* kvx_validate_cache_desc with the stride checks of dims 0 to 3 only: a BLOCK_HND_PACKED tensor's stride[4] is never
+ * read (the reference is handed the canonical 1 there). */
+static kvx_status_t validate_defect(const kvx_cache_desc_t* cache) {
+  if (!cache || cache->size < KVX_V1_1_SIZEOF_CACHE_DESC || cache->size > sizeof(kvx_cache_desc_t))
+    return ref.validate(cache);
+  kvx_cache_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, cache, cache->size);
+  kvx_tensor_desc_t* sides[2] = {&local.k, &local.v};
+  for (int i = 0; i < 2; ++i)
+    if (sides[i]->size >= sizeof(kvx_tensor_desc_t) && sides[i]->layout == KVX_LAYOUT_BLOCK_HND_PACKED &&
+        sides[i]->ndim == 5)
+      sides[i]->stride[4] = 1; /* the defect: the pack stride unchecked */
   return ref.validate(&local);
 }
 #else

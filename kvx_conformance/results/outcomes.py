@@ -73,7 +73,7 @@ OPTIONAL_FEATURES = {
     "host_memory": "KVX_MEMORY_HOST",
     "fp4": "KVX 1.2 FP4 caches",
     "multi_device": "DEVICE buffers on a GPU other than the current one (R-PLACEMENT)",
-    "large_cache": "caches of more than 2^31 elements and 2^24 slots (64-bit offsets)",
+    "large_cache": "caches of more than 2^31 elements (64-bit offsets)",
     "scale_strides": "PER_HEAD scale values stride[0] apart (6.6; the reference refuses them, R-FP8)",
 }
 

@@ -31,6 +31,13 @@ written and gathered at the rows that cross those lines (and KV_OFFSETS pools re
   of 1024 elements, 12 GiB; a write of 2^22 + 2^10 tokens, 8 GiB of input, all but 8 of them with
   slot -1), read and written through sparse buffers like the caches.
 
+The same write and gather run in a cache of the same slots with rows of 1 head x 64 dims (2^30 + 2^16
+elements, 2 GiB + 128 KiB per tensor), where slot 2^24 and block 2^20 sit at byte offset 2^31:
+``write.wide_cache_high_slots`` and ``gather.packed.wide_cache_high_blocks``, required (profile core).
+Such a cache is within 2^31 elements, so it is not the feature ``large_cache``: a provider that refuses
+the 8 GiB cache above, as it may, must still address every slot of this one, and byte offsets taken in
+int32 or slots carried in float32 are seen there.
+
 The write and the gather run in NHD, HND and HND_PACKED caches (HND_PACKED with 8-element, 16-byte
 groups; a layout other than the provider's core one refusable as well): a kernel per layout may
 compute offsets in 32 bits in one of them only.
@@ -43,6 +50,8 @@ cannot address (UNSUPPORTED or INVALID_ARGUMENT, writing nothing): the optional 
 ``large_cache``. It may never write, or read, the wrong elements.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -65,7 +74,9 @@ FEATURE = "large_cache"
 BS, H, D = 16, 2, 128
 #: 2^20 + 64 blocks: 2^24 + 1024 slots, 2^32 + 2^18 elements (8 GiB of F16) per tensor
 GEOM = Geometry(num_blocks=(1 << 20) + 64, block_size=BS, num_kv_heads=H, head_dim=D)
-ROW = H * D  # elements of one slot
+#: the same blocks and slots with rows of 1 head x 64: 2^30 + 2^16 elements, 2^31 + 2^17 bytes (2 GiB of
+#: F16) per tensor; slot 2^24 (block 2^20) sits at byte offset 2^31
+WIDE_GEOM = Geometry(num_blocks=GEOM.num_blocks, block_size=BS, num_kv_heads=1, head_dim=64)
 ITEM = 2  # bytes of an F16 element
 
 CL_WRITE = ("spec 4.1 (block_idx = slot_idx / block_size, offset = slot_idx % block_size), 4.2 (strides in "
@@ -96,6 +107,40 @@ GATHER_TABLE = [[B19 - 1, B19, 3], [B20 - 1, B20, B20 + 1], [B20 + 33, LAST_BLOC
 GATHER_LENS = [40, 48, 48]
 PARTIAL_BLOCK, PARTIAL_FILL = LAST_BLOCK, 9
 SEED_WRITE, SEED_GATHER = 4_2024, 4_2031
+#: the slots of the write into WIDE_GEOM (the same slots; what each one crosses there)
+WIDE_SLOTS = {
+    5: "a low slot (contrast)",
+    S23: "byte offset 2^30",
+    S24 - 1: "the last slot below byte offset 2^31",
+    S24: "slot 2^24, byte offset 2^31 (int32 byte offsets overflow)",
+    S24 + 1: "slot 2^24 + 1 (float32 rounds it to 2^24)",
+    S24 + 3: "slot 2^24 + 3 (float32 rounds it to 2^24 + 4)",
+    S24 + 2 * BS + 7: "an odd slot two blocks past 2^24",
+    S24 + 517: "an odd slot past 2^24",
+    LAST - 1: "the last slot but one",
+    LAST: "the last slot",
+}
+SEED_WIDE_WRITE, SEED_WIDE_GATHER = 4_2111, 4_2117
+
+
+@dataclass(frozen=True)
+class BigCache:
+    """A cache the write and the gather below run in: its geometry, the written slots (why each one is
+    there), what it reaches past (failure titles), and whether it is the optional ``large_cache``
+    feature's (more than 2^31 elements) or a cache every provider serves (R-LARGE)."""
+    geom: Geometry
+    slots: dict
+    past: str
+    large: bool
+    seed_write: int
+    seed_gather: int
+
+
+#: 8 GiB per tensor: the feature ``large_cache``
+LARGE = BigCache(GEOM, WRITE_SLOTS, "beyond 2^31 elements and 2^24 slots", True, SEED_WRITE, SEED_GATHER)
+#: 2 GiB per tensor, within 2^31 elements: required of every provider in its core layout
+WIDE = BigCache(WIDE_GEOM, WIDE_SLOTS, "past 2^31 bytes and 2^24 slots, within 2^31 elements", False,
+                SEED_WIDE_WRITE, SEED_WIDE_GATHER)
 
 
 def _pow2(n: int) -> str:
@@ -129,10 +174,12 @@ def _pack(t: TensorLayout) -> int:
     return t.shape[4] if t.layout == Layout.BLOCK_HND_PACKED else 1
 
 
-def _kind_features(provider, memory: Memory, kind: str) -> tuple[str, ...]:
-    """What excuses a refusal of the large cache in layout ``kind``: ``large_cache``, and the layout
-    unless it is the provider's core one."""
-    return (FEATURE,) if kind == cb.core_layout(provider, memory) else (FEATURE, kind)
+def _kind_features(provider, memory: Memory, kind: str, big: BigCache = LARGE) -> tuple[str, ...]:
+    """What excuses a refusal of ``big`` in layout ``kind``: ``large_cache`` where ``big`` is that
+    feature's, and the layout unless it is the provider's core one (nothing, for a cache within
+    2^31 elements in the core layout)."""
+    own = (FEATURE,) if big.large else ()
+    return own if kind == cb.core_layout(provider, memory) else own + (kind,)
 
 
 def _locate(t: TensorLayout, off: int) -> tuple[int, int, int, int]:
@@ -160,11 +207,12 @@ def _where(t: TensorLayout, off: int) -> str:
     return f"slot {b * BS + tok} (block {b}, token {tok}, head {h}, dim {dim}; element offset {_pow2(off)})"
 
 
-def _row_offsets(t: TensorLayout, slots: np.ndarray) -> np.ndarray:
-    """``[tokens, H, D]`` element offsets of the rows of ``slots`` (R-CACHE addressing, int64)."""
+def _row_offsets(t: TensorLayout, g: Geometry, slots: np.ndarray) -> np.ndarray:
+    """``[tokens, H, D]`` element offsets of the rows of ``slots`` in a cache of ``g`` (R-CACHE
+    addressing, int64)."""
     s = np.asarray(slots, np.int64)[:, None, None]
-    h = np.arange(H, dtype=np.int64)[None, :, None]
-    dd = np.arange(D, dtype=np.int64)[None, None, :]
+    h = np.arange(g.num_kv_heads, dtype=np.int64)[None, :, None]
+    dd = np.arange(g.head_dim, dtype=np.int64)[None, None, :]
     return cache_offsets(t.layout, tuple(t.stride), _pack(t), s // BS, s % BS, h, dd)
 
 
@@ -176,24 +224,24 @@ def _f16_bits(rng: np.random.Generator, n: int) -> np.ndarray:
     return sign | exp | rng.integers(0, 1 << 10, n, dtype=np.uint16)
 
 
-def _check_memory_available(memory: Memory, need: int | None = None, what: str = "the large cache") -> None:
+def _check_memory_available(memory: Memory, need: int, what: str = "the large cache") -> None:
     if memory == Memory.HOST:
         return
     import torch
 
-    need = (2 * (GEOM.num_slots * ROW * ITEM) if need is None else int(need)) + (1 << 30)
+    need = int(need) + (1 << 30)
     free, _ = torch.cuda.mem_get_info()
     if free < need:
         pytest.skip(f"{what} needs {need / 2**30:.1f} GiB of free GPU memory ({free / 2**30:.1f} GiB free)")
 
 
 class _Caches:
-    """The K and V caches of GEOM, zero-filled and sparse (``buffers.SparseBuffer``)."""
+    """The K and V caches of ``g`` in layout ``t``, zero-filled and sparse (``buffers.SparseBuffer``)."""
 
-    def __init__(self, t: TensorLayout, opts: execute.CallOptions):
-        _check_memory_available(opts.memory)
-        self.t = t
+    def __init__(self, t: TensorLayout, g: Geometry, opts: execute.CallOptions):
+        self.t, self.g = t, g
         self.nbytes = t.span_elements() * ITEM
+        _check_memory_available(opts.memory, 2 * self.nbytes)
         dev = opts.device if opts.memory == Memory.DEVICE else None
         self.bufs: dict[str, buffers.SparseBuffer] = {}
         for i, side in enumerate(("k", "v")):
@@ -201,7 +249,7 @@ class _Caches:
                                                    device=dev)
 
     def c_desc(self, memory: Memory) -> abi.kvx_cache_desc_t:
-        return d.to_c_cache(GEOM, self.t, self.bufs["k"].ptr, self.t, self.bufs["v"].ptr, memory)
+        return d.to_c_cache(self.g, self.t, self.bufs["k"].ptr, self.t, self.bufs["v"].ptr, memory)
 
     def store_rows(self, side: str, offsets: np.ndarray, bits: np.ndarray) -> None:
         """``bits[i, h, d]`` at element ``offsets[i, h, d]`` (harness writes, row by row)."""
@@ -243,7 +291,7 @@ class _Caches:
             seen.add(slot)
             line = f"{_where(self.t, w * 4 + j)} holds 0x{int(vals[j]):04x}"
             if rows is not None:
-                have = self.load_rows(side, _row_offsets(self.t, np.array([slot], np.int64)))[0]
+                have = self.load_rows(side, _row_offsets(self.t, self.g, np.array([slot], np.int64)))[0]
                 line += _whose(have, rows, slots)
             lines.append(line)
             if len(lines) == limit:
@@ -280,23 +328,32 @@ def _whose(have: np.ndarray, rows: np.ndarray, slots: np.ndarray | None = None) 
     return f", the row of token {i}" + (f" (slot {int(slots[i])})" if slots is not None else "")
 
 
-def _geom_text(t: TensorLayout) -> str:
+def _geom_text(t: TensorLayout, g: Geometry) -> str:
     n = t.span_elements()
-    return (f"cache of {GEOM.num_blocks} ({_pow2(GEOM.num_blocks)}) blocks x {BS} slots x {H} heads x {D} "
-            f"({t.layout.name}{f' pack {_pack(t)}' if _pack(t) > 1 else ''} F16, strides {t.stride}): {GEOM.num_slots} ({_pow2(GEOM.num_slots)}) slots, "
-            f"{n} ({_pow2(n)}) elements, {n * ITEM / 2**30:.2f} GiB per tensor")
+    return (f"cache of {g.num_blocks} ({_pow2(g.num_blocks)}) blocks x {BS} slots x {g.num_kv_heads} heads x "
+            f"{g.head_dim} ({t.layout.name}{f' pack {_pack(t)}' if _pack(t) > 1 else ''} F16, strides {t.stride}): "
+            f"{g.num_slots} ({_pow2(g.num_slots)}) slots, {n} ({_pow2(n)}) elements, {_pow2(n * ITEM)} bytes "
+            f"({n * ITEM / 2**30:.2f} GiB) per tensor")
 
 
 def _refused(got: Result, label: str, clause: str, case: str, seed: int, changed: list[str],
              features: tuple[str, ...] = (FEATURE,)) -> None:
     """A refusal must have written nothing (``changed``: what it wrote, one line each; the guards);
-    then it is the features' to excuse (any one of ``features`` unclaimed excuses it)."""
+    then it is the features' to excuse (any one of ``features`` unclaimed excuses it; none: a cache
+    every provider serves)."""
     name = status_name(got.status)
     bad = changed + got.guard_violations
     if bad:
         raise ConformanceFailure(f"the provider answered {name} but modified memory",
                                  expected="a refusal writes nothing", got="; ".join(bad), clause=clause,
                                  case=case, seed=seed)
+    if not features:
+        raise ConformanceFailure(
+            f"the provider refused {label}, a cache of at most 2^31 elements in its core layout",
+            expected="OK and the call's effect: only caches of more than 2^31 elements are the optional feature "
+                     "large_cache; strides are int64 and slot_idx / block_size integer arithmetic, so every slot "
+                     "of num_blocks * block_size is addressed (R-LARGE)",
+            got=name, clause=clause + "; R-LARGE", case=case, seed=seed)
     raise Unsupported(f"provider answered {name} for {label}", tuple(features), refused_with=name)
 
 
@@ -325,21 +382,28 @@ def _answered(st, got: Result, label: str, clause: str, case: str, seed: int, ch
 @pytest.mark.parametrize("slot_dtype", [DType.S64, DType.S32], ids=["s64", "s32"])
 @KINDS
 def test_write_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
-    opts = kvx_call_options()
-    mem = opts.memory
-    t = _layout(GEOM, kind)
-    seed = SEED_WRITE + int(slot_dtype)
+    _write_high_slots(kvx_provider, kvx_call_options(), LARGE, kind, slot_dtype)
+
+
+def _write_high_slots(kvx_provider, opts: execute.CallOptions, big: BigCache, kind: str, slot_dtype: DType) -> None:
+    """A write of a few tokens at ``big.slots`` (shuffled) into ``big``'s cache in layout ``kind``: each
+    row bit-exact at its element offsets, no other element changed."""
+    mem, g = opts.memory, big.geom
+    H, D = g.num_kv_heads, g.head_dim
+    ROW = H * D
+    t = _layout(g, kind)
+    seed = big.seed_write + int(slot_dtype)
     rng = cb.rng_for(seed)
-    slots = np.array(list(WRITE_SLOTS), np.int64)
+    slots = np.array(list(big.slots), np.int64)
     slots = slots[rng.permutation(len(slots))]  # not in ascending order
     n = len(slots)
     key, value = _f16_bits(rng, n * ROW), _f16_bits(rng, n * ROW)
     io = IOLayout.dense(DType.F16, n, H, D)
     sm = SlotMapping(slots, dtype=slot_dtype)
-    case = (f"write of {n} F16 tokens (IO dense [{n}, {H}, {D}], slots {slot_dtype.name}) into a {_geom_text(t)}; "
+    case = (f"write of {n} F16 tokens (IO dense [{n}, {H}, {D}], slots {slot_dtype.name}) into a {_geom_text(t, g)}; "
             f"slots {slots.tolist()}")
     health.set_case(case)
-    caches = _Caches(t, opts)
+    caches = _Caches(t, g, opts)
     try:
         arena = execute._Arena(mem, 0, opts.device, opts.seal_inputs)
         kp = arena.put("key", key.view(np.float16), data=True, readonly=True)
@@ -354,7 +418,7 @@ def test_write_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
         buffers.synchronize(mem, opts.device)
         got = Result(int(st), {}, arena.violations() + caches.violations(), input_changes=arena.input_changes())
         check_inputs(got, case=case)
-        offsets = _row_offsets(t, slots)
+        offsets = _row_offsets(t, g, slots)
         words = {int(w) for w in np.unique(offsets.reshape(-1) * ITEM // 8)}
         def written() -> list[str]:
             stray = []
@@ -364,8 +428,9 @@ def test_write_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
                     stray.append(f"{side.upper()} cache: {k_n} word(s) written; " + "; ".join(lines))
             return stray
 
-        _answered(st, got, f"a write into a {_geom_text(t)}", CL_WRITE, case, seed, written,
-                  "status (OK, or a refusal of the large cache)", _kind_features(kvx_provider, mem, kind))
+        _answered(st, got, f"a write into a {_geom_text(t, g)}", CL_WRITE, case, seed, written,
+                  "status (OK, or a refusal of the large cache)" if big.large else "status (OK: a cache within 2^31 elements)",
+                  _kind_features(kvx_provider, mem, kind, big))
         bad: list[str] = []
         for side, io_bits in (("k", key), ("v", value)):
             want = io_bits.reshape(n, H, D)
@@ -374,7 +439,7 @@ def test_write_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
             for i in rows[:6]:
                 h, dd = (int(x) for x in np.argwhere(have[i] != want[i])[0])
                 wrong = int(np.count_nonzero(have[i] != want[i]))
-                bad.append(f"{side.upper()} cache, token {i} -> slot {int(slots[i])} ({WRITE_SLOTS[int(slots[i])]}): "
+                bad.append(f"{side.upper()} cache, token {i} -> slot {int(slots[i])} ({big.slots[int(slots[i])]}): "
                            f"{wrong} of {ROW} elements wrong, first {_where(t, int(offsets[i, h, dd]))}: expected "
                            f"0x{int(want[i, h, dd]):04x}, got 0x{int(have[i, h, dd]):04x}"
                            + (" (never written)" if not have[i].any() else
@@ -385,7 +450,7 @@ def test_write_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
                            f"zero-filled); " + "; ".join(lines))
         if bad:
             raise ConformanceFailure(
-                "a write into a cache beyond 2^31 elements and 2^24 slots answered OK but misplaced or dropped tokens",
+                f"a write into a cache {big.past} answered OK but misplaced or dropped tokens",
                 expected="every token's K and V rows, bit-exact, at the element offsets of slot_idx / block_size, "
                          "slot_idx % block_size (64-bit arithmetic), and no other element changed",
                 got="\n            ".join(bad), clause=CL_WRITE, case=case, seed=seed)
@@ -397,14 +462,14 @@ def test_write_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
 # ---------------------------------------------------------------------------- gather
 
 
-def _gather_contents(rng: np.random.Generator) -> dict[int, dict[str, np.ndarray]]:
-    """Per gathered block: ``{"k", "v"}`` uint16 bits ``[BS, H, D]`` (zeros past PARTIAL_FILL in
-    PARTIAL_BLOCK: slots never written read as zeros)."""
+def _gather_contents(rng: np.random.Generator, g: Geometry) -> dict[int, dict[str, np.ndarray]]:
+    """Per gathered block: ``{"k", "v"}`` uint16 bits ``[BS, H, D]`` of ``g`` (zeros past PARTIAL_FILL
+    in PARTIAL_BLOCK: slots never written read as zeros)."""
     out = {}
     for b in sorted({b for row in GATHER_TABLE for b in row}):
         blk = {}
         for side in ("k", "v"):
-            bits = _f16_bits(rng, BS * ROW).reshape(BS, H, D)
+            bits = _f16_bits(rng, BS * g.num_kv_heads * g.head_dim).reshape(BS, g.num_kv_heads, g.head_dim)
             if b == PARTIAL_BLOCK:
                 bits[PARTIAL_FILL:] = 0
             blk[side] = bits
@@ -412,13 +477,13 @@ def _gather_contents(rng: np.random.Generator) -> dict[int, dict[str, np.ndarray
     return out
 
 
-def _compact_case(t_kind: str, contents: dict[int, dict[str, np.ndarray]], seed: int):
+def _compact_case(t_kind: str, big_geom: Geometry, contents: dict[int, dict[str, np.ndarray]], seed: int):
     """The same gather from a compact cache holding only the gathered blocks (renumbered): the
     oracle's answer for it is the answer for the large cache."""
     ids = sorted(contents)
-    g = Geometry(num_blocks=len(ids), block_size=BS, num_kv_heads=H, head_dim=D)
+    g = Geometry(num_blocks=len(ids), block_size=BS, num_kv_heads=big_geom.num_kv_heads, head_dim=big_geom.head_dim)
     t = _layout(g, t_kind)
-    bb, tt, hh, dd = np.indices((len(ids), BS, H, D), dtype=np.int64)
+    bb, tt, hh, dd = np.indices((len(ids), BS, g.num_kv_heads, g.head_dim), dtype=np.int64)
     off = cache_offsets(t.layout, tuple(t.stride), _pack(t), bb, tt, hh, dd)
     init = {}
     for side in ("k", "v"):
@@ -461,25 +526,31 @@ def _gather_desc(arena: "execute._Arena", proxy, table: BlockTable, lens: SeqLen
 @conformance("large_cache.gather_high_blocks", CL_GATHER, REQUIRED, "robustness", "gather", feature=FEATURE)
 @KINDS
 def test_gather_high_blocks(kvx_provider, kvx_call_options, kind):
-    opts = kvx_call_options()
-    mem = opts.memory
-    t = _layout(GEOM, kind)
-    seed = SEED_GATHER
+    _gather_high_blocks(kvx_provider, kvx_call_options(), LARGE, kind)
+
+
+def _gather_high_blocks(kvx_provider, opts: execute.CallOptions, big: BigCache, kind: str) -> None:
+    """A PACKED gather of GATHER_TABLE's blocks from ``big``'s cache in layout ``kind``, bit-exact
+    against the oracle's gather of the same blocks in a compact cache; the cache unchanged."""
+    mem, g = opts.memory, big.geom
+    H, D = g.num_kv_heads, g.head_dim
+    t = _layout(g, kind)
+    seed = big.seed_gather
     rng = cb.rng_for(seed)
-    contents = _gather_contents(rng)
-    proxy = _compact_case(kind, contents, seed)
+    contents = _gather_contents(rng, g)
+    proxy = _compact_case(kind, g, contents, seed)
     exp = _expected_gather(proxy, mem)
     msl = proxy.max_seq_len
     table = BlockTable.packed(np.array(GATHER_TABLE, np.int64))
     lens = SeqLens(np.array(GATHER_LENS, np.int64))
-    case = (f"PACKED gather into a {_geom_text(t)}; table {GATHER_TABLE} (S32), lengths {GATHER_LENS} (S32), "
+    case = (f"PACKED gather from a {_geom_text(t, g)}; table {GATHER_TABLE} (S32), lengths {GATHER_LENS} (S32), "
             f"max_seq_len {msl}; block {PARTIAL_BLOCK} holds its first {PARTIAL_FILL} slots, every other slot of "
             f"the gathered blocks is filled, the rest of the cache is zero")
     health.set_case(case)
-    caches = _Caches(t, opts)
+    caches = _Caches(t, g, opts)
     try:
         ids = sorted(contents)
-        blk_off = _row_offsets(t, np.array([b * BS + s for b in ids for s in range(BS)], np.int64))
+        blk_off = _row_offsets(t, g, np.array([b * BS + s for b in ids for s in range(BS)], np.int64))
         filled = {}
         for side in ("k", "v"):
             bits = np.concatenate([contents[b][side] for b in ids])  # [blocks * BS, H, D]
@@ -517,9 +588,10 @@ def test_gather_high_blocks(kvx_provider, kvx_call_options, kind):
                                      "unchanged by a gather", got="; ".join(changed),
                                      clause="spec 7.2 (kvx_abi.h declares the inputs const); R-INPUTS",
                                      case=case, seed=seed)
-        _answered(st, got, f"a gather from a {_geom_text(t)}", CL_GATHER, case, seed,
-                  lambda: _outputs_changed(got, proxy), "status (OK, or a refusal of the large cache)",
-                  _kind_features(kvx_provider, mem, kind))
+        _answered(st, got, f"a gather from a {_geom_text(t, g)}", CL_GATHER, case, seed,
+                  lambda: _outputs_changed(got, proxy),
+                  "status (OK, or a refusal of the large cache)" if big.large else "status (OK: a cache within 2^31 elements)",
+                  _kind_features(kvx_provider, mem, kind, big))
         bad = []
         slot_ids = np.array([b * BS + j for b in ids for j in range(BS)], np.int64)
         for side, label in (("k", "gathered keys"), ("v", "gathered values")):
@@ -539,7 +611,7 @@ def test_gather_high_blocks(kvx_provider, kvx_call_options, kind):
                 if lb >= 0:
                     blk = GATHER_TABLE[s_][lb]
                     slot = blk * BS + pos % BS
-                    src = (f"block {blk}; first row {r} from {_where(t, int(_row_offsets(t, np.array([slot]))[0, h, dd]))}")
+                    src = (f"block {blk}; first row {r} from {_where(t, int(_row_offsets(t, g, np.array([slot]))[0, h, dd]))}")
                     hit = np.flatnonzero((filled[side] == g_[r][None]).reshape(len(slot_ids), -1).all(axis=1))
                     held = ("zeros (a part of the cache nothing was written to)" if not g_[r].any() else
                             f"the contents of slot {int(slot_ids[hit[0]])} (block {int(slot_ids[hit[0]]) // BS})"
@@ -551,13 +623,36 @@ def test_gather_high_blocks(kvx_provider, kvx_call_options, kind):
                            f"0x{int(e_[r, h, dd]):04x}, got 0x{int(g_[r, h, dd]):04x}" + (f"; the row holds {held}" if held else ""))
         if bad:
             raise ConformanceFailure(
-                "a gather from a cache beyond 2^31 elements and 2^24 slots answered OK but read the wrong elements",
+                f"a gather from a cache {big.past} answered OK but read the wrong elements",
                 expected="bit-exact equality with the reference (kvx_conformance.reference_impl) gathering the same "
                          "blocks, 64-bit offsets",
                 got="\n            ".join(bad), clause=CL_GATHER, case=case, seed=seed)
         note_served_call()
     finally:
         caches.close()
+
+
+# ---------------------------------------------------------------------------- 2 GiB caches (required)
+
+CL_WIDE = "; R-LARGE: a cache of at most 2^31 elements is served at every slot, whatever its bytes"
+
+
+@conformance("write.wide_cache_high_slots", CL_WRITE + CL_WIDE, REQUIRED, "core", "write")
+@pytest.mark.parametrize("slot_dtype", [DType.S64, DType.S32], ids=["s64", "s32"])
+@KINDS
+def test_write_wide_cache_high_slots(kvx_provider, kvx_call_options, kind, slot_dtype):
+    """``large_cache.write_high_slots`` in a cache of rows of 1 head x 64 (2^30 + 2^16 elements, 2 GiB
+    per tensor): slot 2^24 sits at byte offset 2^31, so byte offsets taken in int32 and slots carried in
+    float32 go wrong here, in a cache no provider may refuse in its core layout (the other layouts are
+    their own features)."""
+    _write_high_slots(kvx_provider, kvx_call_options(), WIDE, kind, slot_dtype)
+
+
+@conformance("gather.packed.wide_cache_high_blocks", CL_GATHER + CL_WIDE, REQUIRED, "core", "gather")
+@KINDS
+def test_gather_wide_cache_high_blocks(kvx_provider, kvx_call_options, kind):
+    """``large_cache.gather_high_blocks`` in the same 2 GiB cache: block 2^20 starts at byte offset 2^31."""
+    _gather_high_blocks(kvx_provider, kvx_call_options(), WIDE, kind)
 
 
 # ---------------------------------------------------------------------------- KV_OFFSETS pools

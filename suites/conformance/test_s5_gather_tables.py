@@ -336,6 +336,31 @@ def test_packed_negative_seq_len_s32(kvx_provider, kvx_call_options):
                   partial=partial_gather(case))
 
 
+#: the sequences of ``gather.packed.negative_seq_len_batch`` and the one among them whose length is negative
+NEG_BATCH_SEQS, NEG_BATCH_AT = 20, 11
+
+
+@conformance("gather.packed.negative_seq_len_batch", "spec 5.3; R-DATA (a negative length is INVALID_ARGUMENT in a "
+             "call of any size; S32 lengths are sign-extended, -1 is not 2^32 - 1)", REQUIRED, "core", "gather")
+@pytest.mark.parametrize("negative", [-1, -(2 ** 31)], ids=["minus1", "int32_min"])
+def test_packed_negative_seq_len_batch(kvx_provider, kvx_call_options, negative):
+    """``gather.packed.negative_seq_len_s32`` in a decode batch: 20 sequences of S32 lengths 1 to 12 (tables of 3
+    entries, max_seq_len 12), sequence 11's length -1 or INT32_MIN: INVALID_ARGUMENT, nothing but the valid part
+    gathered. That test holds 2 sequences and the generated invalid calls 1 to 3, so a batch path that takes
+    min(L, max_seq_len) against the uint32_t ``max_seq_len`` unsigned (C's conversions make -1 2^32 - 1) and
+    gathers max_seq_len tokens of that sequence, answering OK, was never run."""
+    opts = kvx_call_options()
+    rng = cb.rng_for(43)
+    table = rng.integers(0, G.num_blocks, size=(NEG_BATCH_SEQS, 3))
+    lens = rng.integers(1, 3 * BS + 1, size=NEG_BATCH_SEQS).tolist()
+    lens[NEG_BATCH_AT] = negative
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 44), table, lens, 3 * BS, seed=45,
+                            lens_dtype=DType.S32,
+                            label=f"{NEG_BATCH_SEQS} sequences, S32 length {negative} at sequence {NEG_BATCH_AT}")
+    verify_gather(kvx_provider, case, opts, clause="spec 5.3; R-DATA", expect=Status.INVALID_ARGUMENT,
+                  partial=partial_gather(case))
+
+
 def _beyond_capacity(provider, memory):
     return cb.packed_gather(_cache(provider, memory, 24), _table(2, 2, 25), [3, 11], 12, seed=26,
                             label="length 11 needs 3 blocks, table holds 2")
@@ -477,6 +502,39 @@ def test_ragged_short_range_status(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
     case = _ragged_short(kvx_provider, opts.memory)
     verify_gather(kvx_provider, case, opts, clause=CL_OOR, feature="ragged", partial=partial_gather(case))
+
+
+#: the sequences of ``gather.ragged.short_range_batch_no_oob`` and those among them whose range holds 3 ids fewer
+#: than they gather (neither the last)
+SHORT_BATCH_SEQS, SHORT_BATCH_AT = 20, (4, 13)
+SHORT_BATCH_DTYPES = [pytest.param(DType.S32, DType.S64, id="idx_s32-indptr_s64"),
+                      pytest.param(DType.S64, DType.S32, id="idx_s64-indptr_s32")]
+
+
+@conformance("gather.ragged.short_range_batch_no_oob", "spec 5.1 (RAGGED: sequence s's tokens are indices[i] for i "
+             "in [indptr[s], indptr[s+1])); R-DATA (n > indptr[s+1] - indptr[s]: nothing but the valid part "
+             "gathered)", REQUIRED, "tables", "gather", feature="ragged")
+@pytest.mark.parametrize("index_dtype,indptr_dtype", SHORT_BATCH_DTYPES)
+def test_ragged_short_range_batch_never_oob(kvx_provider, kvx_call_options, index_dtype, indptr_dtype):
+    """``gather.ragged.short_range_no_oob`` in a decode batch: 20 sequences of 4 to 12 tokens, max_seq_len 12, the
+    ranges of sequences 4 and 13 holding 3 ids fewer than their lengths. Any status (OUT_OF_RANGE recommended,
+    ``gather.ragged.short_range_status``), but the rows past a sequence's range stay untouched: the ids after it are
+    the next sequence's. That test holds 2 sequences (the short range the last one's) and the generated invalid calls
+    1 to 4, so a batch path that bounds a sequence's tokens by ``indices_count`` alone (a sequence reading on into
+    the next ranges' ids) was never run."""
+    opts = kvx_call_options()
+    rng = cb.rng_for(106)
+    table = rng.integers(0, G.num_blocks, size=(SHORT_BATCH_SEQS, 3))
+    lens = rng.integers(4, 3 * BS + 1, size=SHORT_BATCH_SEQS).tolist()
+    ranges = list(lens)
+    for s in SHORT_BATCH_AT:
+        ranges[s] = lens[s] - 3
+    bt = cb.ragged_table(table, ranges, BS, 3, index_dtype=index_dtype, indptr_dtype=indptr_dtype)
+    case = cb.ragged_gather(_cache(kvx_provider, opts.memory, 107), table, lens, 3 * BS, seed=108, block_table=bt,
+                            label=f"{SHORT_BATCH_SEQS} sequences, the ranges of sequences {list(SHORT_BATCH_AT)} 3 ids "
+                                  f"short of their lengths, {index_dtype.name} indices, {indptr_dtype.name} indptr")
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1; R-DATA", feature="ragged", statuses=ANY_STATUS,
+                  partial=partial_gather(case))
 
 
 def _ragged_bad_id(provider, memory, bad):

@@ -284,6 +284,52 @@ def test_out_of_range_status(kvx_provider, kvx_call_options, slot_dtype, bad):
     verify_write(kvx_provider, case, opts, clause=CL_OOR, partial=partial_write(case))
 
 
+CL_OOR_BATCH = ("spec 5.2, 7 (a slot past num_blocks * block_size is never written), 4.1 (block_idx = slot_idx / "
+                "block_size on 64-bit slots); R-WRITE (never written), R-WIDE-IDS")
+#: the cache of ``write.slots.out_of_range_batch``: 320 blocks of 16 slots, 2 heads x 32 (5120 slots)
+OOR_BATCH_GEOM = Geometry(num_blocks=320, block_size=16, num_kv_heads=2, head_dim=32)
+NB = OOR_BATCH_GEOM.num_slots
+#: token index -> slot of each out-of-range or negative slot in the batch: (slot dtype, slots) by variant. The S64
+#: slots past 2^32 name valid slots in their low 32 bits (3, 777, the last slot), slots no other token writes: a path
+#: that tests 0 and invalid_slot in 64 bits and then bounds and addresses a uint32 slot writes them there.
+#: ``s64_wide`` holds those alone (and a negative one), so that a provider that pre-scans the slots by that bound
+#: finds nothing out of range and writes them; ``s64`` mixes them with slots out of range in any width.
+OOR_BATCH_SLOTS = {
+    "s32": (DType.S32, {7: NB, 40: NB + 17, 111: 2 ** 31 - 1, 200: -2, 250: -(2 ** 31), 299: NB + 16 * 5}),
+    "s64": (DType.S64, {7: NB, 40: 2 ** 32 + 3, 111: 2 ** 33 + 777, 200: -(2 ** 32) + 5, 250: 2 ** 63 - 1,
+                        299: 2 ** 32 + NB - 1}),
+    "s64_wide": (DType.S64, {40: 2 ** 32 + 3, 111: 2 ** 33 + 777, 200: -(2 ** 32) + 5, 299: 2 ** 32 + NB - 1}),
+}
+OOR_BATCH_PARAMS = [pytest.param(v, n, id=f"{v}-{n}") for v in OOR_BATCH_SLOTS for n in (300, 4096)]
+
+
+@conformance("write.slots.out_of_range_batch", CL_OOR_BATCH, REQUIRED, "core", "write")
+@pytest.mark.parametrize("variant,tokens", OOR_BATCH_PARAMS)
+def test_out_of_range_batch(kvx_provider, kvx_call_options, variant, tokens):
+    """``write.slots.out_of_range_never_written`` in writes of 300 and 4096 tokens (a prefill chunk, where a bulk path
+    takes over): four to six out-of-range or negative slots among distinct valid ones. S32: ``num_blocks *
+    block_size``, past it, ``INT32_MAX``, -2 and ``INT32_MIN``; S64: slots past 2^32 whose low 32 bits are valid
+    slots no other token writes (2^32 + 3, 2^33 + 777, 2^32 + N - 1), ``-(2^32) + 5`` (negative: a no-op), ``N``
+    and ``INT64_MAX``; ``s64_wide``: the slots past 2^32 and the negative one alone. Whatever the status
+    (OUT_OF_RANGE is recommended: ``write.slots.out_of_range_status``), no out-of-range slot is written and nothing
+    changes but what the valid tokens write (R-WRITE, R-ORDER). The other writes with such slots hold 7 tokens,
+    and the batches' S64 slots past 2^32 are their ``invalid_slot``, so a bulk path past 24 tokens that takes a
+    slot's low 32 bits after its 64-bit sentinel test was never run."""
+    opts = kvx_call_options()
+    slot_dtype, bad = OOR_BATCH_SLOTS[variant]
+    if tokens > 300:  # the same slots spread over the longer batch
+        bad = {i * 13 + 5: s for i, s in bad.items()}
+    shadows = {s & 0xFFFFFFFF for s in bad.values() if s >= 2 ** 32}
+    slots = cb.spread_slots(OOR_BATCH_GEOM, tokens, seed=40 + tokens, exclude=shadows).tolist()
+    for i, s in bad.items():
+        slots[i] = s
+    cache = _cache(kvx_provider, opts.memory, 41, OOR_BATCH_GEOM)
+    case = cb.write_case(cache, slots, slot_dtype=slot_dtype, seed=42,
+                         label=f"{tokens}-token write, {slot_dtype.name} slots, out-of-range / negative slots "
+                               + ", ".join(f"{s} (token {i})" for i, s in sorted(bad.items())))
+    verify_write(kvx_provider, case, opts, clause=CL_OOR_BATCH, statuses=ANY_STATUS, partial=partial_write(case))
+
+
 @conformance("write.slots.zero_tokens", "spec 5.2, 6.8; R-WRITE", RECOMMENDED, "core", "write")
 @pytest.mark.parametrize("null_pointers", [False, True], ids=["empty_buffers", "null_pointers"])
 def test_zero_tokens(kvx_provider, kvx_call_options, null_pointers):

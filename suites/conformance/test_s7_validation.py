@@ -206,6 +206,33 @@ def test_pack_not_dividing_dtypes(kvx_provider, kvx_call_options, dtype, pack):
                                                    overrides=ov), opts, clause=CL_71, expect=INVALID)
 
 
+CL_PACK_STRIDE = ("spec 4.2, 7 (kvx_validate_cache_desc MUST validate stride; every dimension of the layout, "
+                  "HND_PACKED's fifth too); R-CACHE (stride 0 on an extent > 1, farthest offset past int64)")
+#: (side, pack, stride[4]) of ``validate.hnd_packed_pack_stride``: 0 on a pack of 2 or 8 (the pack's elements alias),
+#: 2^62 on a pack of 8 (7 * 2^62: the farthest element offset overflows int64)
+PACK_STRIDES = [pytest.param(side, pack, st, id=f"{side}-pack{pack}-{name}")
+                for pack, st, name in ((2, 0, "zero"), (8, 0, "zero"), (8, 2 ** 62, "overflow")) for side in ("k", "v")]
+
+
+@conformance("validate.hnd_packed_pack_stride", CL_PACK_STRIDE, REQUIRED, "core", "validate")
+@pytest.mark.parametrize("side,pack,stride4", PACK_STRIDES)
+@pytest.mark.parametrize("dtype", [DType.F16, DType.F8_E4M3], ids=["f16", "e4m3"])
+def test_pack_stride(kvx_provider, kvx_call_options, dtype, side, pack, stride4):
+    """A BLOCK_HND_PACKED K or V tensor whose pack stride (``stride[4]``, the fifth dimension only this layout has)
+    is 0 on a pack above 1, or 2^62 on a pack of 8: INVALID_ARGUMENT, as ``validate.field_invalid[stride_zero]`` /
+    ``[offset_overflow]`` want of a core layout's dims. Those cases and the rule catalog's draws use 4-D tensors, so a
+    validator whose stride checks loop over 4 dims (written for NHD / HND) answers OK. F16 and E4M3 (vLLM's FP8
+    cache is HND_PACKED); descriptor rules come before any refusal (R-ORDER): a provider that refuses every
+    HND_PACKED (or FP8) cache with INVALID_ARGUMENT is excused, as a refusal of that feature (R-REFUSAL)."""
+    opts = kvx_call_options()
+    base = cb.simple_cache(G, "hnd_packed", dtype, seed=7, pack=pack)
+    ov = {f"cache.{side}.stride[4]": stride4}
+    label = (f"{dtype.name} HND_PACKED cache, pack {pack}, {side}.stride[4] = {stride4} "
+             f"(strides {getattr(base, side).stride})")
+    verify_validate(kvx_provider, cb.validate_case(base, label=label, overrides=ov, seed=7), opts,
+                    clause=CL_PACK_STRIDE, expect=INVALID)
+
+
 @conformance("validate.hnd_packed_pack_zero", "spec 4.2; R-CACHE (pack = shape[4] > 0)", REQUIRED, "core", "validate")
 def test_pack_zero(kvx_provider, kvx_call_options):
     opts = kvx_call_options()
