@@ -379,6 +379,42 @@ def test_fail_below_gate_skips_l2_resident_cases():
     assert len(cmp.compare(held, held, fail_below=5.0)["below"]) > len(res["below"])
 
 
+def test_copy_of_each_large_case_bytes_in_the_summary_and_the_report():
+    """A copy of each large case's own bytes, timed beside it (``impls.copy``): the summary holds the
+    provider against it (median, lowest) and the copy against the roofline; cases below 256 MB and
+    L2-resident ones have none; the report and the console say so."""
+    from kvx_conformance.bench.report import all_rows, render
+    from kvx_conformance.bench.run import SAME_BYTES_MIN, _ratios, same_bytes_copied
+
+    doc = copy.deepcopy(_h100())
+    assert summarize(doc)["large_pct_copy_same_bytes_median"] is None  # a run before the copy: nothing said
+    roof = doc["roofline"]["bandwidth_Bps"]
+    big = [r for r in doc["cases"] if same_bytes_copied(r) and r["impls"]["provider"].get("bandwidth_Bps")]
+    assert big and not [r for r in doc["cases"] if same_bytes_copied(r) and
+                        (r["case"]["bytes_moved"] < SAME_BYTES_MIN or l2_resident(r))]
+    for k, r in enumerate(big):
+        bw = roof * (0.90 + 0.001 * k)  # the copy of the case's bytes: 90 % of the roofline and up
+        r["impls"]["copy"] = {"bandwidth_Bps": bw, "pct_roofline": 100 * bw / roof, "time_s": 1.0,
+                              "what": "torch.Tensor.copy_ device-to-device of bytes_moved / 2 bytes"}
+        r["ratios"] = _ratios(r["impls"])
+    s = summarize(doc)
+    of_copy = [100 * r["impls"]["provider"]["bandwidth_Bps"] / r["impls"]["copy"]["bandwidth_Bps"] for r in big]
+    assert s["large_pct_copy_same_bytes_min"] == pytest.approx(min(of_copy))
+    assert s["large_pct_copy_same_bytes_median"] == pytest.approx(sorted(of_copy)[len(of_copy) // 2]
+                                                                   if len(of_copy) % 2 else
+                                                                   sum(sorted(of_copy)[len(of_copy) // 2 - 1:
+                                                                                       len(of_copy) // 2 + 1]) / 2)
+    assert 90.0 <= s["large_copy_same_bytes_pct_roofline_median"] <= 90.0 + 0.1 * len(big)
+    rows = {x["id"]: x for x in all_rows(doc)}
+    assert rows[big[0]["case"]["id"]]["pct_copy"] == pytest.approx(of_copy[0])
+    assert all(x["pct_copy"] is None for i, x in rows.items() if i not in {r["case"]["id"] for r in big})
+    doc["summary"] = s
+    page = render(doc)
+    assert "against a copy of each case&#39;s own bytes, timed beside it" in page or \
+        "against a copy of each case's own bytes, timed beside it" in page
+    assert f"lowest {s['large_pct_copy_same_bytes_min']:.1f}%" in page
+
+
 # ----------------------------------------------------------------------------- the report and the docs
 
 
@@ -404,6 +440,8 @@ def test_roofline_and_cross_device_fields_documented():
     r = _roof(2.94e12, 2.96e12, [3.0e12] * 8)
     keys = set(r) | {k for m in r["methods"] for k in m} | {k for k in r["methods"][2]["variant"]}
     keys |= {"l2_resident", "l2_resident_cases", "large_l2_resident", "winner", "--html", "--side-by-side",
+             "impls.copy", "provider_over_copy", "large_pct_copy_same_bytes_median", "large_pct_copy_same_bytes_min",
+             "large_copy_same_bytes_pct_roofline_median", "copied_equal",
              "speed_b_over_a", "pct_b_over_a", "libkvx_bench_copy.so"}
     import re
 
@@ -555,6 +593,20 @@ def test_device_roofline_measures_and_verifies_every_method():
     assert not bad, f"copy kernel variants not verified (id, verified, error): {bad}"
     assert r["bandwidth_Bps"] == max(m["bandwidth_Bps"] for m in r["methods"]) and r["verified"] is True
     assert r["notes"] == [] and r["methods"][2]["variant"]["sm_count"] > 0
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA device (torch.cuda)")
+def test_copy_of_a_case_bytes_is_timed_and_verified():
+    from kvx_conformance.bench.run import _same_bytes_copy
+    from kvx_conformance.bench.sweep import BenchCase
+    from kvx_conformance.bench.timing import DeviceTimer
+
+    case = BenchCase(op="write", layout="nhd", dtype="f16", io_dtype="f16", tokens=65536, heads=8, head_dim=128,
+                     block_size=16, table="random", memory="device")
+    e = _same_bytes_copy(DeviceTimer(repeats=3), case, 1e12)
+    assert e["copied_equal"] is True and e["bandwidth_Bps"] > 1e11 and e["time_source"] == "events", e
+    assert e["pct_roofline"] == pytest.approx(100 * e["bandwidth_Bps"] / 1e12)
+    assert e["bandwidth_Bps"] == pytest.approx(case.bytes_moved() / e["time_s"])
 
 
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA device (torch.cuda)")

@@ -173,6 +173,10 @@ def run_bench(args: argparse.Namespace, provider: str, out: Path) -> tuple[int, 
         if s.get("large_pct_roofline_median") is not None:
             print(f"large cases  median {s['large_pct_roofline_median']:.1f}% of roofline, "
                   f"min {s['large_pct_roofline_min']:.1f}%")
+        if s.get("large_pct_copy_same_bytes_median") is not None:
+            print(f"             median {s['large_pct_copy_same_bytes_median']:.1f}% of a copy of each case's own bytes "
+                  f"(min {s['large_pct_copy_same_bytes_min']:.1f}%; that copy: median "
+                  f"{s['large_copy_same_bytes_pct_roofline_median']:.1f}% of roofline)")
         print(f"results      {out / 'results.json'}")
         print(f"report       {out / 'bench.html'}")
     bad = s["errors"] or s["verification_failures"] or (getattr(args, "strict", False) and s["refused"]) \

@@ -235,6 +235,11 @@ def _row(r: dict, p: dict) -> dict:
         "ref": _gbs(ref.get("bandwidth_Bps")),
         "ratio_peer": r.get("ratios", {}).get("provider_over_torch") or r.get("ratios", {}).get("provider_over_numpy"),
         "ratio_ref": r.get("ratios", {}).get("provider_over_reference"),
+        "pct_copy": (100.0 * r["ratios"]["provider_over_copy"]) if (r.get("ratios") or {}).get("provider_over_copy")
+        else None,
+        "copy_what": (f"a copy of the case's bytes: {_gbs(_prov(r, 'copy').get('bandwidth_Bps')):.1f} GB/s, "
+                      f"{_prov(r, 'copy').get('pct_roofline', 0):.1f}% of the roofline"
+                      if _prov(r, "copy").get("bandwidth_Bps") else ""),
         "verified": ver.get("ok"), "verified_rows": f"{ver.get('rows_checked', 0)}/{ver.get('rows_total', 0)}",
         "problems": "; ".join(ver.get("problems", [])),
         "error": r.get("error") or p.get("error") or p.get("graph_error"),

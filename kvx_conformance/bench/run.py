@@ -131,7 +131,8 @@ def _figures(case: BenchCase, entry: dict, roofline: float | None, floor_s: floa
     return entry
 
 
-def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0, before_replay=None) -> dict:
+def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0, before_replay=None,
+                 no_graph_why: str = "not attempted (unified memory)") -> dict:
     """Eager (events) then graph timing of ``fn(set, stream)``; ``before_replay()`` runs before the
     last timed round of eager calls and between the capture and the first replay (the bench poisons
     the verified results there, so that what it verifies afterwards is timed work: the graph's, or
@@ -148,7 +149,7 @@ def _time_device(timer, fn, nsets: int, graph: bool = True, replay: int = 0, bef
         return {"error": str(e)}
     if not graph:
         out["graph"] = None
-        out["graph_error"] = "not attempted (unified memory)"
+        out["graph_error"] = no_graph_why
         return out
     poisoned = False
 
@@ -231,6 +232,8 @@ def _device_case(state: dict, case: BenchCase) -> dict:
         if verify and "error" not in e:
             e["verified"] = _verified(pr, vsets, e)
         rec["impls"][name] = _figures(case, e, roof, floor_s)
+    if state["peers"] and case.memory == "device" and same_bytes_copied(rec):
+        rec["impls"]["copy"] = _same_bytes_copy(timer, case, roof)
     if state["peers"] and case.memory == "device":
         fn, desc = torch_peer(pr)
         if fn is not None:
@@ -247,6 +250,50 @@ def _device_case(state: dict, case: BenchCase) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     return rec
+
+
+#: the cases timed beside a copy of the same bytes: at least this many bytes moved (the large cases)
+SAME_BYTES_MIN = 256e6
+SAME_BYTES_WHAT = ("torch.Tensor.copy_ device-to-device of bytes_moved / 2 bytes (the case's bytes moved, read "
+                   "and written), CUDA events over back-to-back copies, as the roofline's")
+#: why the copy has no graph figure
+SAME_BYTES_NO_GRAPH = ("not attempted: a copy captured in a CUDA graph may become a memcpy node the copy engines "
+                       "serve, slower than the stream's copy (on an H200 it read 1.5x the events' time)")
+
+
+def same_bytes_copied(rec: dict) -> bool:
+    """Whether a case is timed beside a copy of its bytes: a large case (``SAME_BYTES_MIN``) whose
+    working set does not fit in the L2."""
+    return rec["case"]["bytes_moved"] >= SAME_BYTES_MIN and not l2_resident(rec)
+
+
+def _same_bytes_copy(timer, case: BenchCase, roof: float | None) -> dict:
+    """A copy of the case's bytes (``bytes_moved / 2`` read and as many written, between two buffers of
+    its own) timed by CUDA events over back-to-back copies, as the roofline's copies are (a graph's
+    memcpy node may run on the copy engines instead): what the best copy reaches at this size, where
+    launch, ramp and tail weigh more than in the 1 GiB roofline (docs/benchmarks.md, "Method").
+    Verified once (the destination equals the source)."""
+    import torch
+
+    n = int(case.bytes_moved()) // 2
+    try:
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+    except Exception as ex:  # noqa: BLE001 - no room for the copy's buffers: recorded, the case stands
+        return {"error": f"{type(ex).__name__}: {ex}"[:300], "what": SAME_BYTES_WHAT}
+
+    def fn(i, stream=None):
+        dst.copy_(src)
+        return 0
+
+    try:
+        e = _time_device(timer, fn, 1, graph=False, no_graph_why=SAME_BYTES_NO_GRAPH)
+        e["what"] = SAME_BYTES_WHAT
+        torch.cuda.synchronize()
+        e["copied_equal"] = bool(torch.equal(dst, src))
+        return _figures(case, e, roof)
+    finally:
+        del src, dst
 
 
 #: ``verified.after``: which calls made the checked results, each zeroed first; what a failed check says first
@@ -384,7 +431,7 @@ def roofline_line(r: dict) -> str:
 def _ratios(impls: dict) -> dict:
     p = impls.get("provider", {}).get("bandwidth_Bps")
     out = {}
-    for other in ("reference", "torch", "numpy"):
+    for other in ("reference", "torch", "numpy", "copy"):
         o = impls.get(other, {}).get("bandwidth_Bps")
         if p and o:
             out[f"provider_over_{other}"] = p / o
@@ -588,6 +635,8 @@ def summarize(doc: dict) -> dict:
     big = [r for r in ok if r["case"]["bytes_moved"] >= 256e6 and not l2_resident(r)]
     small = [r for r in ok if r["case"]["rows"] <= 256]
     pct = [r["impls"]["provider"].get("pct_roofline") for r in big if r["impls"]["provider"].get("pct_roofline")]
+    of_copy = [100.0 * r["ratios"]["provider_over_copy"] for r in big if (r.get("ratios") or {}).get("provider_over_copy")]
+    copy_pct = [r["impls"]["copy"]["pct_roofline"] for r in big if (r["impls"].get("copy") or {}).get("pct_roofline")]
     excess = sorted(r["impls"]["provider"]["excess_over_floor_s"] * 1e6 for r in ok
                     if r["impls"]["provider"].get("excess_over_floor_s") is not None)
     floor = doc.get("floor") or {}
@@ -603,6 +652,9 @@ def summarize(doc: dict) -> dict:
         "large_cases": len(big),
         "large_pct_roofline_min": min(pct) if pct else None,
         "large_pct_roofline_median": statistics.median(pct) if pct else None,
+        "large_pct_copy_same_bytes_min": min(of_copy) if of_copy else None,
+        "large_pct_copy_same_bytes_median": statistics.median(of_copy) if of_copy else None,
+        "large_copy_same_bytes_pct_roofline_median": statistics.median(copy_pct) if copy_pct else None,
         "small_time_us_max": max((r["impls"]["provider"]["time_s"] * 1e6 for r in small), default=None),
         "small_time_us_median": (statistics.median(r["impls"]["provider"]["time_s"] * 1e6 for r in small)
                                  if small else None),
