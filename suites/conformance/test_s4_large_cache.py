@@ -107,19 +107,6 @@ GATHER_TABLE = [[B19 - 1, B19, 3], [B20 - 1, B20, B20 + 1], [B20 + 33, LAST_BLOC
 GATHER_LENS = [40, 48, 48]
 PARTIAL_BLOCK, PARTIAL_FILL = LAST_BLOCK, 9
 SEED_WRITE, SEED_GATHER = 4_2024, 4_2031
-#: the slots of the write into WIDE_GEOM (the same slots; what each one crosses there)
-WIDE_SLOTS = {
-    5: "a low slot (contrast)",
-    S23: "byte offset 2^30",
-    S24 - 1: "the last slot below byte offset 2^31",
-    S24: "slot 2^24, byte offset 2^31 (int32 byte offsets overflow)",
-    S24 + 1: "slot 2^24 + 1 (float32 rounds it to 2^24)",
-    S24 + 3: "slot 2^24 + 3 (float32 rounds it to 2^24 + 4)",
-    S24 + 2 * BS + 7: "an odd slot two blocks past 2^24",
-    S24 + 517: "an odd slot past 2^24",
-    LAST - 1: "the last slot but one",
-    LAST: "the last slot",
-}
 SEED_WIDE_WRITE, SEED_WIDE_GATHER = 4_2111, 4_2117
 
 
@@ -136,12 +123,6 @@ class BigCache:
     seed_gather: int
 
 
-#: 8 GiB per tensor: the feature ``large_cache``
-LARGE = BigCache(GEOM, WRITE_SLOTS, "beyond 2^31 elements and 2^24 slots", True, SEED_WRITE, SEED_GATHER)
-#: 2 GiB per tensor, within 2^31 elements: required of every provider in its core layout
-WIDE = BigCache(WIDE_GEOM, WIDE_SLOTS, "past 2^31 bytes and 2^24 slots, within 2^31 elements", False,
-                SEED_WIDE_WRITE, SEED_WIDE_GATHER)
-
 
 def _pow2(n: int) -> str:
     """``n`` near a power of two, readably: 2147483648 -> "2^31", 4294967297 -> "2^32 + 1"."""
@@ -155,6 +136,26 @@ def _pow2(n: int) -> str:
     if abs(rest) > 1 << (p - 6):
         return str(n)
     return f"2^{p}" + ("" if rest == 0 else f" {'+' if rest > 0 else '-'} {abs(rest)}")
+
+
+def _slot_notes(g: Geometry) -> dict[int, str]:
+    """WRITE_SLOTS' slots, each with what it reaches in a cache of ``g``: its element and byte offsets
+    (rows of ``g``'s heads x head_dim F16 elements) and, past 2^24, the slot float32 rounds it to."""
+    row = g.num_kv_heads * g.head_dim
+    notes = {}
+    for s in WRITE_SLOTS:
+        f = int(np.float32(s))
+        notes[s] = (f"element offset {_pow2(s * row)}, byte offset {_pow2(s * row * ITEM)}"
+                    + (f"; float32 rounds it to {_pow2(f)}" if f != s else ""))
+    return notes
+
+
+#: 8 GiB per tensor: the feature ``large_cache``
+LARGE = BigCache(GEOM, WRITE_SLOTS, "beyond 2^31 elements and 2^24 slots", True, SEED_WRITE, SEED_GATHER)
+#: 2 GiB per tensor, within 2^31 elements: required of every provider in its core layout; the same slots (slot
+#: 2^24 at byte offset 2^31)
+WIDE = BigCache(WIDE_GEOM, _slot_notes(WIDE_GEOM), "past 2^31 bytes and 2^24 slots, within 2^31 elements", False,
+                SEED_WIDE_WRITE, SEED_WIDE_GATHER)
 
 
 #: the canonical layouts of the large-cache write and gather: offsets computed in 32 bits in one
