@@ -509,28 +509,43 @@ static inline kvx_status_t gather_with_ids(const kvx_cache_desc_t* cache, const 
   return st;
 }
 
-/* The gather through a copy of `desc` whose sequence lengths are `lens` (malloc'd; freed here). */
-static inline kvx_status_t gather_with_lens(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* lens,
-                                            void* stream) {
+/* The gather through a copy of `desc` whose sequence lengths are `lens` of `dtype` (malloc'd; freed here). */
+static inline kvx_status_t gather_with_lens_of(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc,
+                                               void* lens, kvx_dtype_t dtype, void* stream) {
   kvx_gather_desc_t local;
   memset(&local, 0, sizeof local);
   memcpy(&local, desc, desc->size);
   local.seq_lens.lengths = lens;
+  local.seq_lens.dtype = dtype;
   const kvx_status_t st = ref.gather(cache, &local, stream);
   free(lens);
   return st;
 }
 
-/* The write through a copy of `desc` whose slots are `slots` (malloc'd; freed here). */
-static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* slots,
+/* The gather through a copy of `desc` whose sequence lengths are `lens`, of the caller's dtype (malloc'd; freed
+ * here). */
+static inline kvx_status_t gather_with_lens(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* lens,
                                             void* stream) {
+  return gather_with_lens_of(cache, desc, lens, desc->seq_lens.dtype, stream);
+}
+
+/* The write through a copy of `desc` whose slots are `slots` of `dtype` (malloc'd; freed here). */
+static inline kvx_status_t write_with_slots_of(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc,
+                                               void* slots, kvx_dtype_t dtype, void* stream) {
   kvx_write_desc_t local;
   memset(&local, 0, sizeof local);
   memcpy(&local, desc, desc->size);
   local.slots.slots = slots;
+  local.slots.dtype = dtype;
   const kvx_status_t st = ref.write(cache, &local, stream);
   free(slots);
   return st;
+}
+
+/* The write through a copy of `desc` whose slots are `slots`, of the caller's dtype (malloc'd; freed here). */
+static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* slots,
+                                            void* stream) {
+  return write_with_slots_of(cache, desc, slots, desc->slots.dtype, stream);
 }
 
 #if KVX_FRONT_DEFECT == FRONT_S32_LEN_UNSIGNED_BATCH || KVX_FRONT_DEFECT == FRONT_RAGGED_RANGE_BATCH
@@ -1076,14 +1091,7 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   int64_t* lens = (int64_t*)malloc(n * 8);
   if (!lens) return KVX_STATUS_INTERNAL_ERROR;
   for (size_t i = 0; i < n; ++i) lens[i] = (int64_t)(uint32_t)((const int32_t*)desc->seq_lens.lengths)[i]; /* the defect */
-  kvx_gather_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.seq_lens.dtype = KVX_DTYPE_S64;
-  local.seq_lens.lengths = lens;
-  const kvx_status_t st = ref.gather(cache, &local, stream);
-  free(lens);
-  return st;
+  return gather_with_lens_of(cache, desc, lens, KVX_DTYPE_S64, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_RAGGED_RANGE_BATCH
 /* RAGGED gathers on host memory of 16 or more sequences bound each sequence's tokens by the end of the indices array
@@ -1932,14 +1940,7 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
     const int64_t s = index_at(desc->slots.slots, desc->slots.dtype, i);
     slots[i] = (s < 0 || s == desc->slots.invalid_slot || s >= cap) ? s : s / bs * bs + (s & (bs - 1)); /* defect */
   }
-  kvx_write_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.slots.slots = slots;
-  local.slots.dtype = KVX_DTYPE_S64;
-  const kvx_status_t st = ref.write(cache, &local, stream);
-  free(slots);
-  return st;
+  return write_with_slots_of(cache, desc, slots, KVX_DTYPE_S64, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP8_K_HEAD_V_TENSOR_BATCH
 /* An F32 scale descriptor with data of granularity `g`, as the reference reads it. */
@@ -2011,14 +2012,7 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   if (!slots) return ref.write(cache, desc, stream);
   for (uint32_t i = 0; i < desc->io.num_tokens; ++i)
     slots[i] = i > 65535 ? -1 : index_at(desc->slots.slots, KVX_DTYPE_S32, i); /* the defect */
-  kvx_write_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.slots.slots = slots;
-  local.slots.dtype = KVX_DTYPE_S64;
-  const kvx_status_t st = ref.write(cache, &local, stream);
-  free(slots);
-  return st;
+  return write_with_slots_of(cache, desc, slots, KVX_DTYPE_S64, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FLOAT_SLOT
 /* A write into a cache of at most 2^31 elements takes slots of 2^24 and more through float32 (a kernel's
@@ -2044,14 +2038,7 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
       if (moved >= 0 && moved < capacity) slots[i] = moved;
     }
   }
-  kvx_write_desc_t local;
-  memset(&local, 0, sizeof local);
-  memcpy(&local, desc, desc->size);
-  local.slots.slots = slots;
-  local.slots.dtype = KVX_DTYPE_S64;
-  const kvx_status_t st = ref.write(cache, &local, stream);
-  free(slots);
-  return st;
+  return write_with_slots_of(cache, desc, slots, KVX_DTYPE_S64, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_S64_SLOT_LOW32_BATCH
 /* A write of more than 24 tokens with S64 slots: each slot is tested against 0 and invalid_slot in 64 bits, then
