@@ -553,6 +553,12 @@ def test_the_published_h100_and_h200_runs_side_by_side():
         assert own["large_pct_roofline_median"] == pytest.approx(s[f"large_pct_{side}_median"])
         assert own["large_pct_roofline_min"] == pytest.approx(s[f"large_pct_{side}_min"])
         assert own["small_time_us_median"] == pytest.approx(s[f"small_us_{side}_median"])
+    # the H200 run times each large case beside a verified copy of its own bytes (the H100 run predates it)
+    copied = [r for r in b["cases"] if r["case"]["bytes_moved"] >= 256e6 and not l2_resident(r)]
+    assert len(copied) == 70 and all(r["impls"]["copy"]["copied_equal"] is True for r in copied)
+    assert all(r["impls"]["copy"]["time_source"] == "events" for r in copied)
+    assert 90 < b["summary"]["large_pct_copy_same_bytes_median"] < 100 and a["summary"]["large_pct_copy_same_bytes_median"] is None
+    assert "against a copy of each case's own bytes" in (ROOT / "reports" / "h200-reference" / "bench.html").read_text(encoding="utf-8")
     page = (ROOT / "reports" / "h100-vs-h200.html").read_text(encoding="utf-8")
     for want in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "write-nhd-f16-t262144-h8-d128-bs16-random-device"):
         assert want in page, f"expected {want!r} in reports/h100-vs-h200.html"
