@@ -180,6 +180,23 @@
   HND_PACKED K or V tensor whose pack stride (``stride[4]``) is 0 on a pack above 1 or overflows int64 validates
   OK (spec 4.2, 7; R-CACHE); certified while the explicit stride cases used 4-D tensors and the default run's
   draws broke no pack stride: ``validate.hnd_packed_pack_stride``.
+- ``front_prefill_row_stride``: writes of more than 1024 tokens that read a key or value input whose token rows are
+  contiguous (heads ``head_dim`` apart) but further apart than ``H * head_dim`` (a view of a fused QKV projection's
+  rows) as dense rows, the token stride unread (spec 4.2 MUST honor strides, 6.8; R-IO); certified while every write
+  from strided inputs held at most a few hundred tokens: ``write.prefill_strided_io[*qkv_view]`` (4096 tokens).
+- ``front_gather_4d_seq_dense``: serves 4-D gather outputs of dense rows whose sequence stride holds more than
+  ``max_seq_len`` rows (the reference refuses them), correctly for fewer than 16 sequences and with sequence s at
+  ``s * max_seq_len`` rows for 16 or more (spec 4.2, 6.8, 6.10; R-IO); certified while every such output held 3
+  sequences: ``gather.packed.output_4d_sequence_stride_batch`` (40 and 260 sequences).
+- ``front_plan_addr_same_dtype``: refuses converting writes (``mixed_io_dtype``), and its copies keep a plan per cache
+  allocation (the K / V dtypes first seen with a pair of cache pointers and as many bytes), so F32 rows written into
+  an allocation first written as F16 are stored as F16 (spec 7.2, 4.3; R-STATE); certified while the only test that
+  handed one allocation to another dtype converted (``state.cache_dtype_per_call``), which that refusal excuses:
+  ``state.cache_dtype_per_call_copy`` (F16, then F32 of half the dims, then F16, rows of the cache's dtype).
+- ``front_wide_dtype_grid16``: refuses converting writes, and writes of more than 65535 tokens into BF16 or F32
+  caches store tokens 0 to 65535 only (spec 7, 5.2); certified while the only writes past 65535 tokens into such
+  caches were ``dtype.write.convert_batch[*-65600]``'s, which that refusal excuses:
+  ``write.prefill_batch_65600_dtypes`` (65600 tokens, BF16 and F32 caches and rows).
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -449,6 +466,10 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_float_slot", ["write.wide_cache_high_slots*"], "core"),
     ("front_s64_slot_low32_batch", ["write.slots.out_of_range_batch*"], "core"),
     ("front_hndp_stride4_unchecked", ["validate.hnd_packed_pack_stride*"], "core"),
+    ("front_prefill_row_stride", ["write.prefill_strided_io*"], "layouts"),
+    ("front_gather_4d_seq_dense", ["gather.packed.output_4d_sequence_stride_batch*"], "core"),
+    ("front_plan_addr_same_dtype", ["state.cache_dtype_per_call_copy*"], "core"),
+    ("front_wide_dtype_grid16", ["write.prefill_batch_65600_dtypes*"], "core"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

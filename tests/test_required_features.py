@@ -51,8 +51,9 @@ COMBINED = {
     r"matrix\..*\[.*(hnd_packed|e4m3|e5m2).*\]":
         "the matrix crosses every layout with every cache dtype and table format: a case's HND_PACKED layout, "
         "FP8 dtype or table is its own optional feature, excused unless claimed",
-    r"gather\.packed\.output_4d_sequence_stride": "a 4-D output with its own sequence stride is a 4-D output "
-                                                   "(gather_4d) with non-dense strides (io_strides)",
+    r"gather\.packed\.output_4d_sequence_stride(_batch\[.*\])?": "a 4-D output with its own sequence stride is a "
+                                                                  "4-D output (gather_4d) with non-dense strides "
+                                                                  "(io_strides), in a decode batch too",
 }
 #: profiles whose tests excuse a refusal per case (engine scenarios) or draw what the provider
 #: served (generated: part 2 audits the generators)

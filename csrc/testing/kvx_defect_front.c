@@ -241,6 +241,29 @@
  *       pack stride (stride[4]) is 0 on a pack above 1 (elements alias), negative or so large that the farthest
  *       element offset overflows int64 validates OK (spec 4.2, 7: MUST validate stride; R-CACHE); writes and gathers
  *       check all five: `validate.hnd_packed_pack_stride` (suites/conformance/test_s7_validation.py).
+ *   libkvx_testing_front_plan_addr_same_dtype.so  FRONT_PLAN_ADDR_SAME_DTYPE: refuses converting writes (UNSUPPORTED,
+ *       nothing written: the feature mixed_io_dtype), and its copies (inputs of their caches' dtypes) keep a plan per
+ *       cache allocation: the K / V dtypes first seen with a pair of cache pointers and as many bytes, used again where
+ *       their elements are not larger, so F32 rows written into an allocation first written as F16 are stored as F16
+ *       (spec 7.2: the API is stateless; 4.3: the dtype the call's descriptor gives; R-STATE). The only test that
+ *       handed one allocation to another dtype, `state.cache_dtype_per_call`, converts, and that refusal excuses it:
+ *       `state.cache_dtype_per_call_copy` (suites/conformance/test_s7_state.py).
+ *   libkvx_testing_front_wide_dtype_grid16.so  FRONT_WIDE_DTYPE_GRID16: refuses converting writes (as above), and a write
+ *       of more than 65535 tokens into a cache whose K or V is BF16 or F32 stores tokens 0 to 65535 only (the kernel
+ *       of those element types with a 16-bit grid dimension; spec 7, 5.2: every token). The only writes past 65535
+ *       tokens into such caches were `dtype.write.convert_batch[*-65600]`'s, which that refusal excuses:
+ *       `write.prefill_batch_65600_dtypes` (suites/conformance/test_s7_state.py).
+ *   libkvx_testing_front_prefill_row_stride.so  FRONT_PREFILL_ROW_STRIDE: a write of more than 1024 tokens whose key or
+ *       value input holds each token's heads in one contiguous row (dims adjacent, heads head_dim apart) at a token
+ *       stride above H * head_dim (a view of a fused QKV projection's rows) reads that input as dense rows H * head_dim
+ *       apart (a prefill path's row copy that takes a contiguous row for a dense tensor; spec 4.2 MUST honor strides,
+ *       6.8; R-IO): `write.prefill_strided_io[*-qkv_view]` (suites/conformance/test_s4_layouts.py).
+ *   libkvx_testing_front_gather_4d_seq_dense.so  FRONT_GATHER_4D_SEQ_DENSE: serves gathers on host memory into 4-D
+ *       outputs whose rows are dense but whose sequence stride (stride[0]) lies past max_seq_len rows (an output
+ *       allocated for a longer context), which the reference refuses: of fewer than 16 output sequences correctly
+ *       (through dense copies), of 16 or more with sequence s at s * max_seq_len rows, stride[0] unread (a batch
+ *       path addressing the output from its shape; spec 4.2 MUST honor strides, 6.8, 6.10; R-IO):
+ *       `gather.packed.output_4d_sequence_stride_batch` (suites/conformance/test_s5_gather_tables.py).
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -309,6 +332,10 @@
 #define FRONT_S32_LEN_UNSIGNED_BATCH 70
 #define FRONT_RAGGED_RANGE_BATCH 71
 #define FRONT_HNDP_STRIDE4_UNCHECKED 81
+#define FRONT_PLAN_ADDR_SAME_DTYPE 90
+#define FRONT_WIDE_DTYPE_GRID16 91
+#define FRONT_PREFILL_ROW_STRIDE 100
+#define FRONT_GATHER_4D_SEQ_DENSE 101
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -1252,6 +1279,71 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   const uint64_t need = ((uint64_t)desc->max_seq_len + cache->block_size - 1) / cache->block_size;
   return st == KVX_STATUS_OK && need > t->max_blocks_per_seq ? KVX_STATUS_OUT_OF_RANGE : st;
 }
+#elif KVX_FRONT_DEFECT == FRONT_GATHER_4D_SEQ_DENSE
+/* A 4-D output [sequences, max_seq_len, H, D] whose rows are dense (dims adjacent, heads D apart, rows H * D apart)
+ * and whose sequences lie further apart than max_seq_len rows: the outputs the batch path addresses from the shape. */
+static int spaced_sequences(const kvx_tensor_desc_t* t, uint32_t msl, int64_t H, int64_t D) {
+  return t->size >= sizeof(kvx_tensor_desc_t) && t->data && t->ndim == 4 && t->shape[1] == (int64_t)msl &&
+         t->shape[2] == H && t->shape[3] == D && t->stride[3] == 1 && t->stride[2] == D && t->stride[1] == H * D &&
+         t->stride[0] > (int64_t)msl * H * D;
+}
+
+static size_t out_esize(kvx_dtype_t dt) {
+  return dt == KVX_DTYPE_F32 ? 4 : dt == KVX_DTYPE_F16 || dt == KVX_DTYPE_BF16 ? 2
+         : dt == KVX_DTYPE_F8_E4M3 || dt == KVX_DTYPE_F8_E5M2                 ? 1
+                                                                                : 0;
+}
+
+/* Such 4-D outputs, served (the reference refuses them): fewer than 16 sequences through dense copies that hold the
+ * caller's rows (so rows the gather leaves alone come back as they were), each sequence's rows copied back through
+ * stride[0]; 16 or more (the batch path) with sequence s written at s * max_seq_len rows, stride[0] unread. */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  if (!gather_plain(cache, desc) || fp4_call(cache) || desc->io.size < sizeof(kvx_kv_io_desc_t) ||
+      desc->max_seq_len == 0)
+    return ref.gather(cache, desc, stream);
+  const int64_t H = desc->io.num_kv_heads, D = desc->io.head_dim, dense = (int64_t)desc->max_seq_len * H * D;
+  const kvx_tensor_desc_t* out[2] = {&desc->io.key, &desc->io.value};
+  int spaced[2];
+  for (int sd = 0; sd < 2; ++sd)
+    spaced[sd] = spaced_sequences(out[sd], desc->max_seq_len, H, D) && out_esize(out[sd]->dtype) &&
+                 out[sd]->shape[0] > 0;
+  if (!spaced[0] && !spaced[1]) return ref.gather(cache, desc, stream);
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  kvx_tensor_desc_t* lo[2] = {&local.io.key, &local.io.value};
+  if (desc->io.key.shape[0] >= 16) { /* the defect: stride[0] taken from the shape */
+    for (int sd = 0; sd < 2; ++sd)
+      if (spaced[sd]) lo[sd]->stride[0] = dense;
+    return ref.gather(cache, &local, stream);
+  }
+  unsigned char* tmp[2] = {NULL, NULL};
+  kvx_status_t st = KVX_STATUS_OK;
+  for (int sd = 0; sd < 2 && st == KVX_STATUS_OK; ++sd) {
+    if (!spaced[sd]) continue;
+    const size_t es = out_esize(out[sd]->dtype), seq = (size_t)dense * es;
+    tmp[sd] = (unsigned char*)malloc((size_t)out[sd]->shape[0] * seq);
+    if (!tmp[sd]) {
+      st = KVX_STATUS_INTERNAL_ERROR;
+      break;
+    }
+    for (int64_t s = 0; s < out[sd]->shape[0]; ++s)
+      memcpy(tmp[sd] + s * seq, (const unsigned char*)out[sd]->data + s * out[sd]->stride[0] * es, seq);
+    lo[sd]->data = tmp[sd];
+    lo[sd]->stride[0] = dense;
+  }
+  const int called = st == KVX_STATUS_OK;
+  if (called) st = ref.gather(cache, &local, stream);
+  for (int sd = 0; sd < 2 && called; ++sd) { /* whatever the status: what the reference stored, as it stored it */
+    if (!spaced[sd]) continue;
+    const size_t es = out_esize(out[sd]->dtype), seq = (size_t)dense * es;
+    for (int64_t s = 0; s < out[sd]->shape[0]; ++s)
+      memcpy((unsigned char*)out[sd]->data + s * out[sd]->stride[0] * es, tmp[sd] + s * seq, seq);
+  }
+  free(tmp[0]);
+  free(tmp[1]);
+  return st;
+}
 #elif KVX_FRONT_DEFECT == FRONT_HND_BS_MASK_GATHER
 static size_t same_size(kvx_dtype_t dt) {
   return dt == KVX_DTYPE_F16 || dt == KVX_DTYPE_BF16 ? 2 : dt == KVX_DTYPE_F32 ? 4 : 0;
@@ -2040,6 +2132,86 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   }
   return write_with_slots_of(cache, desc, slots, KVX_DTYPE_S64, stream);
 }
+#elif KVX_FRONT_DEFECT == FRONT_PLAN_ADDR_SAME_DTYPE || KVX_FRONT_DEFECT == FRONT_WIDE_DTYPE_GRID16
+/* The element size of F16 / BF16 / F32 (0: another dtype). */
+static size_t float_size(kvx_dtype_t dt) {
+  return dt == KVX_DTYPE_F32 ? 4 : dt == KVX_DTYPE_F16 || dt == KVX_DTYPE_BF16 ? 2 : 0;
+}
+
+/* A side whose input is of a float dtype other than its cache's (both F16 / BF16 / F32): a conversion. */
+static int converting_side(const kvx_tensor_desc_t* c, const kvx_tensor_desc_t* io) {
+  return c->size >= sizeof(kvx_tensor_desc_t) && io->size >= sizeof(kvx_tensor_desc_t) && float_size(c->dtype) &&
+         float_size(io->dtype) && io->dtype != c->dtype;
+}
+
+/* A converting write (the feature mixed_io_dtype), which this provider does not serve: refused, nothing written. */
+static int refused_conversion(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc) {
+  return write_plain(cache, desc) && !fp4_call(cache) &&
+         (converting_side(&cache->k, &desc->io.key) || converting_side(&cache->v, &desc->io.value));
+}
+#if KVX_FRONT_DEFECT == FRONT_PLAN_ADDR_SAME_DTYPE
+/* A plan per cache allocation: the K and V dtypes first seen with a pair of cache pointers and a number of bytes. */
+#define SD_PLANS 64
+static struct {
+  const void* k;
+  const void* v;
+  uint64_t bytes;
+  kvx_dtype_t kdt, vdt;
+} sd_plans[SD_PLANS];
+static int sd_count;
+static pthread_mutex_t sd_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Conversions refused; a write whose inputs are of their caches' dtypes (a copy) through cache pointers seen before
+ * with as many bytes copies by the dtypes first seen there, where their elements are not larger (an element size
+ * chosen when the plan was made): F32 rows into an allocation first written as F16 are stored as F16. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (refused_conversion(cache, desc)) return KVX_STATUS_UNSUPPORTED;
+  if (!write_plain(cache, desc) || fp4_call(cache) || cache->size > sizeof(kvx_cache_desc_t) ||
+      cache->k.memory != KVX_MEMORY_HOST || !cache->k.data || !cache->v.data || !float_size(cache->k.dtype) ||
+      !float_size(cache->v.dtype))
+    return ref.write(cache, desc, stream);
+  const uint64_t bytes = (uint64_t)cache->num_blocks * cache->block_size * cache->num_kv_heads * cache->head_dim *
+                         float_size(cache->k.dtype);
+  pthread_mutex_lock(&sd_mu);
+  int i = 0;
+  while (i < sd_count && !(sd_plans[i].k == cache->k.data && sd_plans[i].v == cache->v.data && sd_plans[i].bytes == bytes))
+    ++i;
+  if (i == sd_count) {
+    i = sd_count < SD_PLANS ? sd_count++ : SD_PLANS - 1;
+    sd_plans[i].k = cache->k.data;
+    sd_plans[i].v = cache->v.data;
+    sd_plans[i].bytes = bytes;
+    sd_plans[i].kdt = cache->k.dtype;
+    sd_plans[i].vdt = cache->v.dtype;
+  }
+  const kvx_dtype_t kdt = sd_plans[i].kdt, vdt = sd_plans[i].vdt;
+  pthread_mutex_unlock(&sd_mu);
+  if (kdt == cache->k.dtype && vdt == cache->v.dtype) return ref.write(cache, desc, stream);
+  kvx_cache_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, cache, cache->size);
+  if (float_size(kdt) <= float_size(cache->k.dtype)) local.k.dtype = kdt; /* the defect: the planned dtype */
+  if (float_size(vdt) <= float_size(cache->v.dtype)) local.v.dtype = vdt;
+  return ref.write(&local, desc, stream);
+}
+#else
+/* Conversions refused; a write of more than 65535 tokens into a cache whose K or V is BF16 or F32 stores tokens 0 to
+ * 65535 only (the kernel of those element types launches a grid row per token, a 16-bit grid dimension). */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (refused_conversion(cache, desc)) return KVX_STATUS_UNSUPPORTED;
+  if (!write_plain(cache, desc) || fp4_call(cache) || desc->io.num_tokens <= 65535 ||
+      (cache->k.dtype != KVX_DTYPE_BF16 && cache->k.dtype != KVX_DTYPE_F32 && cache->v.dtype != KVX_DTYPE_BF16 &&
+       cache->v.dtype != KVX_DTYPE_F32) ||
+      !desc->slots.slots || (desc->slots.dtype != KVX_DTYPE_S32 && desc->slots.dtype != KVX_DTYPE_S64) ||
+      desc->slots.token_count != desc->io.num_tokens)
+    return ref.write(cache, desc, stream);
+  int64_t* slots = (int64_t*)malloc(sizeof(int64_t) * desc->io.num_tokens);
+  if (!slots) return ref.write(cache, desc, stream);
+  for (uint32_t i = 0; i < desc->io.num_tokens; ++i)
+    slots[i] = i > 65535 ? -1 : index_at(desc->slots.slots, desc->slots.dtype, i); /* the defect */
+  return write_with_slots_of(cache, desc, slots, KVX_DTYPE_S64, stream);
+}
+#endif
 #elif KVX_FRONT_DEFECT == FRONT_S64_SLOT_LOW32_BATCH
 /* A write of more than 24 tokens with S64 slots: each slot is tested against 0 and invalid_slot in 64 bits, then
  * bounded and addressed by its low 32 bits (a uint32 slot in the prefill kernel): slot 2^32 + 3 writes slot 3. */
@@ -2055,6 +2227,27 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
     if (slots[i] > (int64_t)UINT32_MAX && slots[i] != sm->invalid_slot)
       slots[i] = (int64_t)(uint32_t)slots[i]; /* the defect: the slot's low 32 bits */
   return write_with_slots(cache, desc, slots, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_PREFILL_ROW_STRIDE
+/* A 3-D input [tokens, H, D] whose token rows are contiguous (dims adjacent, heads D apart) but further apart than a
+ * dense row (a view of a fused QKV projection's rows): the inputs the prefill path's row copy takes for dense. */
+static int spaced_rows(const kvx_tensor_desc_t* t, int64_t H, int64_t D) {
+  return t->size >= sizeof(kvx_tensor_desc_t) && t->data && t->ndim == 3 && t->shape[1] == H && t->shape[2] == D &&
+         t->stride[2] == 1 && (H == 1 || t->stride[1] == D) && t->stride[0] > H * D;
+}
+
+/* A write of more than 1024 tokens: each such input read as dense rows H * D apart (stride[0] unread). */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || fp4_call(cache) || desc->io.num_tokens <= 1024) return ref.write(cache, desc, stream);
+  const int64_t H = desc->io.num_kv_heads, D = desc->io.head_dim;
+  const int k = spaced_rows(&desc->io.key, H, D), v = spaced_rows(&desc->io.value, H, D);
+  if (!k && !v) return ref.write(cache, desc, stream);
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  if (k) local.io.key.stride[0] = H * D; /* the defect: rows taken as dense */
+  if (v) local.io.value.stride[0] = H * D;
+  return ref.write(cache, &local, stream);
 }
 #else
 static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {

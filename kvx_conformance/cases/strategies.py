@@ -137,7 +137,11 @@ def write_cases(draw, core: bool = False, profile: gen.Profile | None = None, ba
     elif not prof.mixed_io:
         # IO of the cache's dtype; into an FP8 cache a baseline IO dtype quantizes (feature fp8)
         io = draw(st.sampled_from((kw["k_dtype"],) + (BASELINE_DTYPES if kw["k_dtype"] in FP8_DTYPES else ())))
-        kw["key_dtype"] = kw["value_dtype"] = io
+        kw["key_dtype"] = io
+        # a V cache of a dtype of its own (mixed K / V) gets IO of its dtype (gen.random_write_case): K's IO
+        # dtype there would be a conversion, or FP8 rows into a 16- / 32-bit cache (not a valid call)
+        if "v_dtype" in kw:
+            kw["value_dtype"] = io
     seed = draw(seeds)
     with gen.using_profile(prof):
         case = gen.random_write_case(np.random.default_rng(seed), seed=seed, **kw)

@@ -502,6 +502,51 @@ def test_write_full_blocks_strided_io(kvx_provider, kvx_call_options, kind, io_k
     verify_write(kvx_provider, case, opts, clause=CL_FULL_BLOCKS, feature=("io_strides", kind))
 
 
+CL_PREFILL_IO = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (IO tensors: shape and strides); R-IO "
+                 "(any non-negative strides, in a write of any size)")
+#: the prefill of ``write.prefill_strided_io``: 4096 tokens (a prefill chunk) into 1100 blocks of 4 tokens, 2 heads x 8
+PREFILL_IO_GEOM = Geometry(num_blocks=1100, block_size=4, num_kv_heads=2, head_dim=8)
+PREFILL_IO_TOKENS = 4096
+#: query heads per KV head of the fused QKV rows that ``qkv_view`` inputs are views of (grouped-query attention)
+QKV_GROUP = 4
+#: id -> (key input kind, value input kind): ``qkv_view`` is the K (or V) part of a row of a fused QKV projection
+#: ``[tokens][q | k | v]`` (heads contiguous, token stride (QKV_GROUP + 2) * H * D), as vLLM passes key and value;
+#: the others cb.io_layout's kinds
+PREFILL_IO = {"qkv_view": ("qkv_view", "qkv_view"), "value_qkv_view": ("dense", "qkv_view"),
+              "padded": ("padded", "padded"), "head_major": ("head_major", "head_major")}
+
+
+def _prefill_io_layout(kind: str, n: int, geom: Geometry) -> IOLayout:
+    if kind == "qkv_view":
+        h, d = geom.num_kv_heads, geom.head_dim
+        return IOLayout(DType.F16, (n, h, d), ((QKV_GROUP + 2) * h * d, d, 1))
+    return cb.io_layout(DType.F16, n, geom, kind)
+
+
+@conformance("write.prefill_strided_io", CL_PREFILL_IO, REQUIRED, "layouts", "write", feature="io_strides")
+@pytest.mark.parametrize("which", list(PREFILL_IO))
+def test_write_prefill_strided_io(kvx_provider, kvx_call_options, which):
+    """A prefill chunk of 4096 tokens (every 97th slot -1) from strided key / value inputs: views of a fused QKV
+    projection's rows (heads contiguous, the token stride six times a dense row's; both inputs, or the value's
+    alone beside a dense key), padded rows and heads, head-major ``[H][tokens][D]``. The other writes from strided
+    inputs hold at most 15 tokens (``io.strided``, ``write.kv_in_strides``, ``write.full_blocks_strided_io``) or
+    a few hundred (``pairwise.write``), and every write past them (``write.prefill_batch``, ``matrix.write``,
+    ``dtype.write.convert_batch``, the engines' prefills) reads dense rows, so a prefill path that copies each
+    token's contiguous row from ``token * H * D`` (the token stride unread) was never reached; the elements between
+    the rows hold other values, so such a copy stores them."""
+    opts = kvx_call_options()
+    g = PREFILL_IO_GEOM
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), DType.F16, seed=396)
+    n = PREFILL_IO_TOKENS
+    slots = cb.spread_slots(g, n, 397)
+    slots[::97] = -1
+    kk, vk = PREFILL_IO[which]
+    kl, vl = _prefill_io_layout(kk, n, g), _prefill_io_layout(vk, n, g)
+    case = cb.write_case(cache, slots, key_layout=kl, value_layout=vl, seed=398,
+                         label=f"{n}-token prefill, key input strides {kl.stride}, value input strides {vl.stride}")
+    verify_write(kvx_provider, case, opts, clause=CL_PREFILL_IO, feature="io_strides")
+
+
 CL_KV_IN_STRIDES = ("spec 4.2 (implementations MUST honor provided strides), 6.8 (io.key and io.value are tensor "
                     "descriptors of their own: each input read through its own strides); R-IO")
 #: (key IO kind, value IO kind)

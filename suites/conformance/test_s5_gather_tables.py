@@ -408,6 +408,42 @@ def test_packed_4d_sequence_stride(kvx_provider, kvx_call_options):
     verify_gather(kvx_provider, case, opts, clause="spec 6.8, 6.10; R-IO", feature="gather_4d")
 
 
+CL_4D_SEQ_BATCH = ("spec 4.2 (implementations MUST honor provided strides), 6.8, 6.10; R-IO (4-D output with its own "
+                   "strides: sequence s at s * stride[0], not at s * shape[1] * stride[1], in a gather of any size; a "
+                   "correct result or a refusal)")
+#: the decode batches of ``gather.packed.output_4d_sequence_stride_batch``: max_seq_len, and the rows each sequence
+#: of the output holds (an output allocated for a longer context, viewed at this step's max_seq_len)
+SEQ_STRIDE_BATCH_MSL, SEQ_STRIDE_BATCH_ROWS = 12, 16
+
+
+@conformance("gather.packed.output_4d_sequence_stride_batch", CL_4D_SEQ_BATCH, REQUIRED, "core", "gather",
+             feature="gather_4d")
+@pytest.mark.parametrize("seqs", [40, 260])
+def test_packed_4d_sequence_stride_batch(kvx_provider, kvx_call_options, seqs):
+    """``gather.packed.output_4d_sequence_stride`` in decode batches: 40 and 260 sequences (lengths 0 to 15, some
+    past max_seq_len 12) gathered into 4-D outputs of dense rows whose sequence stride holds 16 rows, as an output
+    allocated once for a longer context and viewed at each step's max_seq_len. The other 4-D gathers with such a
+    stride hold 3 sequences, and every engine-sized 4-D gather is dense, so a batch path that places sequence s at
+    ``s * max_seq_len`` rows (``stride[0]`` unread) was never reached; every element of both outputs, the 4 rows
+    past each sequence's max_seq_len included, is compared (they stay poison)."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, 393)
+    rng = cb.rng_for(394)
+    table = rng.integers(0, G.num_blocks, size=(seqs, SEQ_STRIDE_BATCH_MSL // G.block_size))
+    lens = rng.integers(0, SEQ_STRIDE_BATCH_MSL + 4, size=seqs).tolist()
+    base = cb.packed_gather(cache, table, lens, SEQ_STRIDE_BATCH_MSL, seed=395, out4d=True)
+    lay = base.out_layout
+    hd = G.num_kv_heads * G.head_dim
+    lay = IOLayout(lay.dtype, lay.shape, (SEQ_STRIDE_BATCH_ROWS * hd, *lay.stride[1:]))
+    rng = cb.rng_for(396)
+    n = lay.span_elements()
+    case = cb.replace(base, out_layout=lay, out_k_init=cb.poison(rng, lay.dtype, n),
+                      out_v_init=cb.poison(rng, lay.dtype, n),
+                      label=f"{seqs}-sequence gather into 4-D outputs of {SEQ_STRIDE_BATCH_ROWS} rows a sequence "
+                            f"(max_seq_len {SEQ_STRIDE_BATCH_MSL}), strides {lay.stride}")
+    verify_gather(kvx_provider, case, opts, clause=CL_4D_SEQ_BATCH, feature="gather_4d")
+
+
 @conformance("gather.packed.max_seq_len_zero", "spec 6.10; R-GATHER (max_seq_len 0 is a no-op)", RECOMMENDED,
              "core", "gather")
 def test_packed_max_seq_len_zero(kvx_provider, kvx_call_options):

@@ -301,6 +301,51 @@ def test_cache_dtype_per_call(kvx_provider, kvx_call_options):
     _judge_write_chain(kvx_provider, opts, cb.simple_cache(G, kind, DType.F16, seed=433), make_case, CL_STATE_DTYPE)
 
 
+#: ``G``'s bytes as an F32 cache: the same blocks and heads, half the dims (16 x 8 x 2 x 8 F32 = 16 x 8 x 2 x 16 F16)
+G_F32 = Geometry(num_blocks=G.num_blocks, block_size=G.block_size, num_kv_heads=G.num_kv_heads, head_dim=G.head_dim // 2)
+
+
+def _write_desc_overrides(case) -> dict:
+    """Every field of ``case``'s cache and IO descriptors that a call of a sequence changes (dtypes, head_dim,
+    layout, shapes, strides), so that the call does not inherit the previous call's (the sequence reuses the first
+    call's structs)."""
+    ov = {**_cache_layout_overrides(case.cache.k), "cache.head_dim": case.cache.geom.head_dim,
+          "cache.k.dtype": int(case.cache.k.dtype), "cache.v.dtype": int(case.cache.v.dtype),
+          "desc.io.head_dim": case.cache.geom.head_dim}
+    for side, io in (("key", case.key_layout), ("value", case.value_layout)):
+        ov[f"desc.io.{side}.dtype"] = int(io.dtype)
+        ov[f"desc.io.{side}.ndim"] = len(io.shape)
+        for i in range(5):
+            ov[f"desc.io.{side}.shape[{i}]"] = int(io.shape[i]) if i < len(io.shape) else 0
+            ov[f"desc.io.{side}.stride[{i}]"] = int(io.stride[i]) if i < len(io.stride) else 0
+    return ov
+
+
+@conformance("state.cache_dtype_per_call_copy", CL_STATE_DTYPE, REQUIRED, "core", "write")
+def test_cache_dtype_per_call_copy(kvx_provider, kvx_call_options):
+    """``state.cache_dtype_per_call`` without a conversion: three writes into one pair of cache buffers in the
+    provider's core layout, described as F16 (2 heads x 16), then as F32 of 2 heads x 8 (the same bytes: an
+    allocator's pages handed to a layer of another dtype), then as F16 again, each with rows of the cache's dtype
+    (a copy). A provider that keeps a plan per cache allocation (the element type first seen with those pointers)
+    stores the F32 call's rows as F16. That test converts F32 rows, a call a provider may refuse
+    (``mixed_io_dtype``), so such a plan certified beside that refusal; this one needs no optional feature."""
+    opts = kvx_call_options()
+    kind = cb.core_layout(kvx_provider, opts.memory)
+    dts = [(DType.F16, G), (DType.F32, G_F32), (DType.F16, G)]
+
+    def make_case(i, cache):
+        dt, g = dts[i]
+        lay = cb.layout(g, kind, dt)
+        same_bytes = cb.replace(cache, geom=g, k=lay, v=lay, k_init=cache.k_init.view(np_dtype(dt)),
+                                v_init=cache.v_init.view(np_dtype(dt)))
+        case = cb.write_case(same_bytes, cb.spread_slots(g, 10, 444 + i), seed=447 + i,
+                             label=f"call {i + 1} of {CALLS} into one pair of cache buffers: described as "
+                                   f"{dt.name.lower()} of {g.num_kv_heads} heads x {g.head_dim}, rows of its dtype")
+        return cb.replace(case, c_overrides=_write_desc_overrides(case))
+
+    _judge_write_chain(kvx_provider, opts, cb.simple_cache(G, kind, DType.F16, seed=443), make_case, CL_STATE_DTYPE)
+
+
 CL_STATE_VALIDATE = ("spec 7 (kvx_validate_cache_desc MUST validate layout, dtype, shape, stride, and required "
                      "fields, returning KVX_STATUS_INVALID_ARGUMENT on failure), 4.2 (shape MUST agree with the cache "
                      "descriptor), 7.1 (dimensions MUST be non-zero), 7.2 (the API is stateless aside from "
@@ -524,6 +569,25 @@ def test_prefill_write_past_65535_tokens_s32(kvx_provider, kvx_call_options):
     verify_write(kvx_provider, cb.write_case(cache, slots, slot_dtype=DType.S32, seed=385,
                                              label=f"{BIG_TOKENS}-token write, S32 slots"), opts,
                  clause=CL_BIG_BATCH + "; 5.2")
+
+
+@conformance("write.prefill_batch_65600_dtypes", CL_BIG_BATCH + "; 4.3 (F16, BF16 and F32 caches)", REQUIRED, "core",
+             "write")
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.F32], ids=["bf16", "f32"])
+def test_prefill_write_past_65535_tokens_dtypes(kvx_provider, kvx_call_options, dtype):
+    """``write.prefill_batch_65600`` into BF16 and F32 caches of the core layout, with rows of the cache's dtype
+    (a copy, no conversion): tokens 65535 and later land like the others whatever the element type. That test
+    writes F16 caches, and the other writes past 65535 tokens into BF16 / F32 caches are
+    ``dtype.write.convert_batch[*-65600]``'s, converting writes a provider may refuse (``mixed_io_dtype``), so
+    a kernel per element type whose BF16 / F32 one caps its grid at 65535 tokens certified beside such a
+    refusal."""
+    opts = kvx_call_options()
+    cache = cb.simple_cache(BIG_BATCH, cb.core_layout(kvx_provider, opts.memory), dtype, seed=386)
+    slots = cb.spread_slots(BIG_BATCH, BIG_TOKENS, 387)
+    slots[[13, 65535, 65599]] = -1  # no-ops on each side of 65535
+    verify_write(kvx_provider, cb.write_case(cache, slots, seed=388,
+                                             label=f"{BIG_TOKENS}-token write, {dtype.name} cache and rows"), opts,
+                 clause=CL_BIG_BATCH + "; 4.3")
 
 
 def _decode_batch(kvx_provider, opts, seed: int, kind: str | None = None):
