@@ -168,16 +168,23 @@ CL_STATE_DESC = ("spec 7.2 (the API is stateless aside from user-provided buffer
                  "the call's cache descriptor gives; implementations MUST honor provided strides); R-STATE, R-CACHE")
 
 
+def _dims_overrides(prefix: str, t) -> dict:
+    """The tensor descriptor at ``prefix`` (e.g. ``cache.k``, ``desc.io.key``) given ``t``'s ndim, shape and
+    strides, every one of the five dimensions set (0 past ``t``'s), so that a call of a sequence does not
+    inherit the previous call's."""
+    ov: dict = {f"{prefix}.ndim": len(t.shape)}
+    for i in range(5):
+        ov[f"{prefix}.shape[{i}]"] = int(t.shape[i]) if i < len(t.shape) else 0
+        ov[f"{prefix}.stride[{i}]"] = int(t.stride[i]) if i < len(t.stride) else 0
+    return ov
+
+
 def _cache_layout_overrides(t) -> dict:
-    """``cache.k`` / ``cache.v`` layout, shape and strides set to ``t`` (every dimension, so that a
-    call of a sequence does not inherit the previous call's)."""
+    """``cache.k`` / ``cache.v`` layout, shape and strides set to ``t`` (every dimension)."""
     ov: dict = {}
     for side in ("k", "v"):
         ov[f"cache.{side}.layout"] = int(t.layout)
-        ov[f"cache.{side}.ndim"] = len(t.shape)
-        for i in range(5):
-            ov[f"cache.{side}.shape[{i}]"] = int(t.shape[i]) if i < len(t.shape) else 0
-            ov[f"cache.{side}.stride[{i}]"] = int(t.stride[i]) if i < len(t.stride) else 0
+        ov.update(_dims_overrides(f"cache.{side}", t))
     return ov
 
 
@@ -314,10 +321,7 @@ def _write_desc_overrides(case) -> dict:
           "desc.io.head_dim": case.cache.geom.head_dim}
     for side, io in (("key", case.key_layout), ("value", case.value_layout)):
         ov[f"desc.io.{side}.dtype"] = int(io.dtype)
-        ov[f"desc.io.{side}.ndim"] = len(io.shape)
-        for i in range(5):
-            ov[f"desc.io.{side}.shape[{i}]"] = int(io.shape[i]) if i < len(io.shape) else 0
-            ov[f"desc.io.{side}.stride[{i}]"] = int(io.stride[i]) if i < len(io.stride) else 0
+        ov.update(_dims_overrides(f"desc.io.{side}", io))
     return ov
 
 
