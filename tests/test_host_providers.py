@@ -197,6 +197,14 @@
   caches store tokens 0 to 65535 only (spec 7, 5.2); certified while the only writes past 65535 tokens into such
   caches were ``dtype.write.convert_batch[*-65600]``'s, which that refusal excuses:
   ``write.prefill_batch_65600_dtypes`` (65600 tokens, BF16 and F32 caches and rows).
+- ``front_packed_id_wrap_batch``: PACKED gathers of 16 or more sequences that never bound a block id, reading an id
+  outside ``[0, num_blocks)`` as block ``(uint64_t)id % num_blocks`` and answering OK (a read past the cache on a
+  real provider; spec 5.1, 8; R-DATA); certified while every PACKED gather with such an id held at most 4 sequences:
+  ``gather.packed.bad_block_id_batch_no_oob`` (20 and 260 sequences, four bad S32 or S64 ids among good ones).
+- ``front_kvo_secondary_null_batch``: KV_OFFSETS gathers of 16 or more (sequence, beam) rows with no secondary pool
+  that read a secondary-bit entry from the primary pool, bit 31 dropped, answering OK (spec 5.1, 10; R-DATA: never
+  dereferenced); certified while every unusable entry sat in a call of at most 4 sequences:
+  ``gather.kv_offsets.unusable_entry_batch_no_oob`` (20 sequences x 2 beams, 260 x 1).
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -470,6 +478,8 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_gather_4d_seq_dense", ["gather.packed.output_4d_sequence_stride_batch*"], "core"),
     ("front_plan_addr_same_dtype", ["state.cache_dtype_per_call_copy*"], "core"),
     ("front_wide_dtype_grid16", ["write.prefill_batch_65600_dtypes*"], "core"),
+    ("front_packed_id_wrap_batch", ["gather.packed.bad_block_id_batch_no_oob*"], "core"),
+    ("front_kvo_secondary_null_batch", ["gather.kv_offsets.unusable_entry_batch_no_oob*"], "tables"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

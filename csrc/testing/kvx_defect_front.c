@@ -264,6 +264,15 @@
  *       (through dense copies), of 16 or more with sequence s at s * max_seq_len rows, stride[0] unread (a batch
  *       path addressing the output from its shape; spec 4.2 MUST honor strides, 6.8, 6.10; R-IO):
  *       `gather.packed.output_4d_sequence_stride_batch` (suites/conformance/test_s5_gather_tables.py).
+ *   libkvx_testing_front_packed_id_wrap_batch.so  FRONT_PACKED_ID_WRAP_BATCH: a PACKED gather on host memory of 16 or
+ *       more sequences never bounds a block id: an id outside [0, num_blocks) reads block (uint64_t)id % num_blocks
+ *       (a batch path's wrap of the index into the cache; on a real provider, a read past the cache), answering OK
+ *       (spec 5.1, 8; R-DATA: never read out of bounds, OUT_OF_RANGE recommended):
+ *       `gather.packed.bad_block_id_batch_no_oob` (suites/conformance/test_s5_gather_tables.py).
+ *   libkvx_testing_front_kvo_secondary_null_batch.so  FRONT_KVO_SECONDARY_NULL_BATCH: a KV_OFFSETS gather on host
+ *       memory of 16 or more (sequence, beam) rows whose pool.secondary is NULL reads a secondary-bit entry (not the
+ *       null index) from the primary pool, bit 31 dropped, answering OK (spec 5.1, 10; R-DATA: never dereferenced,
+ *       OUT_OF_RANGE recommended): `gather.kv_offsets.unusable_entry_batch_no_oob[secondary_while_null-*]`.
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -336,6 +345,8 @@
 #define FRONT_WIDE_DTYPE_GRID16 91
 #define FRONT_PREFILL_ROW_STRIDE 100
 #define FRONT_GATHER_4D_SEQ_DENSE 101
+#define FRONT_PACKED_ID_WRAP_BATCH 110
+#define FRONT_KVO_SECONDARY_NULL_BATCH 111
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -575,7 +586,8 @@ static inline kvx_status_t write_with_slots(const kvx_cache_desc_t* cache, const
   return write_with_slots_of(cache, desc, slots, desc->slots.dtype, stream);
 }
 
-#if KVX_FRONT_DEFECT == FRONT_S32_LEN_UNSIGNED_BATCH || KVX_FRONT_DEFECT == FRONT_RAGGED_RANGE_BATCH
+#if KVX_FRONT_DEFECT == FRONT_S32_LEN_UNSIGNED_BATCH || KVX_FRONT_DEFECT == FRONT_RAGGED_RANGE_BATCH || \
+    KVX_FRONT_DEFECT == FRONT_PACKED_ID_WRAP_BATCH || KVX_FRONT_DEFECT == FRONT_KVO_SECONDARY_NULL_BATCH
 /* A gather of `seq_count` sequences whose output rows agree with its table (io.num_tokens == seq_count * beams *
  * max_seq_len, max_seq_len > 0): the batches whose lengths and ranges the batch path reads (a malformed call keeps
  * the reference's answer). */
@@ -1173,6 +1185,53 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
   free(ids);
   free(ptr);
   return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_PACKED_ID_WRAP_BATCH
+/* PACKED gathers on host memory of 16 or more sequences never bound a block id: an id outside [0, num_blocks) is
+ * taken modulo num_blocks as an unsigned 64-bit value (the batch path's wrap of the block index into the cache), so a
+ * used entry of num_blocks + 1, 2^31 - 1 or -1 gathers another block's tokens and the call answers OK. Emulated by a
+ * table of S64 ids, each wrapped (a call whose counts, output rows or table dtype are malformed is forwarded as it is:
+ * the ids are read only where the call describes them). */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  if (!gather_plain(cache, desc) || fp4_call(cache) || t->format != KVX_BLOCK_TABLE_PACKED || t->seq_count < 16 ||
+      !rows_agree(desc) || desc->seq_lens.seq_count != t->seq_count ||
+      (t->index_dtype != KVX_DTYPE_S32 && t->index_dtype != KVX_DTYPE_S64) || !t->indices || !cache->num_blocks ||
+      !t->max_blocks_per_seq || (uint64_t)t->indices_count != (uint64_t)t->seq_count * t->max_blocks_per_seq)
+    return ref.gather(cache, desc, stream);
+  const size_t n = t->indices_count;
+  int64_t* ids = (int64_t*)malloc(n * 8);
+  if (!ids) return KVX_STATUS_INTERNAL_ERROR;
+  for (size_t i = 0; i < n; ++i)
+    ids[i] = (int64_t)((uint64_t)index_at(t->indices, t->index_dtype, i) % cache->num_blocks); /* the defect */
+  kvx_gather_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  local.block_table.index_dtype = KVX_DTYPE_S64;
+  local.block_table.indices = ids;
+  const kvx_status_t st = ref.gather(cache, &local, stream);
+  free(ids);
+  return st;
+}
+#elif KVX_FRONT_DEFECT == FRONT_KVO_SECONDARY_NULL_BATCH
+/* KV_OFFSETS gathers on host memory of 16 or more (sequence, beam) rows whose pool.secondary is NULL take the pool of
+ * an entry as `bit31 && secondary ? secondary : primary`: a secondary-bit entry (other than the null index, which is
+ * checked) reads the primary pool's block (index & 0x7fffffff), answering OK (a call whose counts or output rows are
+ * malformed is forwarded as it is). */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_block_table_t* t = &desc->block_table;
+  if (!gather_plain(cache, desc) || fp4_call(cache) || t->format != KVX_BLOCK_TABLE_KV_OFFSETS ||
+      t->index_dtype != KVX_DTYPE_S32 || !t->indices || t->indices_count == 0 || !rows_agree(desc) ||
+      (uint64_t)t->seq_count * t->beam_width < 16 || desc->seq_lens.seq_count != t->seq_count ||
+      (uint64_t)t->indices_count != (uint64_t)t->seq_count * t->beam_width * 2 * t->max_blocks_per_seq ||
+      cache->pool.size < sizeof(kvx_pool_desc_t) || !cache->pool.primary || cache->pool.secondary)
+    return ref.gather(cache, desc, stream);
+  uint32_t* ids = (uint32_t*)malloc((size_t)t->indices_count * 4);
+  if (!ids) return KVX_STATUS_INTERNAL_ERROR;
+  memcpy(ids, t->indices, (size_t)t->indices_count * 4);
+  for (uint32_t i = 0; i < t->indices_count; ++i)
+    if (ids[i] != 0xFFFFFFFFu) ids[i] &= 0x7FFFFFFFu; /* the defect: no secondary pool, so the primary */
+  return gather_with_ids(cache, desc, ids, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP4_RAW_PAD_ZERO
 /* Rows t in [from, msl) of sequence `seq` of a dense raw FP4 output (codes: two per byte, or scale

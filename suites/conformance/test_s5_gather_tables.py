@@ -292,6 +292,45 @@ def test_packed_bad_block_status(kvx_provider, kvx_call_options, bad):
     verify_gather(kvx_provider, case, opts, clause=CL_RANGE, statuses=RANGE_STATUSES, partial=partial_gather(case))
 
 
+#: ids outside [0, 6) that ``gather.packed.bad_block_id_batch_no_oob`` puts in used entries, by index dtype: none is
+#: 0 modulo num_blocks (taken as a 64-bit or a 32-bit unsigned value), the block a provider that skips a bad id may read
+#: (``checks.repaired_gather``), so a wrap of the id into the cache (or a mask, for most of them) gathers another block
+BAD_BATCH_IDS = {
+    DType.S32: [G.num_blocks + 1, 2 ** 31 - 1, -1, -(2 ** 31)],
+    DType.S64: [2 ** 32 + 1, -(2 ** 32) + 2, G.num_blocks + 3, 2 ** 63 - 1],
+}
+#: the (sequence, logical block) entries holding them in a batch of 20 and of 260 sequences (none the last sequence)
+BAD_BATCH_AT = {20: [(2, 0), (7, 2), (11, 1), (16, 2)], 260: [(5, 0), (64, 1), (131, 2), (257, 1)]}
+
+
+@conformance("gather.packed.bad_block_id_batch_no_oob", "spec 5.1, 7; R-DATA (a block id outside the cache is never "
+             "read, in a call of any size)", REQUIRED, "core", "gather")
+@pytest.mark.parametrize("seqs", sorted(BAD_BATCH_AT), ids=lambda s: f"seqs{s}")
+@pytest.mark.parametrize("index_dtype", [DType.S32, DType.S64], ids=["idx_s32", "idx_s64"])
+def test_packed_bad_block_batch_never_oob(kvx_provider, kvx_call_options, seqs, index_dtype):
+    """``gather.packed.bad_block_id_no_oob`` in decode batches: 20 and 260 sequences of 1 to 12 tokens (tables of 3
+    entries, max_seq_len 12) whose four used entries hold ids outside the cache among good ones (S32: 7, 2^31 - 1, -1,
+    INT32_MIN; S64: 2^32 + 1, -(2^32) + 2, 9, 2^63 - 1). Any status (OUT_OF_RANGE recommended,
+    ``gather.packed.bad_block_id_status``), but those entries' rows stay untouched (or read block 0, as a skipping
+    provider does): nothing else is gathered for them. That test holds 2 sequences and the generated invalid calls 1
+    to 4, so a batch path that never bounds a block id (a read past the cache; here the id taken modulo num_blocks)
+    and answers OK was never run."""
+    opts = kvx_call_options()
+    rng = cb.rng_for(110 + seqs)
+    table = rng.integers(0, G.num_blocks, size=(seqs, 3))
+    lens = rng.integers(1, 3 * BS + 1, size=seqs).tolist()
+    for (s, j), bad in zip(BAD_BATCH_AT[seqs], BAD_BATCH_IDS[index_dtype]):
+        table[s, j] = bad
+        lens[s] = 3 * BS  # every entry of the row used
+    lens_dtype = DType.S64 if index_dtype == DType.S64 else DType.S32
+    case = cb.packed_gather(_cache(kvx_provider, opts.memory, 111), table, lens, 3 * BS, seed=112,
+                            index_dtype=index_dtype, lens_dtype=lens_dtype,
+                            label=f"{seqs} sequences, {index_dtype.name} ids {BAD_BATCH_IDS[index_dtype]} at "
+                                  f"(sequence, block) {BAD_BATCH_AT[seqs]}")
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 7; R-DATA", statuses=ANY_STATUS,
+                  partial=partial_gather(case))
+
+
 @conformance("gather.packed.wide_seq_len", "spec 5.3, 6.10; R-DATA (S64 lengths are 64 bits wide)", REQUIRED,
              "core", "gather")
 def test_packed_wide_seq_len(kvx_provider, kvx_call_options):
@@ -825,6 +864,41 @@ def test_kv_offsets_unusable_status(kvx_provider, kvx_call_options, what):
     opts = kvx_call_options()
     case = _kv_bad(kvx_provider, opts.memory, what)
     verify_gather(kvx_provider, case, opts, clause=CL_OOR, feature="kv_offsets", partial=partial_gather(case))
+
+
+#: (what, sequences, beams) of ``gather.kv_offsets.unusable_entry_batch_no_oob``, and the (sequence, beam, K|V, block)
+#: entries that get the unusable value, all used (their rows' lengths are set to 12): secondary-bit entries name
+#: blocks 3 and 7, which the primary pool holds, so a provider reading the primary pool for them gathers a real block
+KV_BAD_BATCH = [("secondary_while_null", 20, 2), ("secondary_while_null", 260, 1), ("null_index", 20, 2),
+                ("null_index", 260, 1)]
+KV_BAD_BATCH_AT = {20: [(3, 1, 0, 2), (9, 0, 1, 0), (14, 1, 1, 1)], 260: [(6, 0, 0, 1), (129, 0, 1, 2), (250, 0, 0, 0)]}
+
+
+@conformance("gather.kv_offsets.unusable_entry_batch_no_oob", "spec 5.1, 10; R-DATA (the null index and a "
+             "secondary-pool index while pool.secondary is NULL are never dereferenced, in a call of any size)",
+             REQUIRED, "tables", "gather", feature="kv_offsets")
+@pytest.mark.parametrize("what,seqs,beams", KV_BAD_BATCH, ids=[f"{w}-seqs{s}" for w, s, _ in KV_BAD_BATCH])
+def test_kv_offsets_unusable_batch_never_oob(kvx_provider, kvx_call_options, what, seqs, beams):
+    """``gather.kv_offsets.unusable_entry_no_oob`` in decode batches: 20 sequences x 2 beams and 260 x 1 of 1 to 12
+    tokens (3 entries per row, a primary pool of 10 blocks, no secondary pool), three used entries among good ones the
+    null index or a secondary-pool index (blocks 3 and 7). Any status (OUT_OF_RANGE recommended,
+    ``gather.kv_offsets.unusable_entry_status``), but those entries' rows stay untouched (or read primary block 0, as
+    a skipping provider does). Pool indices past num_blocks are valid (R-DATA), so only these entries are data
+    errors. That test holds 2 sequences and the generated invalid calls 1 to 4, so a batch path that takes an entry's
+    pool as ``bit31 && secondary ? secondary : primary`` (a secondary-pool index read from the primary pool, OK) was
+    never run."""
+    opts = kvx_call_options()
+    rng = cb.rng_for(113 + seqs)
+    off = _offsets(seqs, beams, 3, 114 + seqs)
+    lens = rng.integers(1, 3 * BS + 1, size=seqs).tolist()
+    for i, (s, b, kv, j) in enumerate(KV_BAD_BATCH_AT[seqs]):
+        off[s, b, kv, j] = NULL if what == "null_index" else SEC | (3, 7)[i % 2]
+        lens[s] = 3 * BS
+    case = cb.kv_offsets_gather(_kv_cache(kvx_provider, opts.memory, 115), off, lens, 3 * BS, seed=116,
+                                label=f"{seqs} sequences x {beams} beams, used entries {KV_BAD_BATCH_AT[seqs]}: "
+                                      f"{what}, no secondary pool")
+    verify_gather(kvx_provider, case, opts, clause="spec 5.1, 10; R-DATA", feature="kv_offsets",
+                  statuses=ANY_STATUS, partial=partial_gather(case))
 
 
 def _kv_beyond_capacity(provider, memory):
