@@ -205,6 +205,15 @@
   that read a secondary-bit entry from the primary pool, bit 31 dropped, answering OK (spec 5.1, 10; R-DATA: never
   dereferenced); certified while every unusable entry sat in a call of at most 4 sequences:
   ``gather.kv_offsets.unusable_entry_batch_no_oob`` (20 sequences x 2 beams, 260 x 1).
+- ``front_fp8_gather_satfinite``: raw FP8 gathers of 16 or more (sequence, beam) rows that move each code through F32
+  and back by a saturating conversion, so E5M2's +-inf become +-57344 and every NaN byte 0x7F (spec 4.3; R-CONVERT:
+  a raw copy; R-NAN-CLASS); certified while every FP8 gather read caches of finite values:
+  ``fp8.gather.raw_every_byte`` (3 and 260 sequences from caches holding every byte value).
+- ``front_fp4_raw_scale_rows``: raw FP4 writes (F4_E2M1 IO) of more than 64 tokens that read the block scale inputs
+  (``desc.fp4``) as dense ``[tokens, H, D/B]`` rows whatever their strides, so padded scale rows or heads are stored
+  from the wrong bytes (spec 4.2, 6.8; R-IO, R-FP4); certified while every FP4 write read dense inputs:
+  ``fp4.write.strided_io[*-raw-*-300tok]`` (padded scale rows alone, or padded code and scale rows and heads; its
+  20-token cases pass it).
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -480,6 +489,8 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_wide_dtype_grid16", ["write.prefill_batch_65600_dtypes*"], "core"),
     ("front_packed_id_wrap_batch", ["gather.packed.bad_block_id_batch_no_oob*"], "core"),
     ("front_kvo_secondary_null_batch", ["gather.kv_offsets.unusable_entry_batch_no_oob*"], "tables"),
+    ("front_fp8_gather_satfinite", ["fp8.gather.raw_every_byte*"], "fp8"),
+    ("front_fp4_raw_scale_rows", ["fp4.write.strided_io*"], "fp4"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

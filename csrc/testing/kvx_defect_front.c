@@ -273,6 +273,18 @@
  *       memory of 16 or more (sequence, beam) rows whose pool.secondary is NULL reads a secondary-bit entry (not the
  *       null index) from the primary pool, bit 31 dropped, answering OK (spec 5.1, 10; R-DATA: never dereferenced,
  *       OUT_OF_RANGE recommended): `gather.kv_offsets.unusable_entry_batch_no_oob[secondary_while_null-*]`.
+ *   libkvx_testing_front_fp4_raw_scale_rows.so  FRONT_FP4_RAW_SCALE_ROWS: a raw FP4 write (F4_E2M1 IO) of more than 64
+ *       tokens reads the block scale inputs (desc.fp4 key_scales / value_scales, [tokens, H, D/B]) as dense rows
+ *       whatever their strides (a batch copy of each token's H * D/B scale bytes from token * H * D/B, as if a
+ *       quantizer's scale output were never padded), so scales whose token rows or heads are padded are stored from
+ *       the wrong bytes; the codes are read through their strides (spec 4.2 MUST honor strides, 6.8; R-IO, R-FP4):
+ *       `fp4.write.strided_io[*-raw-*-300tok]` (suites/conformance/test_s10_fp4.py).
+ *   libkvx_testing_front_fp8_gather_satfinite.so  FRONT_FP8_GATHER_SATFINITE: a raw FP8 gather (an output of its
+ *       cache's E4M3 / E5M2 dtype) on host memory of 16 or more (sequence, beam) rows moves each code through F32 and
+ *       back by a saturating conversion (CUDA's __NV_SATFINITE): finite codes and +-0 are exact, but E5M2's +-inf
+ *       (0x7C / 0xFC) become +-57344 (0x7B / 0xFB) and every NaN byte becomes 0x7F (spec 4.3; R-CONVERT: a raw copy;
+ *       R-NAN-CLASS: plain copies stay bit-exact, NaN bytes included). Every other FP8 gather reads caches of finite
+ *       values: `fp8.gather.raw_every_byte[*-seqs260]` (suites/conformance/test_s4_dtypes.py).
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -347,6 +359,8 @@
 #define FRONT_GATHER_4D_SEQ_DENSE 101
 #define FRONT_PACKED_ID_WRAP_BATCH 110
 #define FRONT_KVO_SECONDARY_NULL_BATCH 111
+#define FRONT_FP4_RAW_SCALE_ROWS 120
+#define FRONT_FP8_GATHER_SATFINITE 130
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -1521,6 +1535,55 @@ static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gathe
     return KVX_STATUS_UNSUPPORTED;
   return ref.gather(cache, desc, stream);
 }
+#elif KVX_FRONT_DEFECT == FRONT_FP8_GATHER_SATFINITE
+/* The byte a raw FP8 code becomes when decoded to F32 and encoded again by a saturating conversion (CUDA's
+ * __nv_cvt_float_to_fp8 with __NV_SATFINITE): every finite code and +-0 round-trip, E5M2's +-inf become +-57344
+ * and every NaN byte the conversion's one NaN, 0x7F. */
+static unsigned char satfinite_roundtrip(unsigned char b, kvx_dtype_t dt) {
+  if (dt == KVX_DTYPE_F8_E4M3) return (b & 0x7F) == 0x7F ? 0x7F : b;
+  if ((b & 0x7F) == 0x7C) return (unsigned char)(b - 1); /* +-inf -> +-57344 (0x7B / 0xFB) */
+  return (b & 0x7F) > 0x7C ? 0x7F : b;
+}
+
+/* A raw gather (each FP8 output of its cache's dtype) on host memory of 16 or more (sequence, beam) rows: the
+ * reference's gather, then every byte it wrote (rows t < min(L, max_seq_len) of each row group, 3-D or 4-D
+ * outputs) through satfinite_roundtrip: a batch kernel that moves FP8 through F32 as its converting gathers do. */
+static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
+  const kvx_status_t st = ref.gather(cache, desc, stream);
+  if (st != KVX_STATUS_OK || !gather_plain(cache, desc) || fp4_call(cache) ||
+      desc->io.size < sizeof(kvx_kv_io_desc_t) || !desc->seq_lens.lengths ||
+      (desc->seq_lens.dtype != KVX_DTYPE_S32 && desc->seq_lens.dtype != KVX_DTYPE_S64))
+    return st;
+  const kvx_block_table_t* tb = &desc->block_table;
+  const uint64_t beams = tb->format == KVX_BLOCK_TABLE_KV_OFFSETS ? tb->beam_width : 1;
+  const int64_t msl = desc->max_seq_len;
+  if ((uint64_t)tb->seq_count * beams < 16 || msl == 0 ||
+      (uint64_t)desc->io.num_tokens != (uint64_t)tb->seq_count * beams * (uint64_t)msl)
+    return st;
+  const kvx_tensor_desc_t* sides[2][2] = {{&cache->k, &desc->io.key}, {&cache->v, &desc->io.value}};
+  for (int sd = 0; sd < 2; ++sd) {
+    const kvx_tensor_desc_t* c = sides[sd][0];
+    const kvx_tensor_desc_t* o = sides[sd][1];
+    if ((c->dtype != KVX_DTYPE_F8_E4M3 && c->dtype != KVX_DTYPE_F8_E5M2) || o->dtype != c->dtype || !o->data ||
+        (o->ndim != 3 && o->ndim != 4))
+      continue;
+    for (uint64_t g = 0; g < (uint64_t)tb->seq_count * beams; ++g) {
+      int64_t n = index_at(desc->seq_lens.lengths, desc->seq_lens.dtype, (size_t)(g / beams));
+      if (n > msl) n = msl;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < (int64_t)desc->io.num_kv_heads; ++h)
+          for (int64_t d = 0; d < (int64_t)desc->io.head_dim; ++d) {
+            const int64_t off = o->ndim == 4 ? (int64_t)g * o->stride[0] + t * o->stride[1] + h * o->stride[2] +
+                                                   d * o->stride[3]
+                                             : ((int64_t)g * msl + t) * o->stride[0] + h * o->stride[1] +
+                                                   d * o->stride[2];
+            unsigned char* e = (unsigned char*)o->data + off;
+            *e = satfinite_roundtrip(*e, c->dtype); /* the defect */
+          }
+    }
+  }
+  return st;
+}
 #else
 static kvx_status_t gather_defect(const kvx_cache_desc_t* cache, const kvx_gather_desc_t* desc, void* stream) {
   return ref.gather(cache, desc, stream_for(cache, stream));
@@ -1857,6 +1920,45 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   for (uint32_t i = 0; i < sm->token_count; ++i)
     if (slots[i] == narrowed) slots[i] = -1;
   return write_with_slots(cache, desc, slots, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP4_RAW_SCALE_ROWS
+/* A raw transfer's scale input [n, H, J] of positive strides, none below its dense one and not all equal to them
+ * (padded rows or heads): the inputs the batch copy reads as dense rows (inside their span: each term of the
+ * farthest offset no larger than the strided one's). */
+static int scale_rows_padded(const kvx_tensor_desc_t* t, int64_t n, int64_t H, int64_t J) {
+  if (t->size < sizeof(kvx_tensor_desc_t) || !t->data || t->ndim != 3 || t->shape[0] != n || t->shape[1] != H ||
+      t->shape[2] != J)
+    return 0;
+  const int64_t dense[3] = {H * J, J, 1};
+  int same = 1;
+  for (int i = 0; i < 3; ++i) {
+    if (t->stride[i] < dense[i]) return 0;
+    same &= t->stride[i] == dense[i];
+  }
+  return !same;
+}
+
+/* Raw FP4 writes of more than 64 tokens: each padded scale input read through dense strides. */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || !fp4_call(cache) || desc->size != sizeof(kvx_write_desc_t) ||
+      desc->fp4.size < sizeof(kvx_fp4_io_scales_t) || desc->io.key.dtype != KVX_DTYPE_F4_E2M1 ||
+      desc->io.value.dtype != KVX_DTYPE_F4_E2M1 || desc->io.num_tokens <= 64)
+    return ref.write(cache, desc, stream);
+  const int64_t B = cache->fp4.format == KVX_FP4_MXFP4_OCP ? 32 : 16;
+  const int64_t n = desc->io.num_tokens, H = desc->io.num_kv_heads, J = desc->io.head_dim / B;
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  kvx_tensor_desc_t* sides[2] = {&local.fp4.key_scales, &local.fp4.value_scales};
+  int changed = 0;
+  for (int i = 0; i < 2; ++i)
+    if (scale_rows_padded(sides[i], n, H, J)) {
+      sides[i]->stride[0] = H * J; /* the defect: the strides unread */
+      sides[i]->stride[1] = J;
+      sides[i]->stride[2] = 1;
+      changed = 1;
+    }
+  return ref.write(cache, changed ? &local : desc, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_FP4_RAW_SENTINEL
 /* Raw FP4 writes (F4_E2M1 IO: codes and scale bytes copied): only negative slots skipped. */

@@ -489,11 +489,39 @@ def _io_scales(fmt, memory, ptr_k, ptr_v, rows: int, H: int, J: int) -> abi.kvx_
     return x
 
 
+def _put_view(arena: "_Arena", name: str, arr: np.ndarray, nibbles: bool = False) -> tuple[int, list[int] | None]:
+    """Place an IO array: a C-contiguous one as it is (strides None: the dense ones), a strided view (an
+    IO tensor read through its strides, spec 4.2, 6.8) as the whole array it views, the pointer at its
+    first element, with its strides in elements (``nibbles``: packed F4_E2M1 codes, two per byte, their
+    strides in nibbles, R-FP4). The gaps of that array are part of the read-only input (R-INPUTS)."""
+    if arr.flags.c_contiguous or arr.size == 0:
+        return arena.put(name, arr), None
+    base = arr
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    off = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    item = arr.itemsize
+    if not base.flags.c_contiguous or off < 0 or off % item or any(s <= 0 or s % item for s in arr.strides):
+        raise ValueError(f"{name}: a view of positive strides into a C-contiguous array is needed")
+    st = [s // item for s in arr.strides]
+    if nibbles:
+        if st[-1] != 1:
+            raise ValueError(f"{name}: packed codes need adjacent bytes along head_dim")
+        st = [2 * s for s in st[:-1]] + [1]
+    return arena.put(name, base) + off, st
+
+
+def _set_strides(t, st: list[int] | None) -> None:
+    for i, s in enumerate(st or ()):
+        t.stride[i] = int(s)
+
+
 def run_write(provider, cache: Fp4Cache, key: np.ndarray, value: np.ndarray, slots, *, memory=Memory.HOST,
               invalid_slot: int = -1, slot_dtype=DType.S64, raw_scales: tuple | None = None,
               cache_size: int | None = None, overrides: dict | None = None, stream=None) -> Fp4Result:
     """Write ``key``/``value`` (``[n, H, D]`` F32/F16/BF16, or packed codes ``[n, H, D/2]`` with
-    ``raw_scales=(k_scales, v_scales)``) at ``slots``; returns the cache as left by the call."""
+    ``raw_scales=(k_scales, v_scales)``) at ``slots``; returns the cache as left by the call. A strided
+    numpy view among them is passed through its strides (:func:`_put_view`)."""
     arena, c, d = _place_write(provider, cache, key, value, slots, memory, invalid_slot, slot_dtype, raw_scales,
                                cache_size, overrides)
     st = provider.write_kv(c, d, stream)
@@ -532,7 +560,12 @@ def _place_write(provider, cache: Fp4Cache, key, value, slots, memory, invalid_s
         dt = DType.F4_E2M1
     else:
         dt = {v: k for k, v in IO_NP.items()}[np.dtype(key.dtype)]
-    io = _io(dt, memory, arena.put("key", key) if n else 0, arena.put("value", value) if n else 0, n, H, D)
+    raw = raw_scales is not None
+    kp, kst = _put_view(arena, "key", key, raw) if n else (0, None)
+    vp, vst = _put_view(arena, "value", value, raw) if n else (0, None)
+    io = _io(dt, memory, kp, vp, n, H, D)
+    _set_strides(io.key, kst)
+    _set_strides(io.value, vst)
     s = np.asarray(slots, np.int64 if slot_dtype == DType.S64 else np.int32)
     d = abi.kvx_write_desc_v1_2_t.new()
     d.io = io
@@ -542,8 +575,10 @@ def _place_write(provider, cache: Fp4Cache, key, value, slots, memory, invalid_s
     d.v_scale_desc = abi.kvx_scale_desc_t.new()
     if raw_scales is not None:
         ks, vs = raw_scales
-        d.fp4 = _io_scales(cache.fmt, memory, arena.put("key scales", ks), arena.put("value scales", vs), n, H,
-                           D // cache.B)
+        (ksp, ksst), (vsp, vsst) = _put_view(arena, "key scales", ks), _put_view(arena, "value scales", vs)
+        d.fp4 = _io_scales(cache.fmt, memory, ksp, vsp, n, H, D // cache.B)
+        _set_strides(d.fp4.key_scales, ksst)
+        _set_strides(d.fp4.value_scales, vsst)
     _apply(c, d, overrides)
     return arena, c, d
 

@@ -924,19 +924,19 @@ CL_RAGGED = (CL_COMPAT + "; spec 5.1 (RAGGED), 5.3, 6.10; R-GATHER, R-DATA (toke
 CL_S64 = CL_COMPAT + "; spec 5.1, 6.3 (S64 block ids are 64 bits wide); R-GATHER, R-DATA, R-WIDE-IDS"
 
 def _strided_write_verdict(res, cache, key, value, slots, raw: bool, clause: str, seed: int, case: str, title: str,
-                           where: str) -> None:
-    """The verdict on an FP4 write into strided (non-canonical) tensors: guards, a refusal that wrote nothing
-    (the features ``fp4`` and ``noncanonical_strides``), then OK with the oracle's bytes (raw: exactly;
-    from F16/BF16/F32: the compatible tier) at ``where``, the gaps and other rows unchanged."""
+                           where: str, feature=("fp4", "noncanonical_strides"), invalid_slot: int = -1) -> None:
+    """The verdict on an FP4 write into strided (non-canonical) tensors, or from strided inputs: guards, a
+    refusal that wrote nothing (naming ``feature``: ``fp4`` and ``noncanonical_strides`` by default), then OK
+    with the oracle's bytes (raw: exactly; from F16/BF16/F32: the compatible tier) at ``where``, the gaps and
+    other rows unchanged."""
     _check_guards(res, clause, seed, case)
     _refusal_wrote_nothing(res, None, cache, clause, seed, case)
-    _status(res.status, Status.OK, "raw FP4 write" if raw else "FP4 write", clause, seed, case,
-            feature=("fp4", "noncanonical_strides"))
-    want = fx.expected_write(cache, key, value, slots)
+    _status(res.status, Status.OK, "raw FP4 write" if raw else "FP4 write", clause, seed, case, feature=feature)
+    want = fx.expected_write(cache, key, value, slots, invalid_slot=invalid_slot)
     if raw:
         probs = fx.exact_write_problems(res.cache, want)
     else:
-        probs = fx.compatible_write_problems(cache, res.cache, want, key, value, slots)
+        probs = fx.compatible_write_problems(cache, res.cache, want, key, value, slots, invalid_slot=invalid_slot)
     tier = "the bytes written" if raw else "compatible tier"
     _fail_if(probs, title, f"{where} ({tier}), the gaps and other rows unchanged", clause, seed, case)
 
@@ -1237,6 +1237,101 @@ def test_gather_data_strides(kvx_provider, kvx_call_options, pattern, fmt, out):
                                          + _data_strides_note(cache))
     _judge_gather(res, cache, table, lens, msl, out, CL_DATA_STRIDES, seed, case,
                   feature=("fp4", "noncanonical_strides"))
+
+
+CL_STRIDED_IO = (CL + "; spec 4.2 (\"Implementations MUST honor provided strides\"), 6.8 (IO tensors: shape and "
+                 "strides); R-IO (any non-negative strides, in a write of any size), R-FP4 (the raw transfer's block "
+                 "scales, desc.fp4, are IO tensors [num_tokens, H, D/B] of their own strides; F4_E2M1 code strides "
+                 "count nibbles); R-REFUSAL")
+#: query heads per KV head of the fused QKV rows whose K and V parts ``qkv_view`` inputs are
+STRIDED_QKV_GROUP = 4
+#: id -> (raw, K's and V's (lead, head_pad, token_pad) of the codes or rows, K's and V's of the scales): the inputs of
+#: ``fp4.write.strided_io``, views into larger arrays whose other elements hold random bytes (:func:`_io_view`).
+#: ``qkv_view``: F16 rows, the K (V) part of a row of a fused QKV projection ``[tokens][q | k | v]``, as vLLM passes
+#: them; ``raw-scale_rows``: dense codes, block scales at a token stride of H * D/B + 12 bytes (a quantizer's
+#: padded scale rows); ``raw-padded``: codes and scales with padded heads and token rows, K's unlike V's.
+_QKV = STRIDED_QKV_GROUP * H * D
+STRIDED_IO = {
+    "qkv_view": (False, ((_QKV, 0, H * D), (_QKV + H * D, 0, 0)), None),
+    "raw-scale_rows": (True, ((0, 0, 0), (0, 0, 0)), ((0, 0, 12), (0, 0, 12))),
+    "raw-padded": (True, ((0, 8, 16), (0, 2, 6)), ((0, 2, 4), (0, 0, 7))),
+}
+STRIDED_IO_TOKENS = (20, 300)
+
+
+def _io_view(rng, arr: np.ndarray, lead: int, head_pad: int, token_pad: int) -> np.ndarray:
+    """``arr`` ([n, H, W]) as a view into a larger array of random bytes: token rows ``lead + H * (W + head_pad) +
+    token_pad`` elements apart, heads ``W + head_pad`` apart, the first at element ``lead`` of its row; the same
+    values as ``arr``, read through those strides (or ``arr`` itself where nothing is padded)."""
+    if not (lead or head_pad or token_pad):
+        return np.ascontiguousarray(arr)
+    n, h, w = arr.shape
+    hs = w + head_pad
+    row = lead + h * hs + token_pad
+    buf = rng.integers(0, 256, n * row * arr.itemsize, dtype=np.uint8).view(arr.dtype).reshape(n, row)
+    view = buf[:, lead:lead + h * hs].reshape(n, h, hs)[:, :, :w]
+    view[...] = arr
+    return view
+
+
+def _io_strides_note(name: str, arr: np.ndarray, nibbles: bool = False) -> str:
+    if arr.flags.c_contiguous:
+        return f"{name} dense"
+    st = [s // arr.itemsize for s in arr.strides]
+    return f"{name} strides {[2 * s for s in st[:-1]] + [1] if nibbles else st}"
+
+
+@conformance("fp4.write.strided_io", CL_STRIDED_IO, REQUIRED, "fp4", "write", feature="fp4")
+@pytest.mark.parametrize("n", [pytest.param(n, id=f"{n}tok") for n in STRIDED_IO_TOKENS])
+@pytest.mark.parametrize("kind", list(STRIDED_IO))
+@pytest.mark.parametrize("fmt", FMTS)
+def test_write_strided_io(kvx_provider, kvx_call_options, fmt, kind, n):
+    """An FP4 write whose inputs are strided views: F16 rows that are the K and V parts of a fused QKV projection's
+    rows (quantized), or raw codes and block scales (F4_E2M1 IO, ``desc.fp4``) whose token rows and heads are
+    padded, the scales alone or both, in a call of 20 tokens and in a prefill of 300 (whole blocks in order, a
+    non-negative ``invalid_slot`` on 21 tokens, -1 on 4). Each element is read through its own tensor's strides;
+    the elements between them hold random bytes, which a provider that reads an input as dense rows (a batch
+    copy of each token's ``H * D/B`` scale bytes from ``token * H * D/B``) stores. The other FP4 writes read dense
+    inputs only. Refusing strided inputs is acceptable while ``io_strides`` is not claimed (R-REFUSAL)."""
+    _need_fp4(kvx_provider)
+    opts = kvx_call_options()
+    layout = _core(kvx_provider, kvx_call_options)
+    raw, code_pads, scale_pads = STRIDED_IO[kind]
+    seed = 560 + 10 * int(fmt) + 2 * list(STRIDED_IO).index(kind) + (n > 50)
+    nb = NB if n < 50 else RAW_BATCH_BLOCKS
+    gk, gv = _g(fmt, seed)
+    cache = fx.new_cache(fmt, nb, BS, H, D, layout, k_global=gk, v_global=gv)
+    key, value = _data(seed, n, cache.B)
+    value = value * np.float32(37.0)  # V's scales unlike K's
+    slots, sentinel = _raw_slot_plan(n, nb, seed + 99)
+    rng = np.random.default_rng(seed + 7)
+    if raw:
+        kc, ks = fx.encode_rows(fmt, key, cache.g_per_head("k"))
+        vc, vs = fx.encode_rows(fmt, value, cache.g_per_head("v"))
+        kin, vin = (_io_view(rng, c, *p) for c, p in zip((kc, vc), code_pads))
+        ksin, vsin = (_io_view(rng, c, *p) for c, p in zip((ks, vs), scale_pads))
+        res = fx.run_write(kvx_provider, cache, kin, vin, slots, memory=opts.memory, invalid_slot=sentinel,
+                           raw_scales=(ksin, vsin))
+        note = ", ".join([_io_strides_note("key codes", kin, True), _io_strides_note("value codes", vin, True),
+                          _io_strides_note("key scales", ksin), _io_strides_note("value scales", vsin)])
+        io = DType.F4_E2M1
+    else:
+        with np.errstate(over="ignore"):
+            key, value = key.astype(np.float16), value.astype(np.float16)
+        kin, vin = (_io_view(rng, x, *p) for x, p in zip((key, value), code_pads))
+        res = fx.run_write(kvx_provider, cache, kin, vin, slots, memory=opts.memory, invalid_slot=sentinel)
+        key, value = key.astype(np.float32), value.astype(np.float32)
+        note = ", ".join([_io_strides_note("key", kin), _io_strides_note("value", vin)]) + \
+            f" (views of fused QKV rows, {STRIDED_QKV_GROUP} query heads per KV head)"
+        io = DType.F16
+    shown = slots.tolist() if n < 50 else f"{slots[:8].tolist()}... ({n} tokens)"
+    case = (f"{fx.FORMAT_NAMES[fmt]} cache ({layout.name}) of {nb} blocks, {io.name} IO, H={H} D={D} "
+            f"block_size={BS}, {n} tokens, slots {shown}, invalid_slot {sentinel} on tokens "
+            f"{np.flatnonzero(slots == sentinel).tolist()}; inputs (elements): {note}; the elements between them hold "
+            f"random bytes")
+    _strided_write_verdict(res, cache, key, value, slots, raw, CL_STRIDED_IO, seed, case,
+                           "FP4 write from strided inputs", "every element read through its input's strides",
+                           feature=("fp4", "io_strides"), invalid_slot=sentinel)
 
 
 CL_GLOBAL_STRIDE = (CL_COMPAT + "; spec 6.6 (scale descriptor: stride[] \"Scale strides\"), 4.2 (\"MUST honor "

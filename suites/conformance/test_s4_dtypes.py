@@ -13,7 +13,8 @@
   0-d scalar, in writes of 12 and 300 tokens; PER_HEAD, also with 8 and 16 heads; one side PER_HEAD beside the
   other PER_TENSOR, in writes of 10 and 300 tokens), else the ``k_scale`` pointer, else 1.0; into blocks of no power
   of two too (144 and 1584 tokens);
-  FP8 IO of the cache's dtype copies raw bytes, both ways; an E4M3 K cache beside an E5M2 V
+  FP8 IO of the cache's dtype copies raw bytes, both ways (gathers of 3 and 260 sequences from caches
+  holding all 256 byte values, NaN and inf bytes included, too); an E4M3 K cache beside an E5M2 V
   cache (and the reverse) quantizes each side to its own format; ``kvx_validate_cache_desc``
   answers OK for a valid FP8 cache.
 """
@@ -998,6 +999,45 @@ def test_fp8_write_raw(kvx_provider, kvx_call_options, dtype):
 @pytest.mark.parametrize("dtype", FP8_PARAMS)
 def test_fp8_gather_raw(kvx_provider, kvx_call_options, dtype):
     _gather(kvx_provider, kvx_call_options(), dtype, dtype, 15, feature="fp8", clause="spec 4.3; R-CONVERT")
+
+
+CL_FP8_RAW_BYTES = ("spec 4.3; R-CONVERT (an IO dtype equal to the FP8 cache dtype copies raw bytes), R-NAN-CLASS "
+                    "(plain copies stay bit-exact, NaN bytes included; the rule does not depend on the size of the "
+                    "call)")
+#: gathers of ``fp8.gather.raw_every_byte``: id -> (PACKED table over G's 6 blocks, lengths, max_seq_len)
+RAW_BYTE_GATHERS = {
+    "seqs3": ([[0, 1, 2], [3, 4, 5], [5, 0, 2]], [12, 12, 9], 12),
+    "seqs260": (cb.rng_for(62).integers(0, G.num_blocks, size=(260, 3)).tolist(),
+                cb.rng_for(63).integers(0, 16, size=260).tolist(), 12),
+}
+
+
+@conformance("fp8.gather.raw_every_byte", CL_FP8_RAW_BYTES, REQUIRED, "fp8", "gather", feature="fp8")
+@pytest.mark.parametrize("batch", list(RAW_BYTE_GATHERS))
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_gather_raw_every_byte(kvx_provider, kvx_call_options, dtype, batch):
+    """A raw gather (outputs of the cache's FP8 dtype) from K and V caches whose storage holds every one of
+    the 256 byte values (each NaN byte of the format: E4M3 0x7F / 0xFF, E5M2 0x7D-0x7F / 0xFD-0xFF; E5M2's
+    +-inf 0x7C / 0xFC; +-0; the largest finite values), shuffled, of 3 sequences and of a decode batch of 260
+    (lengths 0 to 15 past max_seq_len 12): every byte gathered is copied as it is. Every other FP8 gather
+    reads caches of finite values, so a batch path that moves the codes through F32 and back by a saturating
+    conversion (E5M2 inf to 57344, every NaN to one NaN byte) was never seen."""
+    opts = kvx_call_options()
+    cache = _cache(kvx_provider, opts.memory, dtype, 60)
+    rng = cb.rng_for(61)
+
+    def every_byte(n: int) -> np.ndarray:
+        reps = -(-n // 256)
+        return np.concatenate([rng.permutation(256) for _ in range(reps)])[:n].astype(np.uint8).view(np_dtype(dtype))
+
+    if cache.k_init.size < 256 or cache.v_init.size < 256:  # a harness fault: some byte would be missing
+        raise RuntimeError("fp8.gather.raw_every_byte: the cache storage holds fewer than 256 elements")
+    cache = cb.replace(cache, k_init=every_byte(cache.k_init.size), v_init=every_byte(cache.v_init.size))
+    table, lens, msl = RAW_BYTE_GATHERS[batch]
+    case = cb.packed_gather(cache, table, lens, msl, seed=64,
+                            label=f"{len(lens)}-sequence raw gather (max_seq_len {msl}) from {NAMES[dtype]} caches "
+                                  f"holding every byte value (NaN and inf bytes, +-0) into {NAMES[dtype]} outputs")
+    verify_gather(kvx_provider, case, opts, clause=CL_FP8_RAW_BYTES, feature="fp8")
 
 
 @conformance("fp8.gather.dequantize_unsupported", "spec 4.3; R-CONVERT (no cache-level scale in v1.1)", RECOMMENDED,
