@@ -214,6 +214,16 @@
   from the wrong bytes (spec 4.2, 6.8; R-IO, R-FP4); certified while every FP4 write read dense inputs:
   ``fp4.write.strided_io[*-raw-*-300tok]`` (padded scale rows alone, or padded code and scale rows and heads; its
   20-token cases pass it).
+- ``front_prefill_bs256``: writes of more than 24 tokens into caches whose block_size is a power of two above 256
+  that store no token at a block offset of 256 or more (a prefill kernel's tile of 256 block offsets; spec 4.1;
+  R-WRITE); certified while the only blocks past 256 tokens were of 528, no power of two:
+  ``shapes.prefill_wide_blocks`` (``block_size`` + 300 tokens into blocks of 512, 1024 and 2048 in NHD, HND and
+  HND_PACKED; its case of 768 passes it).
+- ``front_fp8_v_head_shape_batch``: writes of more than 24 tokens into an FP8 V cache that check the PER_HEAD shape of
+  ``k_scale_desc`` alone, so a PER_HEAD ``v_scale_desc`` of another ``ndim`` or shape answers OK (spec 6.6, 6.9, 7;
+  R-FP8: "Same for V"); certified while the catalog's R-FP8 rules drew K's side and every generated invalid write
+  held 24 tokens at most: ``fp8.write.scale_desc_invalid`` (either side malformed, 10 and 300 tokens; its K cases
+  and 10-token cases pass it).
 - ``host_late_write_slow``: the late writer 1.5 s after the return, past the lifetime test's
   wait: the quarantine of freed buffers sees it while later tests run, and the run-wide
   record fails.
@@ -491,6 +501,8 @@ def test_claiming_mixed_io_dtype_turns_refusals_into_failures(tmp_path):
     ("front_kvo_secondary_null_batch", ["gather.kv_offsets.unusable_entry_batch_no_oob*"], "tables"),
     ("front_fp8_gather_satfinite", ["fp8.gather.raw_every_byte*"], "fp8"),
     ("front_fp4_raw_scale_rows", ["fp4.write.strided_io*"], "fp4"),
+    ("front_prefill_bs256", ["shapes.prefill_wide_blocks*"], "core"),
+    ("front_fp8_v_head_shape_batch", ["fp8.write.scale_desc_invalid*"], "fp8"),
 ])
 def test_defect_not_certified_with_no_claims(tmp_path, variant, ids, profile):
     """With no claims file the profile that holds the broken MUST is claimed: its failure

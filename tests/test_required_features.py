@@ -42,9 +42,10 @@ COMBINED = {
         "(excused unless both are claimed)",
     r"layout\.padded_rows\[.*hnd_packed.*\]": "padding of an HND_PACKED cache needs HND_PACKED",
     r"(write\.prefill_batch(_sentinel|_sentinel_convert|_65600)?|gather\.decode_batch|concurrency\.threads\.layouts|"
-    r"shapes\.layouts|write\.slots\.block_size_non_pow2_layouts|gather\.packed\.block_size_non_pow2_layouts)"
-    r"\[.*hnd_packed.*\]":
-        "the engine-sized batches, the thread tests, the shape extremes and the blocks of no power of two run in "
+    r"shapes\.layouts|shapes\.prefill_wide_blocks|write\.slots\.block_size_non_pow2_layouts|"
+    r"gather\.packed\.block_size_non_pow2_layouts)\[.*hnd_packed.*\]":
+        "the engine-sized batches, the thread tests, the shape extremes, the prefills into blocks past 256 tokens "
+        "and the blocks of no power of two run in "
         "each cache layout: their "
         "HND_PACKED case is that layout's (hnd_packed), excused as the case's own optional feature unless claimed "
         "(the converting sentinel batch: with mixed_io_dtype, excused unless both are claimed)",

@@ -285,6 +285,19 @@
  *       (0x7C / 0xFC) become +-57344 (0x7B / 0xFB) and every NaN byte becomes 0x7F (spec 4.3; R-CONVERT: a raw copy;
  *       R-NAN-CLASS: plain copies stay bit-exact, NaN bytes included). Every other FP8 gather reads caches of finite
  *       values: `fp8.gather.raw_every_byte[*-seqs260]` (suites/conformance/test_s4_dtypes.py).
+ *   libkvx_testing_front_prefill_bs256.so  FRONT_PREFILL_BS256: a write on host memory of more than 24 tokens into a
+ *       cache whose block_size is a power of two above 256 (512, 1024, ...), in any layout, stores no token at a
+ *       block offset of 256 or more (the prefill kernel of the power-of-two block sizes, whose shared-memory tile
+ *       holds 256 block offsets; other block sizes take a generic path; spec 4.1: block_offset = slot % block_size,
+ *       any block_size; R-WRITE: every token). The only blocks above 256 tokens were 528 (no power of two), and the
+ *       generated tests draw blocks of at most 256: `shapes.prefill_wide_blocks[*-bs512-*|*-bs1024-*|*-bs2048-*]`
+ *       (suites/conformance/test_s4_shapes.py).
+ *   libkvx_testing_front_fp8_v_head_shape_batch.so  FRONT_FP8_V_HEAD_SHAPE_BATCH: a write of more than 24 tokens into
+ *       an FP8 V cache checks the PER_HEAD shape (ndim 1, shape [num_kv_heads]) of k_scale_desc alone: a PER_HEAD
+ *       v_scale_desc of another ndim or shape answers OK, served as num_kv_heads adjacent values (its first value
+ *       alone where it holds fewer) (spec 6.6, 6.9, 7; R-FP8: "Same for V"). The catalog's R-FP8 rules draw K's side,
+ *       the generated invalid writes hold 24 tokens at most: `fp8.write.scale_desc_invalid[*-v-head_*-tok300]`
+ *       (suites/conformance/test_s4_dtypes.py).
  */
 #define KVX_BUILD_PROVIDER 1
 #define _GNU_SOURCE 1
@@ -361,6 +374,8 @@
 #define FRONT_KVO_SECONDARY_NULL_BATCH 111
 #define FRONT_FP4_RAW_SCALE_ROWS 120
 #define FRONT_FP8_GATHER_SATFINITE 130
+#define FRONT_PREFILL_BS256 140
+#define FRONT_FP8_V_HEAD_SHAPE_BATCH 150
 #ifndef KVX_FRONT_DEFECT
 #define KVX_FRONT_DEFECT FRONT_OWN_STREAM
 #endif
@@ -1720,11 +1735,12 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   return ref.write(cache, &local, stream);
 }
 #elif KVX_FRONT_DEFECT == FRONT_HND_WIDE_BLOCKS || KVX_FRONT_DEFECT == FRONT_HND_BF16_TAIL || \
-    KVX_FRONT_DEFECT == FRONT_HND_GRID16
+    KVX_FRONT_DEFECT == FRONT_HND_GRID16 || KVX_FRONT_DEFECT == FRONT_PREFILL_BS256
 /* HND_WIDE_BLOCKS: into HND caches of blocks above 128 tokens, no token at a block offset of 128 or
  * more stored; HND_BF16_TAIL: of more than 128 BF16 rows into HND BF16 caches, only whole tiles of
  * 128 tokens stored; HND_GRID16: into caches with an HND or HND_PACKED side, no token past 65535
- * stored. The tokens dropped get slot -1. */
+ * stored; PREFILL_BS256: of more than 24 tokens into caches of blocks of a power of two above 256 tokens (any
+ * layout), no token at a block offset of 256 or more stored. The tokens dropped get slot -1. */
 #if KVX_FRONT_DEFECT == FRONT_HND_GRID16
 static int hnd_side(const kvx_cache_desc_t* cache) {
   const kvx_layout_t k = cache->k.layout, v = cache->v.layout;
@@ -1740,6 +1756,9 @@ static int dropped(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, 
 #elif KVX_FRONT_DEFECT == FRONT_HND_GRID16
   (void)cache, (void)desc, (void)slot;
   return i > 65535;
+#elif KVX_FRONT_DEFECT == FRONT_PREFILL_BS256
+  (void)desc, (void)i;
+  return slot % cache->block_size >= 256; /* the defect: a tile of 256 block offsets */
 #else
   (void)cache, (void)slot;
   return i >= desc->io.num_tokens / 128 * 128;
@@ -1753,6 +1772,9 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
                     (cache->k.layout == KVX_LAYOUT_BLOCK_HND || cache->v.layout == KVX_LAYOUT_BLOCK_HND);
 #elif KVX_FRONT_DEFECT == FRONT_HND_GRID16
   const int gated = write_plain(cache, desc) && hnd_side(cache) && desc->io.num_tokens > 65535;
+#elif KVX_FRONT_DEFECT == FRONT_PREFILL_BS256
+  const int gated = write_plain(cache, desc) && cache->block_size > 256 &&
+                    !(cache->block_size & (cache->block_size - 1)) && desc->io.num_tokens > 24;
 #else
   const int gated = write_plain(cache, desc) && cache->k.layout == KVX_LAYOUT_BLOCK_HND &&
                     cache->v.layout == KVX_LAYOUT_BLOCK_HND && cache->k.dtype == KVX_DTYPE_BF16 &&
@@ -2408,6 +2430,35 @@ static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_
   memcpy(&local, desc, desc->size);
   if (k) local.io.key.stride[0] = H * D; /* the defect: rows taken as dense */
   if (v) local.io.value.stride[0] = H * D;
+  return ref.write(cache, &local, stream);
+}
+#elif KVX_FRONT_DEFECT == FRONT_FP8_V_HEAD_SHAPE_BATCH
+/* A write of more than 24 tokens (the prefill path, which builds its own table of scales) checks the PER_HEAD shape
+ * (ndim 1, shape [num_kv_heads]) of k_scale_desc alone (its V branch tests dtype and granularity, then reads
+ * num_kv_heads values as K's does): a PER_HEAD v_scale_desc of an FP8 V cache whose ndim or shape disagrees is
+ * served as num_kv_heads adjacent values (its first value alone where it holds fewer). */
+static kvx_status_t write_defect(const kvx_cache_desc_t* cache, const kvx_write_desc_t* desc, void* stream) {
+  if (!write_plain(cache, desc) || fp4_call(cache) || desc->io.num_tokens <= 24 ||
+      desc->v_scale_desc.size < sizeof(kvx_scale_desc_t) || !desc->v_scale_desc.data ||
+      (cache->v.dtype != KVX_DTYPE_F8_E4M3 && cache->v.dtype != KVX_DTYPE_F8_E5M2))
+    return ref.write(cache, desc, stream);
+  const kvx_scale_desc_t* sd = &desc->v_scale_desc;
+  const int64_t H = cache->num_kv_heads;
+  if (sd->granularity != KVX_SCALE_PER_HEAD || (sd->ndim == 1 && sd->shape[0] == H))
+    return ref.write(cache, desc, stream);
+  int64_t n = sd->ndim >= 1 && sd->ndim <= KVX_MAX_TENSOR_DIMS ? 1 : 0;
+  for (uint32_t i = 0; n && i < sd->ndim; ++i) n = sd->shape[i] > 0 && n <= INT64_MAX / sd->shape[i] ? n * sd->shape[i] : 0;
+  kvx_write_desc_t local;
+  memset(&local, 0, sizeof local);
+  memcpy(&local, desc, desc->size);
+  kvx_scale_desc_t* v = &local.v_scale_desc;
+  if (n >= H) { /* the defect: V's shape never checked */
+    v->ndim = 1;
+    v->shape[0] = H;
+    if (v->stride[0] != 0) v->stride[0] = 1;
+  } else {
+    v->granularity = KVX_SCALE_PER_TENSOR;
+  }
   return ref.write(cache, &local, stream);
 }
 #else

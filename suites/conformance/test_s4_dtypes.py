@@ -731,6 +731,48 @@ def test_fp8_write_scales_batch(kvx_provider, kvx_call_options, scales, dtype):
     verify_write(kvx_provider, case, opts, clause=CL_SCALES_BATCH, feature="fp8")
 
 
+#: malformations of one side's PER_HEAD scale descriptor (4 heads) in ``fp8.write.scale_desc_invalid``
+SCALE_DESC_BAD = {
+    "head_shape_plus1": lambda s, h: {f"desc.{s}_scale_desc.shape[0]": h + 1},
+    "head_shape_minus1": lambda s, h: {f"desc.{s}_scale_desc.shape[0]": h - 1},
+    "head_ndim2": lambda s, h: {f"desc.{s}_scale_desc.ndim": 2, f"desc.{s}_scale_desc.shape[1]": 1},
+    "head_ndim0": lambda s, h: {f"desc.{s}_scale_desc.ndim": 0},
+    "dtype_f16": lambda s, h: {f"desc.{s}_scale_desc.dtype": int(DType.F16)},
+    "granularity_99": lambda s, h: {f"desc.{s}_scale_desc.granularity": 99},
+}
+CL_SCALE_DESC_BAD = (CL_FP8 + "; spec 6.6, 6.9, 7 (each side's scale descriptor validated: dtype F32, a granularity "
+                     "of the enum, PER_HEAD of ndim 1 and shape [num_kv_heads]; same for V), in a call of any size")
+
+
+@conformance("fp8.write.scale_desc_invalid", CL_SCALE_DESC_BAD, REQUIRED, "fp8", "write", feature="fp8")
+@pytest.mark.parametrize("tokens", [10, 300], ids=["tok10", "tok300"])
+@pytest.mark.parametrize("bad", list(SCALE_DESC_BAD))
+@pytest.mark.parametrize("side", ["k", "v"])
+@pytest.mark.parametrize("dtype", FP8_PARAMS)
+def test_fp8_write_scale_desc_invalid(kvx_provider, kvx_call_options, dtype, side, bad, tokens):
+    """A quantizing F32 write (4 heads) into an FP8 cache whose K and V scale descriptors are PER_HEAD
+    but for one field of one side: a PER_HEAD shape of 5 or 3 values, ``ndim`` 2 (``[4, 1]``) or 0, dtype
+    F16, or granularity 99. INVALID_ARGUMENT and nothing written, whichever side and at 10 tokens as at
+    300 (R-FP8: "Same for V"). The catalog's rules ``R-FP8.scale_dtype``, ``.scale_granularity`` and
+    ``.per_head_shape`` draw one case each, all three on K's side, and the generated invalid writes are
+    of 24 tokens at most: a write path past 24 tokens that checks K's PER_HEAD shape alone and reads
+    num_kv_heads values of V's was never called with a malformed V descriptor."""
+    from kvx_conformance.cases.checks import partial_write
+
+    opts = kvx_call_options()
+    g = SCALES_BATCH_GEOM
+    h = g.num_kv_heads
+    cache = cb.simple_cache(g, cb.core_layout(kvx_provider, opts.memory), dtype, seed=47)
+    case = cb.write_case(cache, cb.spread_slots(g, tokens, 48), io_dtype=DType.F32, seed=49,
+                         k_scale_desc=cb.scale_spec([0.5, 1.7, 0.093, 2.6], ScaleGranularity.PER_HEAD),
+                         v_scale_desc=cb.scale_spec([2.25, 0.061, 0.75, 1.3], ScaleGranularity.PER_HEAD),
+                         overrides=SCALE_DESC_BAD[bad](side, h),
+                         label=f"{tokens}-token f32 -> {NAMES[dtype]} write, {h} heads, PER_HEAD scales, "
+                               f"{side.upper()} scale descriptor {bad}")
+    verify_write(kvx_provider, case, opts, clause=CL_SCALE_DESC_BAD, feature="fp8", expect=Status.INVALID_ARGUMENT,
+                 partial=partial_write(case))
+
+
 #: (dtype, block_size, slot dtype, IO dtype) of ``fp8.write.block_size_non_pow2_batch``
 FP8_NON_POW2 = [pytest.param(d, bs, sd, io, id=f"{NAMES[d]}-bs{bs}")
                 for d, bs, sd, io in ((DType.F8_E4M3, 48, DType.S32, DType.F32),

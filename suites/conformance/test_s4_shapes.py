@@ -17,6 +17,10 @@ the shapes of deployed models are written and gathered here, each through a smal
 
 Head counts that are not powers of two (``shapes.heads_not_pow2``: 5, 6, 7, 10, 12 and 25 heads
 of 8): a kernel that handles heads in groups of 4 (or 8) and drops the remainder is seen.
+
+Prefills into blocks past 256 tokens (``shapes.prefill_wide_blocks``: blocks of 512, 768, 1024 and 2048
+tokens, ``block_size`` + 300 tokens a write): a prefill kernel whose tile holds 256 block offsets is seen
+(the other tests' blocks past 256 tokens are of 528, no power of two).
 """
 from __future__ import annotations
 
@@ -142,3 +146,34 @@ def test_heads_not_pow2(kvx_provider, kvx_call_options, heads, op):
         case = cb.packed_gather(cache, cb.distinct_table(geom, 2, 3, 413 + heads), [12, 7], 12, seed=414 + heads,
                                 label=label)
         verify_gather(kvx_provider, case, opts, clause=CL_HEADS)
+
+
+#: (layout kind, block_size, dtype) of ``shapes.prefill_wide_blocks``: blocks past 256 tokens (powers of two 512, 1024
+#: and 2048, and 768, no power of two) in each layout, each layout in another baseline dtype
+WIDE_BLOCK_PREFILLS = [pytest.param(k, bs, dt, id=f"{k}-bs{bs}-{dt.name.lower()}")
+                       for k, bs, dt in (("nhd", 512, DType.F16), ("hnd", 1024, DType.BF16),
+                                         ("hnd_packed", 2048, DType.F32), ("nhd", 768, DType.BF16))]
+CL_WIDE_BLOCKS = ("spec 4.1 (block_idx = slot_idx / block_size, block_offset = slot_idx % block_size, any block_size), "
+                  "5.2, 7 (every token of a write stored); R-WRITE, R-CACHE")
+
+
+@conformance("shapes.prefill_wide_blocks", CL_WIDE_BLOCKS, REQUIRED, "core", "write")
+@pytest.mark.parametrize("kind,block_size,dtype", WIDE_BLOCK_PREFILLS)
+def test_prefill_wide_blocks(kvx_provider, kvx_call_options, kind, block_size, dtype):
+    """A prefill into blocks past 256 tokens: write ``block_size`` + 300 tokens at random distinct slots (offsets past
+    256 among them; one -1) into a cache of 3 blocks of 512, 768, 1024 or 2048 tokens (2 heads x 8, NHD, HND or
+    HND_PACKED). The other writes into blocks past 256 tokens use blocks of 528 (``shapes.layouts``,
+    ``write.slots.block_size_non_pow2*``), no power of two, and the generated tests draw blocks of at most 256: a
+    prefill kernel of the power-of-two block sizes whose tile holds 256 block offsets (tokens at offsets of 256 and
+    more not stored) is seen here. A refusal of a layout other than the provider's core one is the layout's
+    (R-REFUSAL)."""
+    opts = kvx_call_options()
+    i = [p.id for p in WIDE_BLOCK_PREFILLS].index(f"{kind}-bs{block_size}-{dtype.name.lower()}")
+    seed = 470 + 10 * i
+    geom = Geometry(num_blocks=3, block_size=block_size, num_kv_heads=2, head_dim=8)
+    cache = cb.simple_cache(geom, kind, dtype, seed=seed)
+    slots = cb.spread_slots(geom, block_size + 300, seed + 1).tolist()
+    slots[11] = -1
+    label = f"{kind.upper()} {dtype.name} cache of 3 blocks of {block_size} tokens, 2 heads x head_dim 8"
+    case = cb.write_case(cache, slots, seed=seed + 2, label=label)
+    verify_write(kvx_provider, case, opts, clause=CL_WIDE_BLOCKS, feature=())
