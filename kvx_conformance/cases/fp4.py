@@ -489,6 +489,13 @@ def _io_scales(fmt, memory, ptr_k, ptr_v, rows: int, H: int, J: int) -> abi.kvx_
     return x
 
 
+def view_strides(arr: np.ndarray, nibbles: bool = False) -> list[int]:
+    """``arr``'s strides in elements, as an IO tensor descriptor gives them (``nibbles``: packed F4_E2M1 codes,
+    two per byte, their strides counted in nibbles, R-FP4)."""
+    st = [s // arr.itemsize for s in arr.strides]
+    return [2 * s for s in st[:-1]] + [1] if nibbles else st
+
+
 def _put_view(arena: "_Arena", name: str, arr: np.ndarray, nibbles: bool = False) -> tuple[int, list[int] | None]:
     """Place an IO array: a C-contiguous one as it is (strides None: the dense ones), a strided view (an
     IO tensor read through its strides, spec 4.2, 6.8) as the whole array it views, the pointer at its
@@ -503,12 +510,9 @@ def _put_view(arena: "_Arena", name: str, arr: np.ndarray, nibbles: bool = False
     item = arr.itemsize
     if not base.flags.c_contiguous or off < 0 or off % item or any(s <= 0 or s % item for s in arr.strides):
         raise ValueError(f"{name}: a view of positive strides into a C-contiguous array is needed")
-    st = [s // item for s in arr.strides]
-    if nibbles:
-        if st[-1] != 1:
-            raise ValueError(f"{name}: packed codes need adjacent bytes along head_dim")
-        st = [2 * s for s in st[:-1]] + [1]
-    return arena.put(name, base) + off, st
+    if nibbles and arr.strides[-1] != item:
+        raise ValueError(f"{name}: packed codes need adjacent bytes along head_dim")
+    return arena.put(name, base) + off, view_strides(arr, nibbles)
 
 
 def _set_strides(t, st: list[int] | None) -> None:

@@ -1275,10 +1275,7 @@ def _io_view(rng, arr: np.ndarray, lead: int, head_pad: int, token_pad: int) -> 
 
 
 def _io_strides_note(name: str, arr: np.ndarray, nibbles: bool = False) -> str:
-    if arr.flags.c_contiguous:
-        return f"{name} dense"
-    st = [s // arr.itemsize for s in arr.strides]
-    return f"{name} strides {[2 * s for s in st[:-1]] + [1] if nibbles else st}"
+    return f"{name} dense" if arr.flags.c_contiguous else f"{name} strides {fx.view_strides(arr, nibbles)}"
 
 
 @conformance("fp4.write.strided_io", CL_STRIDED_IO, REQUIRED, "fp4", "write", feature="fp4")
