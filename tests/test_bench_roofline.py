@@ -384,14 +384,14 @@ def test_copy_of_each_large_case_bytes_in_the_summary_and_the_report():
     provider against it (median, lowest) and the copy against the roofline; cases below 256 MB and
     L2-resident ones have none; the report and the console say so."""
     from kvx_conformance.bench.report import all_rows, render
-    from kvx_conformance.bench.run import SAME_BYTES_MIN, _ratios, same_bytes_copied
+    from kvx_conformance.bench.run import LARGE_BYTES, _ratios, large_case
 
     doc = copy.deepcopy(_h100())
     assert summarize(doc)["large_pct_copy_same_bytes_median"] is None  # a run before the copy: nothing said
     roof = doc["roofline"]["bandwidth_Bps"]
-    big = [r for r in doc["cases"] if same_bytes_copied(r) and r["impls"]["provider"].get("bandwidth_Bps")]
-    assert big and not [r for r in doc["cases"] if same_bytes_copied(r) and
-                        (r["case"]["bytes_moved"] < SAME_BYTES_MIN or l2_resident(r))]
+    big = [r for r in doc["cases"] if large_case(r) and r["impls"]["provider"].get("bandwidth_Bps")]
+    assert big and not [r for r in doc["cases"] if large_case(r) and
+                        (r["case"]["bytes_moved"] < LARGE_BYTES or l2_resident(r))]
     for k, r in enumerate(big):
         bw = roof * (0.90 + 0.001 * k)  # the copy of the case's bytes: 90 % of the roofline and up
         r["impls"]["copy"] = {"bandwidth_Bps": bw, "pct_roofline": 100 * bw / roof, "time_s": 1.0,

@@ -232,7 +232,7 @@ def _device_case(state: dict, case: BenchCase) -> dict:
         if verify and "error" not in e:
             e["verified"] = _verified(pr, vsets, e)
         rec["impls"][name] = _figures(case, e, roof, floor_s)
-    if state["peers"] and case.memory == "device" and same_bytes_copied(rec):
+    if state["peers"] and case.memory == "device" and large_case(rec):
         rec["impls"]["copy"] = _same_bytes_copy(timer, case, roof)
     if state["peers"] and case.memory == "device":
         fn, desc = torch_peer(pr)
@@ -252,8 +252,8 @@ def _device_case(state: dict, case: BenchCase) -> dict:
     return rec
 
 
-#: the cases timed beside a copy of the same bytes: at least this many bytes moved (the large cases)
-SAME_BYTES_MIN = 256e6
+#: a large case moves at least this many bytes (summary.large_*, and the cases timed beside a copy of their bytes)
+LARGE_BYTES = 256e6
 SAME_BYTES_WHAT = ("torch.Tensor.copy_ device-to-device of bytes_moved / 2 bytes (the case's bytes moved, read "
                    "and written), CUDA events over back-to-back copies, as the roofline's")
 #: why the copy has no graph figure
@@ -261,10 +261,10 @@ SAME_BYTES_NO_GRAPH = ("not attempted: a copy captured in a CUDA graph may becom
                        "serve, slower than the stream's copy (on an H200 it read 1.5x the events' time)")
 
 
-def same_bytes_copied(rec: dict) -> bool:
-    """Whether a case is timed beside a copy of its bytes: a large case (``SAME_BYTES_MIN``) whose
-    working set does not fit in the L2."""
-    return rec["case"]["bytes_moved"] >= SAME_BYTES_MIN and not l2_resident(rec)
+def large_case(rec: dict) -> bool:
+    """Whether a case is a large one (``summary.large_*``), timed beside a copy of its bytes: at least
+    ``LARGE_BYTES`` moved, its working set past the L2."""
+    return rec["case"]["bytes_moved"] >= LARGE_BYTES and not l2_resident(rec)
 
 
 def _same_bytes_copy(timer, case: BenchCase, roof: float | None) -> dict:
@@ -632,7 +632,7 @@ def summarize(doc: dict) -> dict:
     refused = [x for x in (refusal(r, claimed, served.get(r["case"].get("op"), set())) for r in cases) if x]
     refused_ids = {x["id"] for x in refused}
     resident = [r for r in ok if l2_resident(r)]
-    big = [r for r in ok if r["case"]["bytes_moved"] >= 256e6 and not l2_resident(r)]
+    big = [r for r in ok if large_case(r)]
     small = [r for r in ok if r["case"]["rows"] <= 256]
     pct = [r["impls"]["provider"].get("pct_roofline") for r in big if r["impls"]["provider"].get("pct_roofline")]
     of_copy = [100.0 * r["ratios"]["provider_over_copy"] for r in big if (r.get("ratios") or {}).get("provider_over_copy")]
@@ -648,7 +648,7 @@ def summarize(doc: dict) -> dict:
         "refused_features": sorted({f for x in refused for f in x["features"]}),
         "verification_failures": failed_verify,
         "l2_resident_cases": len(resident),
-        "large_l2_resident": [r["case"]["id"] for r in resident if r["case"]["bytes_moved"] >= 256e6],
+        "large_l2_resident": [r["case"]["id"] for r in resident if r["case"]["bytes_moved"] >= LARGE_BYTES],
         "large_cases": len(big),
         "large_pct_roofline_min": min(pct) if pct else None,
         "large_pct_roofline_median": statistics.median(pct) if pct else None,
